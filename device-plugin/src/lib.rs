@@ -1,0 +1,1 @@
+//! gpupool device plugin.

@@ -1,0 +1,298 @@
+//! The engine's input and output: plain data, no Kubernetes client types
+//! beyond gpupool's own CRD structs, so the decision logic can be driven by
+//! tests and benchmarks without a cluster.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use gpupool_api::{
+    GpuLeaseClassSpec, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role,
+};
+use jiff::Timestamp;
+
+/// `namespace/name` of a pod, and of the lease named like it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Everything one decision pass looks at. Built by the controller from its
+/// caches; `now` is the pass's clock reading (the engine never reads a clock).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The pass's time.
+    pub now: Timestamp,
+    /// Every GpuLeaseClass.
+    pub classes: Vec<ClassInfo>,
+    /// Every node.
+    pub nodes: Vec<NodeInfo>,
+    /// Every live pod that requests a class resource or is bound or pinned to a node.
+    pub pods: Vec<PodInfo>,
+    /// Every GpuLease, as persisted.
+    pub leases: Vec<LeaseInfo>,
+}
+
+/// A GpuLeaseClass.
+#[derive(Debug, Clone)]
+pub struct ClassInfo {
+    /// Class name (cluster-scoped).
+    pub name: String,
+    /// `metadata.generation`, echoed as `status.observedGeneration`.
+    pub generation: Option<i64>,
+    /// Its spec.
+    pub spec: GpuLeaseClassSpec,
+}
+
+/// A node as far as slot accounting and fit are concerned.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    /// Node name (also its `kubernetes.io/hostname`).
+    pub name: String,
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// Node taints.
+    pub taints: Vec<Taint>,
+    /// `status.allocatable` of extended resources, in whole slots.
+    pub allocatable: BTreeMap<String, u32>,
+    /// GPUs from the `gpupool.io/gpus` annotation (empty when absent or unreadable).
+    pub gpus: Vec<NodeGpu>,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    pub value: Option<String>,
+    /// Taint effect.
+    pub effect: TaintEffect,
+}
+
+/// Effect of a taint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// Pods that do not tolerate it are not placed.
+    NoSchedule,
+    /// A soft preference; never blocks placement.
+    PreferNoSchedule,
+    /// Pods that do not tolerate it are not placed (and would be evicted).
+    NoExecute,
+}
+
+/// A pod toleration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toleration {
+    /// Key it tolerates; `None` with `Exists` tolerates every taint.
+    pub key: Option<String>,
+    /// `Equal` or `Exists`.
+    pub operator: TolerationOperator,
+    /// Value for `Equal`.
+    pub value: Option<String>,
+    /// Effect it tolerates; `None` tolerates all effects.
+    pub effect: Option<TaintEffect>,
+}
+
+/// Operator of a toleration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TolerationOperator {
+    /// Key and value must match.
+    Equal,
+    /// Key must match (any value).
+    Exists,
+}
+
+/// One term of a required node affinity: all requirements must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeSelectorTerm {
+    /// Requirements on node labels.
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+    /// Requirements on node fields (only `metadata.name` is meaningful).
+    pub match_fields: Vec<NodeSelectorRequirement>,
+}
+
+/// One label requirement of a node selector term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSelectorRequirement {
+    /// Label key.
+    pub key: String,
+    /// Operator.
+    pub operator: SelectorOperator,
+    /// Values (`Gt`/`Lt`: one integer).
+    pub values: Vec<String>,
+}
+
+/// Operator of a node selector requirement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectorOperator {
+    /// Label value in the set.
+    In,
+    /// Label absent or value not in the set.
+    NotIn,
+    /// Label present.
+    Exists,
+    /// Label absent.
+    DoesNotExist,
+    /// Label value, as an integer, greater than the one value.
+    Gt,
+    /// Label value, as an integer, less than the one value.
+    Lt,
+}
+
+/// Phase of a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodPhase {
+    /// Not yet running.
+    #[default]
+    Pending,
+    /// Running.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure.
+    Failed,
+    /// Unknown.
+    Unknown,
+}
+
+/// The `gpupool.io/role` label as found on a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoleLabel {
+    /// A valid role (absent label = primary).
+    Valid(Role),
+    /// Anything else, kept for the lease message.
+    Invalid(String),
+}
+
+/// A pod as far as admission is concerned.
+#[derive(Debug, Clone)]
+pub struct PodInfo {
+    /// `namespace/name`.
+    pub key: ObjectKey,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `gpupool.io/class` label, if present.
+    pub class_label: Option<String>,
+    /// `gpupool.io/role` label.
+    pub role: RoleLabel,
+    /// Effective slots requested, per extended resource name (only non-zero entries).
+    pub requests: BTreeMap<String, u32>,
+    /// `gpupool.io/enqueued-at`, when present and readable.
+    pub enqueued_at: Option<Timestamp>,
+    /// `metadata.creationTimestamp`.
+    pub created_at: Timestamp,
+    /// `status.phase`.
+    pub phase: PodPhase,
+    /// `metadata.deletionTimestamp` is set: it still holds its GPUs until it is gone.
+    pub terminating: bool,
+    /// Still carries the `gpupool.io/admission` scheduling gate.
+    pub gated: bool,
+    /// `spec.nodeName`, once bound.
+    pub node_name: Option<String>,
+    /// `spec.nodeSelector` (the operator pins with `kubernetes.io/hostname`).
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity terms (ORed); `None` when the pod has none.
+    pub required_affinity: Option<Vec<NodeSelectorTerm>>,
+    /// Tolerations.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// A GpuLease as persisted.
+#[derive(Debug, Clone)]
+pub struct LeaseInfo {
+    /// `namespace/name` (same as its pod's).
+    pub key: ObjectKey,
+    /// Its spec.
+    pub spec: GpuLeaseSpec,
+    /// Its status (`None` before the first status write).
+    pub status: Option<GpuLeaseStatus>,
+}
+
+/// What one decision pass wants done. Applying it and running the pass again
+/// on the result yields an empty plan apart from statuses that are unchanged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Leases to create for pods that have none (sequence already assigned in `status`).
+    pub create_leases: Vec<NewLease>,
+    /// Leases to delete: they belong to an older pod of the same name.
+    pub delete_leases: Vec<StaleLease>,
+    /// Pods to ungate and pin. Only leases whose sequence is already persisted are admitted.
+    pub admissions: Vec<Admission>,
+    /// Helper pods to evict for a waiting primary.
+    pub evictions: Vec<Eviction>,
+    /// Desired status of every lease whose status differs from the persisted one.
+    pub lease_statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
+    /// Desired status of every class.
+    pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
+}
+
+/// A lease to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewLease {
+    /// `namespace/name` (the pod's).
+    pub key: ObjectKey,
+    /// UID of the owning pod (for the ownerReference).
+    pub pod_uid: String,
+    /// Spec to create it with.
+    pub spec: GpuLeaseSpec,
+    /// Status to write right after creating it (carries the sequence).
+    pub status: GpuLeaseStatus,
+}
+
+/// A lease to delete because its pod was replaced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StaleLease {
+    /// `namespace/name`.
+    pub key: ObjectKey,
+    /// The pod UID the stale lease names (precondition for the delete).
+    pub pod_uid: String,
+}
+
+/// Admit a pod: remove its gate and pin it to `node` in one patch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// The pod (and lease) `namespace/name`.
+    pub key: ObjectKey,
+    /// Pod UID (precondition for the patch).
+    pub pod_uid: String,
+    /// Its role.
+    pub role: Role,
+    /// Node it is pinned to.
+    pub node: String,
+    /// Slots it takes there.
+    pub slots: u32,
+}
+
+/// Evict a helper so that a primary can have its GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Eviction {
+    /// The helper pod `namespace/name`.
+    pub key: ObjectKey,
+    /// Helper pod UID (precondition for the eviction).
+    pub pod_uid: String,
+    /// The primary it makes room for.
+    pub for_primary: ObjectKey,
+    /// Grace period from the class.
+    pub grace_period_seconds: u32,
+}

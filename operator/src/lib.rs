@@ -1,0 +1,4 @@
+//! gpupool's operator: admits pods to GPU slots in FIFO order, lets helpers
+//! use idle GPUs and preempts them for primaries, and publishes lease snapshots.
+
+pub mod engine;

@@ -1,0 +1,6 @@
+//! The `gpupool-sim` subcommands, one module each.
+
+pub mod apiserver;
+pub mod bench;
+pub mod demo;
+pub mod up;

@@ -1,0 +1,1 @@
+//! Scheduler, kubelets and the processes of a simulated cluster.
