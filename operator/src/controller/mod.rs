@@ -1,0 +1,1 @@
+//! The controller: caches, decision passes and applying their plans.

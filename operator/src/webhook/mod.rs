@@ -1,0 +1,1 @@
+//! The pod admission webhook (DESIGN §5.1).
