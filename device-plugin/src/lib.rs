@@ -1,1 +1,10 @@
-//! gpupool device plugin.
+//! gpupool's kubelet device plugin: advertises every GPU of a node as
+//! `--sessions-per-gpu` slots of an extended resource over the kubelet's
+//! device-plugin v1beta1 gRPC protocol, and reports which pod holds which GPU.
+//!
+//! The generated kubelet protocol types ([`proto`]) and the unix-socket gRPC
+//! helpers ([`transport`]) are public so that a simulated kubelet can speak
+//! the same wire protocol.
+
+pub mod proto;
+pub mod transport;

@@ -1,1 +1,2 @@
+//! `gpupool-device-plugin`: the kubelet device plugin binary.
 fn main() {}
