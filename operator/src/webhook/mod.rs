@@ -1,1 +1,3 @@
 //! The pod admission webhook (DESIGN §5.1).
+
+pub mod review;

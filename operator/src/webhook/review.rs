@@ -1,0 +1,572 @@
+//! The webhook's decisions, free of I/O: an admission request and a view of
+//! the cluster in, a decision out (DESIGN §5.1).
+//!
+//! Mutation (pod CREATE) queues pods that request a gpupool resource: it
+//! resolves the class, checks the role, the slot count, the largest matching
+//! node and the class's queue bound, then adds the scheduling gate and the
+//! enqueue stamp. Validation (pod UPDATE) keeps anyone but the operator from
+//! removing the gate. The clock is an argument, so every decision is
+//! reproducible.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpupool_api::names::{
+    ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, SCHEDULING_GATE,
+};
+use gpupool_api::pod::{self, PodError};
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use jiff::Timestamp;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde_json::{Value, json};
+
+/// The cluster state a review consults: GpuLeaseClasses, Nodes and GpuLeases.
+/// The webhook backs it with reflector stores; tests back it with plain lists.
+/// Only pods that request an extended resource cause any of these calls.
+pub trait ClusterView {
+    /// Every GpuLeaseClass.
+    fn classes(&self) -> Vec<Arc<GpuLeaseClass>>;
+    /// Every Node.
+    fn nodes(&self) -> Vec<Arc<Node>>;
+    /// Every GpuLease.
+    fn leases(&self) -> Vec<Arc<GpuLease>>;
+}
+
+/// A fixed set of objects: the view tests and benchmarks hand to a review.
+#[derive(Debug, Clone, Default)]
+pub struct StaticView {
+    /// The classes.
+    pub classes: Vec<Arc<GpuLeaseClass>>,
+    /// The nodes.
+    pub nodes: Vec<Arc<Node>>,
+    /// The leases.
+    pub leases: Vec<Arc<GpuLease>>,
+}
+
+impl ClusterView for StaticView {
+    fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
+        self.classes.clone()
+    }
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.clone()
+    }
+    fn leases(&self) -> Vec<Arc<GpuLease>> {
+        self.leases.clone()
+    }
+}
+
+/// Users allowed to remove the `gpupool.io/admission` scheduling gate: the
+/// operator's own identity (its service account in a cluster, its user in the
+/// simulator).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateOwners(Vec<String>);
+
+impl GateOwners {
+    /// The given usernames; duplicates and empty names are dropped.
+    pub fn new(users: impl IntoIterator<Item = String>) -> Self {
+        let mut users: Vec<String> = users.into_iter().filter(|u| !u.is_empty()).collect();
+        users.sort();
+        users.dedup();
+        Self(users)
+    }
+
+    /// The service-account username `system:serviceaccount:<namespace>:<name>`.
+    pub fn service_account(namespace: &str, name: &str) -> String {
+        format!("system:serviceaccount:{namespace}:{name}")
+    }
+
+    /// True when `user` may remove the gate.
+    pub fn contains(&self, user: &str) -> bool {
+        self.0.iter().any(|u| u == user)
+    }
+
+    /// The usernames, sorted.
+    pub fn users(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// Why the webhook refuses a pod. The message is what the user sees after
+/// `admission webhook "..." denied the request: `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    /// The request carries no pod where the operation needs one.
+    #[error("the {operation} admission request carries no pod object")]
+    MissingObject {
+        /// The operation (CREATE, UPDATE).
+        operation: String,
+    },
+    /// The pod names a class that does not exist.
+    #[error("GpuLeaseClass {class:?} (label {LABEL_CLASS}) does not exist")]
+    UnknownClass {
+        /// The class the label names.
+        class: String,
+    },
+    /// The pod names no class and no class is the default.
+    #[error(
+        "the pod requests {resource} but names no GpuLeaseClass (label {LABEL_CLASS}) and no class is marked default: true"
+    )]
+    NoClass {
+        /// The gpupool resource the pod requests.
+        resource: String,
+    },
+    /// The pod names no class and several classes claim to be the default.
+    #[error(
+        "the pod names no GpuLeaseClass (label {LABEL_CLASS}) and {} classes are marked default: true ({}); set the label or leave one default",
+        classes.len(),
+        quoted(classes)
+    )]
+    SeveralDefaults {
+        /// The default classes, sorted by name.
+        classes: Vec<String>,
+    },
+    /// The role label or a slot quantity cannot be read.
+    #[error("{0}")]
+    BadPod(#[from] PodError),
+    /// The pod requests a gpupool resource its class does not hand out.
+    #[error(
+        "the pod requests {resource}, which its GpuLeaseClass {class:?} does not hand out (the class hands out {class_resource})"
+    )]
+    ForeignResource {
+        /// The resource requested.
+        resource: String,
+        /// The pod's class.
+        class: String,
+        /// The resource that class hands out.
+        class_resource: String,
+    },
+    /// The class's node selector cannot be evaluated.
+    #[error("GpuLeaseClass {class:?} has an invalid nodeSelector: {reason}")]
+    InvalidNodeSelector {
+        /// The class.
+        class: String,
+        /// What is wrong with the selector.
+        reason: String,
+    },
+    /// The pod asks for more slots than any matching node has.
+    #[error(
+        "the pod requests {requested} {resource} slots but the largest node of GpuLeaseClass {class:?} has {largest} ({node})"
+    )]
+    TooLarge {
+        /// Slots requested.
+        requested: u32,
+        /// The class's resource.
+        resource: String,
+        /// The class.
+        class: String,
+        /// Allocatable slots of the largest matching node.
+        largest: u32,
+        /// That node.
+        node: String,
+    },
+    /// The class's queue is full.
+    #[error(
+        "GpuLeaseClass {class:?} already has {queued} queued pods (admission.maxQueued is {max}); try again once the queue shrinks"
+    )]
+    QueueFull {
+        /// The class.
+        class: String,
+        /// Leases of the class waiting now.
+        queued: usize,
+        /// The class's bound.
+        max: u32,
+    },
+    /// Someone other than the operator removed the scheduling gate.
+    #[error(
+        "only the gpupool operator ({}) may remove the scheduling gate {SCHEDULING_GATE}; user {user:?} may not",
+        quoted(owners)
+    )]
+    GateRemoval {
+        /// The user who tried.
+        user: String,
+        /// The users allowed to.
+        owners: Vec<String>,
+    },
+}
+
+fn quoted(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|s| format!("{s:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What the webhook answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Let the object through unchanged.
+    Allow,
+    /// Let it through with this JSON patch applied.
+    Patch(Patch),
+    /// Refuse it.
+    Deny(Denial),
+}
+
+impl Decision {
+    /// Short label for metrics and logs: `allowed`, `patched` or `denied`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Decision::Allow => "allowed",
+            Decision::Patch(_) => "patched",
+            Decision::Deny(_) => "denied",
+        }
+    }
+
+    /// The AdmissionResponse for `request`: denials carry HTTP 403 and the
+    /// message; patches are JSONPatch.
+    pub fn into_response(self, request: &AdmissionRequest<Pod>) -> AdmissionResponse {
+        let response = AdmissionResponse::from(request);
+        match self {
+            Decision::Allow => response,
+            Decision::Patch(patch) => match response.clone().with_patch(patch) {
+                Ok(r) => r,
+                // A patch of strings and objects always serializes; should it
+                // not, refusing is safer than admitting an ungated pod.
+                Err(e) => response.deny(format!("internal error: cannot encode the patch: {e}")),
+            },
+            Decision::Deny(denial) => {
+                let mut r = response.deny(denial.to_string());
+                r.result.code = 403;
+                r.result.reason = "Forbidden".to_owned();
+                r
+            }
+        }
+    }
+}
+
+/// Reviews a pod CREATE for the mutating webhook at time `now`.
+///
+/// A pod that requests no extended resource at all is allowed without
+/// consulting `view`. A pod that requests none of the classes' resources
+/// (nor `gpupool/slot`) is allowed untouched. Otherwise the pod is denied
+/// with a [`Denial`] or patched: the gate is appended to its scheduling gates
+/// (unless already there) and `gpupool.io/enqueued-at` is set to `now`,
+/// replacing any value the pod came with, so that no client can choose its
+/// own place in the queue.
+pub fn mutate(
+    request: &AdmissionRequest<Pod>,
+    view: &impl ClusterView,
+    now: Timestamp,
+) -> Decision {
+    if request.operation != Operation::Create {
+        return Decision::Allow;
+    }
+    let Some(pod) = request.object.as_ref() else {
+        return Decision::Deny(Denial::MissingObject {
+            operation: "CREATE".to_owned(),
+        });
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Decision::Allow;
+    };
+    if !requests_extended_resources(spec) {
+        return Decision::Allow;
+    }
+    match queue_decision(pod, spec, view) {
+        Ok(true) => Decision::Patch(gate_and_stamp(pod, spec, now)),
+        Ok(false) => Decision::Allow,
+        Err(denial) => Decision::Deny(denial),
+    }
+}
+
+/// Ok(true): queue the pod; Ok(false): not a gpupool pod.
+fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<bool, Denial> {
+    let classes = view.classes();
+    let mut resources: Vec<&str> = classes
+        .iter()
+        .map(|c| c.spec.resource_name.as_str())
+        .chain(std::iter::once(DEFAULT_RESOURCE_NAME))
+        .collect();
+    resources.sort_unstable();
+    resources.dedup();
+    let mentioned: Vec<&str> = resources
+        .into_iter()
+        .filter(|r| pod::mentions_resource(spec, r))
+        .collect();
+    let Some(first) = mentioned.first() else {
+        return Ok(false);
+    };
+
+    let class = resolve_class(pod, &classes, first)?;
+    let class_name = class.name_any();
+    pod::role(pod)?;
+    let resource = class.spec.resource_name.as_str();
+    let slots = pod::requested_slots(spec, resource)?;
+    for other in mentioned.iter().filter(|r| **r != resource) {
+        if pod::requested_slots(spec, other)? > 0 {
+            return Err(Denial::ForeignResource {
+                resource: (*other).to_owned(),
+                class: class_name,
+                class_resource: resource.to_owned(),
+            });
+        }
+    }
+    if slots == 0 {
+        return Ok(false);
+    }
+
+    if let Some((node, largest)) = largest_matching_node(class, &class_name, &view.nodes())?
+        && slots > largest
+    {
+        return Err(Denial::TooLarge {
+            requested: slots,
+            resource: resource.to_owned(),
+            class: class_name,
+            largest,
+            node,
+        });
+    }
+
+    let max = class.spec.admission.max_queued;
+    if max > 0 {
+        let queued = view
+            .leases()
+            .iter()
+            .filter(|l| l.spec.class_name == class_name && is_queued(l))
+            .count();
+        if queued >= max as usize {
+            return Err(Denial::QueueFull {
+                class: class_name,
+                queued,
+                max,
+            });
+        }
+    }
+    Ok(true)
+}
+
+/// A lease with no status yet has just been created and waits like a Queued one.
+fn is_queued(lease: &GpuLease) -> bool {
+    lease
+        .status
+        .as_ref()
+        .is_none_or(|s| s.phase == LeasePhase::Queued)
+}
+
+fn resolve_class<'a>(
+    pod: &Pod,
+    classes: &'a [Arc<GpuLeaseClass>],
+    resource: &str,
+) -> Result<&'a GpuLeaseClass, Denial> {
+    if let Some(name) = pod::class_label(pod) {
+        return classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .map(|c| c.as_ref())
+            .ok_or_else(|| Denial::UnknownClass {
+                class: name.to_owned(),
+            });
+    }
+    let defaults: Vec<&GpuLeaseClass> = classes
+        .iter()
+        .filter(|c| c.spec.default)
+        .map(|c| c.as_ref())
+        .collect();
+    match defaults.as_slice() {
+        [] => Err(Denial::NoClass {
+            resource: resource.to_owned(),
+        }),
+        [one] => Ok(one),
+        several => {
+            let mut classes: Vec<String> = several.iter().map(|c| c.name_any()).collect();
+            classes.sort();
+            Err(Denial::SeveralDefaults { classes })
+        }
+    }
+}
+
+/// The matching node with the most allocatable slots of the class's resource,
+/// ties broken by name. Nodes advertising zero slots (no healthy GPU yet)
+/// count as not matching, so a pod is never refused for a node that is
+/// still coming up.
+fn largest_matching_node(
+    class: &GpuLeaseClass,
+    class_name: &str,
+    nodes: &[Arc<Node>],
+) -> Result<Option<(String, u32)>, Denial> {
+    let resource = class.spec.resource_name.as_str();
+    let mut best: Option<(String, u32)> = None;
+    for node in nodes {
+        let Some(quantity) = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get(resource))
+        else {
+            continue;
+        };
+        let slots = pod::parse_whole(quantity).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        if slots == 0 {
+            continue;
+        }
+        if let Some(selector) = class.spec.node_selector.as_ref()
+            && !selector_matches(selector, node.metadata.labels.as_ref()).map_err(|reason| {
+                Denial::InvalidNodeSelector {
+                    class: class_name.to_owned(),
+                    reason,
+                }
+            })?
+        {
+            continue;
+        }
+        let name = node.name_any();
+        let better = match &best {
+            None => true,
+            Some((best_name, best_slots)) => {
+                slots > *best_slots || (slots == *best_slots && name < *best_name)
+            }
+        };
+        if better {
+            best = Some((name, slots));
+        }
+    }
+    Ok(best)
+}
+
+/// Evaluates a Kubernetes label selector (matchLabels and matchExpressions
+/// with In, NotIn, Exists, DoesNotExist) against `labels`; an empty selector
+/// matches everything. An unknown operator or a malformed expression is an
+/// error naming it.
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<bool, String> {
+    let get = |k: &str| labels.and_then(|l| l.get(k));
+    for (key, value) in selector.match_labels.iter().flatten() {
+        if get(key) != Some(value) {
+            return Ok(false);
+        }
+    }
+    for expr in selector.match_expressions.iter().flatten() {
+        let values = expr.values.as_deref().unwrap_or_default();
+        let actual = get(&expr.key);
+        let matches = match expr.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!(
+                    "matchExpressions key {:?}: operator {} needs at least one value",
+                    expr.key, expr.operator
+                ));
+            }
+            "In" => actual.is_some_and(|a| values.contains(a)),
+            "NotIn" => actual.is_none_or(|a| !values.contains(a)),
+            "Exists" => actual.is_some(),
+            "DoesNotExist" => actual.is_none(),
+            other => {
+                return Err(format!(
+                    "matchExpressions key {:?}: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)",
+                    expr.key
+                ));
+            }
+        };
+        if !matches {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// True when some container requests or limits a domain-qualified (extended)
+/// resource; every gpupool resource is one, while cpu, memory and friends are not.
+fn requests_extended_resources(spec: &PodSpec) -> bool {
+    let extended = |c: &Container| {
+        c.resources.as_ref().is_some_and(|r| {
+            [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| m.keys().any(|k| k.contains('/')))
+        })
+    };
+    spec.containers.iter().any(extended) || spec.init_containers.iter().flatten().any(extended)
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+fn gate_and_stamp(pod: &Pod, spec: &PodSpec, now: Timestamp) -> Patch {
+    let mut ops = Vec::with_capacity(2);
+    match spec.scheduling_gates.as_ref() {
+        None => ops.push(add(
+            pointer(&["spec", "schedulingGates"]),
+            json!([{ "name": SCHEDULING_GATE }]),
+        )),
+        Some(gates) if gates.iter().any(|g| g.name == SCHEDULING_GATE) => {}
+        Some(_) => ops.push(add(
+            pointer(&["spec", "schedulingGates", "-"]),
+            json!({ "name": SCHEDULING_GATE }),
+        )),
+    }
+    let stamp = Value::String(gpupool_api::time::format_micros(now));
+    if pod.metadata.annotations.is_some() {
+        ops.push(add(
+            pointer(&["metadata", "annotations", ANNOTATION_ENQUEUED_AT]),
+            stamp,
+        ));
+    } else {
+        ops.push(add(
+            pointer(&["metadata", "annotations"]),
+            json!({ ANNOTATION_ENQUEUED_AT: stamp }),
+        ));
+    }
+    Patch(ops)
+}
+
+/// Reviews a pod UPDATE for the validating webhook: removing the
+/// `gpupool.io/admission` gate is denied unless `userInfo.username` is one of
+/// `owners`. Every other update is allowed, without consulting any store.
+pub fn validate(request: &AdmissionRequest<Pod>, owners: &GateOwners) -> Decision {
+    if request.operation != Operation::Update {
+        return Decision::Allow;
+    }
+    let (Some(old), Some(new)) = (request.old_object.as_ref(), request.object.as_ref()) else {
+        return Decision::Deny(Denial::MissingObject {
+            operation: "UPDATE".to_owned(),
+        });
+    };
+    if !has_gate(old) || has_gate(new) {
+        return Decision::Allow;
+    }
+    let user = request.user_info.username.as_deref().unwrap_or_default();
+    if owners.contains(user) {
+        Decision::Allow
+    } else {
+        Decision::Deny(Denial::GateRemoval {
+            user: user.to_owned(),
+            owners: owners.users().to_vec(),
+        })
+    }
+}
+
+fn has_gate(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE))
+}
+
+/// Serializes `response` as an AdmissionReview v1 body. The JSON patch is
+/// written as a base64 string, the encoding the Kubernetes API server's Go
+/// decoder documents for `[]byte` fields.
+pub fn response_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
+    let mut review = serde_json::to_value(response.into_review())?;
+    if let Some(patch) = review.pointer_mut("/response/patch") {
+        let bytes: Vec<u8> = serde_json::from_value(patch.take())?;
+        *patch = serde_json::to_value(ByteString(bytes))?;
+    }
+    serde_json::to_vec(&review)
+}
+
+#[cfg(test)]
+#[path = "review_tests.rs"]
+mod tests;

@@ -1,0 +1,679 @@
+use super::*;
+use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, Role};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+use kube::core::admission::AdmissionReview;
+use serde_json::json;
+
+fn now() -> Timestamp {
+    Timestamp::from_microsecond(1_700_000_000_123_456).expect("valid time")
+}
+
+/// A view that fails the test if a review consults it.
+struct UntouchableView;
+
+impl ClusterView for UntouchableView {
+    fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
+        panic!("the review read the class store")
+    }
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        panic!("the review read the node store")
+    }
+    fn leases(&self) -> Vec<Arc<GpuLease>> {
+        panic!("the review read the lease store")
+    }
+}
+
+fn class(name: &str, default: bool) -> Arc<GpuLeaseClass> {
+    Arc::new(GpuLeaseClass::new(
+        name,
+        GpuLeaseClassSpec {
+            default,
+            ..Default::default()
+        },
+    ))
+}
+
+fn class_with(name: &str, f: impl FnOnce(&mut GpuLeaseClassSpec)) -> Arc<GpuLeaseClass> {
+    let mut spec = GpuLeaseClassSpec::default();
+    f(&mut spec);
+    Arc::new(GpuLeaseClass::new(name, spec))
+}
+
+fn node(name: &str, labels: serde_json::Value, allocatable: serde_json::Value) -> Arc<Node> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": allocatable},
+        }))
+        .expect("node json"),
+    )
+}
+
+fn lease(name: &str, class: &str, phase: Option<LeasePhase>) -> Arc<GpuLease> {
+    let mut l = GpuLease::new(
+        name,
+        GpuLeaseSpec {
+            class_name: class.into(),
+            pod_name: name.into(),
+            pod_uid: format!("uid-{name}"),
+            role: Role::Primary,
+            slots: 1,
+        },
+    );
+    l.status = phase.map(|phase| GpuLeaseStatus {
+        phase,
+        ..Default::default()
+    });
+    Arc::new(l)
+}
+
+fn one_default_class() -> StaticView {
+    StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![node("node-1", json!({}), json!({"gpupool/slot": "4"}))],
+        leases: vec![],
+    }
+}
+
+fn gpu_pod(slots: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"containers": [{
+            "name": "main", "image": "trainer",
+            "resources": {"limits": {"gpupool/slot": slots}}
+        }]}
+    })
+}
+
+fn with_labels(mut pod: serde_json::Value, labels: serde_json::Value) -> serde_json::Value {
+    pod["metadata"]["labels"] = labels;
+    pod
+}
+
+fn request(
+    operation: &str,
+    user: &str,
+    object: Option<serde_json::Value>,
+    old: Option<serde_json::Value>,
+) -> AdmissionRequest<Pod> {
+    let review: AdmissionReview<Pod> = serde_json::from_value(json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "7d8f0d1e-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "train",
+            "namespace": "ml",
+            "operation": operation,
+            "userInfo": {"username": user},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+        }
+    }))
+    .expect("review json");
+    review.try_into().expect("review has a request")
+}
+
+fn create(pod: serde_json::Value) -> AdmissionRequest<Pod> {
+    request("CREATE", "alice", Some(pod), None)
+}
+
+fn denial(decision: Decision) -> Denial {
+    match decision {
+        Decision::Deny(d) => d,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+/// Applies the decision's patch to `pod` and returns the result.
+fn patched(decision: Decision, pod: &serde_json::Value) -> serde_json::Value {
+    let Decision::Patch(patch) = decision else {
+        panic!("expected a patch, got {decision:?}");
+    };
+    let mut doc = pod.clone();
+    json_patch::patch(&mut doc, &patch).expect("patch applies to the pod");
+    doc
+}
+
+const STAMP: &str = "2023-11-14T22:13:20.123456Z";
+
+#[test]
+fn pods_without_extended_resources_pass_without_reading_stores() {
+    let pod = json!({
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "web", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+    });
+    assert_eq!(
+        mutate(&create(pod), &UntouchableView, now()),
+        Decision::Allow
+    );
+    let bare = json!({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c"}]}});
+    assert_eq!(
+        mutate(&create(bare), &UntouchableView, now()),
+        Decision::Allow
+    );
+}
+
+#[test]
+fn pods_requesting_other_extended_resources_pass_untouched() {
+    let pod = json!({
+        "metadata": {"name": "cuda"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    assert_eq!(
+        mutate(&create(pod), &one_default_class(), now()),
+        Decision::Allow
+    );
+}
+
+#[test]
+fn default_class_pod_is_gated_and_stamped() {
+    let pod = gpu_pod("1");
+    let out = patched(
+        mutate(&create(pod.clone()), &one_default_class(), now()),
+        &pod,
+    );
+    assert_eq!(
+        out["spec"]["schedulingGates"],
+        json!([{"name": "gpupool.io/admission"}])
+    );
+    assert_eq!(
+        out["metadata"]["annotations"]["gpupool.io/enqueued-at"],
+        json!(STAMP)
+    );
+}
+
+#[test]
+fn gate_is_appended_and_stamp_added_beside_existing_annotations() {
+    let mut pod = gpu_pod("1");
+    pod["spec"]["schedulingGates"] = json!([{"name": "example.com/other"}]);
+    pod["metadata"]["annotations"] =
+        json!({"team": "vision", "gpupool.io/enqueued-at": "2000-01-01T00:00:00.000000Z"});
+    let out = patched(
+        mutate(&create(pod.clone()), &one_default_class(), now()),
+        &pod,
+    );
+    assert_eq!(
+        out["spec"]["schedulingGates"],
+        json!([{"name": "example.com/other"}, {"name": "gpupool.io/admission"}])
+    );
+    assert_eq!(out["metadata"]["annotations"]["team"], json!("vision"));
+    // A client cannot choose its own place in the queue.
+    assert_eq!(
+        out["metadata"]["annotations"]["gpupool.io/enqueued-at"],
+        json!(STAMP)
+    );
+}
+
+#[test]
+fn gate_already_present_is_not_duplicated() {
+    let mut pod = gpu_pod("1");
+    pod["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+    let out = patched(
+        mutate(&create(pod.clone()), &one_default_class(), now()),
+        &pod,
+    );
+    assert_eq!(
+        out["spec"]["schedulingGates"],
+        json!([{"name": "gpupool.io/admission"}])
+    );
+}
+
+#[test]
+fn init_container_requests_count() {
+    let pod = json!({
+        "metadata": {"name": "init"},
+        "spec": {
+            "initContainers": [{"name": "warm", "resources": {"requests": {"gpupool/slot": "2"}}}],
+            "containers": [{"name": "main"}]
+        }
+    });
+    assert!(matches!(
+        mutate(&create(pod), &one_default_class(), now()),
+        Decision::Patch(_)
+    ));
+}
+
+#[test]
+fn named_class_is_used_instead_of_the_default() {
+    let view = StaticView {
+        classes: vec![
+            class("default", true),
+            class_with("big", |s| s.admission.max_queued = 1),
+        ],
+        nodes: vec![],
+        leases: vec![lease("waiting", "big", Some(LeasePhase::Queued))],
+    };
+    let pod = with_labels(gpu_pod("1"), json!({"gpupool.io/class": "big"}));
+    let d = denial(mutate(&create(pod), &view, now()));
+    assert!(
+        matches!(d, Denial::QueueFull { ref class, .. } if class == "big"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn unknown_class_is_denied_by_name() {
+    let pod = with_labels(gpu_pod("1"), json!({"gpupool.io/class": "fast"}));
+    let d = denial(mutate(&create(pod), &one_default_class(), now()));
+    assert_eq!(
+        d.to_string(),
+        "GpuLeaseClass \"fast\" (label gpupool.io/class) does not exist"
+    );
+}
+
+#[test]
+fn no_label_and_no_default_is_denied() {
+    let view = StaticView {
+        classes: vec![class("a", false)],
+        ..Default::default()
+    };
+    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod requests gpupool/slot but names no GpuLeaseClass (label gpupool.io/class) and no class is marked default: true"
+    );
+    // With no class at all the same holds: gpupool/slot is always gpupool's.
+    let d = denial(mutate(&create(gpu_pod("1")), &StaticView::default(), now()));
+    assert!(matches!(d, Denial::NoClass { .. }), "{d:?}");
+}
+
+#[test]
+fn two_defaults_are_denied_naming_both() {
+    let view = StaticView {
+        classes: vec![class("zeta", true), class("alpha", true)],
+        ..Default::default()
+    };
+    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod names no GpuLeaseClass (label gpupool.io/class) and 2 classes are marked default: true (\"alpha\", \"zeta\"); set the label or leave one default"
+    );
+}
+
+#[test]
+fn bad_role_is_denied_naming_the_value() {
+    let pod = with_labels(gpu_pod("1"), json!({"gpupool.io/role": "boss"}));
+    let d = denial(mutate(&create(pod), &one_default_class(), now()));
+    assert_eq!(
+        d.to_string(),
+        "label gpupool.io/role must be \"primary\" or \"helper\", not \"boss\""
+    );
+}
+
+#[test]
+fn helper_role_is_queued() {
+    let pod = with_labels(gpu_pod("1"), json!({"gpupool.io/role": "helper"}));
+    assert!(matches!(
+        mutate(&create(pod), &one_default_class(), now()),
+        Decision::Patch(_)
+    ));
+}
+
+#[test]
+fn fractional_slots_are_denied() {
+    let d = denial(mutate(
+        &create(gpu_pod("500m")),
+        &one_default_class(),
+        now(),
+    ));
+    assert_eq!(
+        d.to_string(),
+        "container \"main\" requests gpupool/slot = \"500m\": GPU slots are whole numbers"
+    );
+}
+
+#[test]
+fn more_slots_than_the_largest_node_is_denied_with_both_numbers() {
+    let view = StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![
+            node("node-1", json!({}), json!({"gpupool/slot": "2"})),
+            node("node-2", json!({}), json!({"gpupool/slot": "4"})),
+        ],
+        leases: vec![],
+    };
+    let d = denial(mutate(&create(gpu_pod("5")), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod requests 5 gpupool/slot slots but the largest node of GpuLeaseClass \"default\" has 4 (node-2)"
+    );
+    assert!(matches!(
+        mutate(&create(gpu_pod("4")), &view, now()),
+        Decision::Patch(_)
+    ));
+}
+
+#[test]
+fn with_no_matching_node_the_pod_is_queued() {
+    let view = StaticView {
+        classes: vec![class_with("default", |s| {
+            s.default = true;
+            s.node_selector = Some(LabelSelector {
+                match_labels: Some([("pool".to_owned(), "a100".to_owned())].into()),
+                ..Default::default()
+            });
+        })],
+        nodes: vec![
+            node("other", json!({"pool": "t4"}), json!({"gpupool/slot": "1"})),
+            node(
+                "booting",
+                json!({"pool": "a100"}),
+                json!({"gpupool/slot": "0"}),
+            ),
+            node("cpu", json!({"pool": "a100"}), json!({"cpu": "8"})),
+        ],
+        leases: vec![],
+    };
+    assert!(matches!(
+        mutate(&create(gpu_pod("8")), &view, now()),
+        Decision::Patch(_)
+    ));
+}
+
+#[test]
+fn node_selector_confines_the_capacity_check() {
+    let view = StaticView {
+        classes: vec![class_with("default", |s| {
+            s.default = true;
+            s.node_selector = Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "pool".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["a100".into()]),
+                }]),
+                ..Default::default()
+            });
+        })],
+        nodes: vec![
+            node(
+                "small",
+                json!({"pool": "a100"}),
+                json!({"gpupool/slot": "2"}),
+            ),
+            node("huge", json!({"pool": "t4"}), json!({"gpupool/slot": "16"})),
+        ],
+        leases: vec![],
+    };
+    let d = denial(mutate(&create(gpu_pod("3")), &view, now()));
+    assert!(
+        matches!(d, Denial::TooLarge { largest: 2, ref node, .. } if node == "small"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn invalid_node_selector_is_denied_naming_the_operator() {
+    let view = StaticView {
+        classes: vec![class_with("default", |s| {
+            s.default = true;
+            s.node_selector = Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "pool".into(),
+                    operator: "Matches".into(),
+                    values: None,
+                }]),
+                ..Default::default()
+            });
+        })],
+        nodes: vec![node("n", json!({}), json!({"gpupool/slot": "1"}))],
+        leases: vec![],
+    };
+    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "GpuLeaseClass \"default\" has an invalid nodeSelector: matchExpressions key \"pool\": unknown operator \"Matches\" (In, NotIn, Exists, DoesNotExist)"
+    );
+}
+
+#[test]
+fn full_queue_is_denied_with_the_count() {
+    let mut view = one_default_class();
+    view.classes = vec![class_with("default", |s| {
+        s.default = true;
+        s.admission.max_queued = 2;
+    })];
+    view.leases = vec![
+        lease("a", "default", Some(LeasePhase::Queued)),
+        lease("b", "default", Some(LeasePhase::Admitted)),
+        lease("c", "other", Some(LeasePhase::Queued)),
+    ];
+    // One waits (the admitted lease and the other class's do not count).
+    assert!(matches!(
+        mutate(&create(gpu_pod("1")), &view, now()),
+        Decision::Patch(_)
+    ));
+    // A lease without status has just been created and waits too.
+    view.leases.push(lease("d", "default", None));
+    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "GpuLeaseClass \"default\" already has 2 queued pods (admission.maxQueued is 2); try again once the queue shrinks"
+    );
+}
+
+#[test]
+fn zero_max_queued_is_unbounded() {
+    let mut view = one_default_class();
+    view.leases = (0..50)
+        .map(|i| lease(&format!("l{i}"), "default", Some(LeasePhase::Queued)))
+        .collect();
+    assert!(matches!(
+        mutate(&create(gpu_pod("1")), &view, now()),
+        Decision::Patch(_)
+    ));
+}
+
+#[test]
+fn resource_of_another_class_is_denied() {
+    let view = StaticView {
+        classes: vec![
+            class("default", true),
+            class_with("big", |s| s.resource_name = "gpupool/big".into()),
+        ],
+        ..Default::default()
+    };
+    let pod = json!({
+        "metadata": {"name": "mixed"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpupool/big": "1"}}}]}
+    });
+    let d = denial(mutate(&create(pod), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod requests gpupool/big, which its GpuLeaseClass \"default\" does not hand out (the class hands out gpupool/slot)"
+    );
+}
+
+#[test]
+fn zero_slots_pass_untouched() {
+    assert_eq!(
+        mutate(&create(gpu_pod("0")), &one_default_class(), now()),
+        Decision::Allow
+    );
+}
+
+#[test]
+fn mutation_ignores_other_operations_and_needs_an_object() {
+    let update = request("UPDATE", "alice", Some(gpu_pod("1")), Some(gpu_pod("1")));
+    assert_eq!(mutate(&update, &UntouchableView, now()), Decision::Allow);
+    let empty = request("CREATE", "alice", None, None);
+    let d = denial(mutate(&empty, &UntouchableView, now()));
+    assert_eq!(
+        d.to_string(),
+        "the CREATE admission request carries no pod object"
+    );
+}
+
+fn gated(pod: serde_json::Value) -> serde_json::Value {
+    let mut pod = pod;
+    pod["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+    pod
+}
+
+fn owners() -> GateOwners {
+    GateOwners::new([
+        GateOwners::service_account("gpupool-system", "gpupool-operator"),
+        "gpupool-operator".to_owned(),
+    ])
+}
+
+#[test]
+fn gate_removal_by_a_user_is_denied_naming_user_and_owners() {
+    let req = request(
+        "UPDATE",
+        "alice",
+        Some(gpu_pod("1")),
+        Some(gated(gpu_pod("1"))),
+    );
+    let d = denial(validate(&req, &owners()));
+    assert_eq!(
+        d.to_string(),
+        "only the gpupool operator (\"gpupool-operator\", \"system:serviceaccount:gpupool-system:gpupool-operator\") may remove the scheduling gate gpupool.io/admission; user \"alice\" may not"
+    );
+}
+
+#[test]
+fn gate_removal_by_the_operator_is_allowed() {
+    for user in owners().users() {
+        let req = request(
+            "UPDATE",
+            user,
+            Some(gpu_pod("1")),
+            Some(gated(gpu_pod("1"))),
+        );
+        assert_eq!(validate(&req, &owners()), Decision::Allow, "{user}");
+    }
+}
+
+#[test]
+fn other_updates_are_allowed() {
+    let keeps = request(
+        "UPDATE",
+        "alice",
+        Some(gated(gpu_pod("1"))),
+        Some(gated(gpu_pod("1"))),
+    );
+    assert_eq!(validate(&keeps, &owners()), Decision::Allow);
+    let never_gated = request("UPDATE", "alice", Some(gpu_pod("1")), Some(gpu_pod("1")));
+    assert_eq!(validate(&never_gated, &owners()), Decision::Allow);
+    let create = request("CREATE", "alice", Some(gpu_pod("1")), None);
+    assert_eq!(validate(&create, &owners()), Decision::Allow);
+}
+
+#[test]
+fn update_without_old_object_is_denied() {
+    let req = request("UPDATE", "alice", Some(gpu_pod("1")), None);
+    let d = denial(validate(&req, &owners()));
+    assert_eq!(
+        d.to_string(),
+        "the UPDATE admission request carries no pod object"
+    );
+}
+
+#[test]
+fn gate_owners_drop_empty_and_duplicate_names() {
+    let o = GateOwners::new([
+        "b".to_owned(),
+        String::new(),
+        "a".to_owned(),
+        "b".to_owned(),
+    ]);
+    assert_eq!(o.users(), ["a".to_owned(), "b".to_owned()]);
+    assert!(!o.contains(""));
+    assert_eq!(
+        GateOwners::service_account("ns", "sa"),
+        "system:serviceaccount:ns:sa"
+    );
+}
+
+fn response_json(decision: Decision, req: &AdmissionRequest<Pod>) -> serde_json::Value {
+    let body = response_body(decision.into_response(req)).expect("response serializes");
+    serde_json::from_slice(&body).expect("response is JSON")
+}
+
+#[test]
+fn denial_response_carries_403_and_the_message() {
+    let req = create(gpu_pod("500m"));
+    let decision = mutate(&req, &one_default_class(), now());
+    let message = denial(decision.clone()).to_string();
+    let response = response_json(decision, &req);
+    assert_eq!(response["apiVersion"], json!("admission.k8s.io/v1"));
+    assert_eq!(response["kind"], json!("AdmissionReview"));
+    let r = &response["response"];
+    assert_eq!(r["uid"], json!("7d8f0d1e-0000-4000-8000-000000000001"));
+    assert_eq!(r["allowed"], json!(false));
+    assert_eq!(r["status"]["code"], json!(403));
+    assert_eq!(r["status"]["message"], json!(message));
+    assert!(r.get("patch").is_none());
+}
+
+#[test]
+fn patch_response_is_a_base64_json_patch() {
+    let req = create(gpu_pod("1"));
+    let decision = mutate(&req, &one_default_class(), now());
+    let Decision::Patch(patch) = decision.clone() else {
+        panic!("expected a patch");
+    };
+    let response = response_json(decision, &req);
+    let r = &response["response"];
+    assert_eq!(r["allowed"], json!(true));
+    assert_eq!(r["patchType"], json!("JSONPatch"));
+    let decoded: ByteString =
+        serde_json::from_value(r["patch"].clone()).expect("patch is a base64 string");
+    let sent: Patch = serde_json::from_slice(&decoded.0).expect("patch is a JSON patch");
+    assert_eq!(sent, patch);
+}
+
+#[test]
+fn allow_response_has_no_patch() {
+    let req = create(gpu_pod("0"));
+    let response = response_json(Decision::Allow, &req);
+    assert_eq!(response["response"]["allowed"], json!(true));
+    assert!(response["response"].get("patch").is_none());
+    assert!(response["response"].get("patchType").is_none());
+}
+
+#[test]
+fn outcome_labels() {
+    assert_eq!(Decision::Allow.outcome(), "allowed");
+    assert_eq!(Decision::Patch(Patch(vec![])).outcome(), "patched");
+    assert_eq!(
+        Decision::Deny(Denial::MissingObject {
+            operation: "CREATE".into()
+        })
+        .outcome(),
+        "denied"
+    );
+}
+
+#[test]
+fn selector_operators() {
+    let labels: BTreeMap<String, String> = [("pool".to_owned(), "a100".to_owned())].into();
+    let expr = |op: &str, values: Option<Vec<&str>>| LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "pool".into(),
+            operator: op.into(),
+            values: values.map(|v| v.into_iter().map(String::from).collect()),
+        }]),
+        ..Default::default()
+    };
+    let m = |s: &LabelSelector| selector_matches(s, Some(&labels));
+    assert_eq!(m(&LabelSelector::default()), Ok(true));
+    assert_eq!(m(&expr("In", Some(vec!["a100", "h100"]))), Ok(true));
+    assert_eq!(m(&expr("In", Some(vec!["t4"]))), Ok(false));
+    assert_eq!(m(&expr("NotIn", Some(vec!["t4"]))), Ok(true));
+    assert_eq!(m(&expr("NotIn", Some(vec!["a100"]))), Ok(false));
+    assert_eq!(m(&expr("Exists", None)), Ok(true));
+    assert_eq!(m(&expr("DoesNotExist", None)), Ok(false));
+    assert_eq!(
+        selector_matches(&expr("NotIn", Some(vec!["t4"])), None),
+        Ok(true)
+    );
+    assert_eq!(
+        m(&expr("In", Some(vec![]))),
+        Err("matchExpressions key \"pool\": operator In needs at least one value".into())
+    );
+}
