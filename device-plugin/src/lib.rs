@@ -6,5 +6,9 @@
 //! helpers ([`transport`]) are public so that a simulated kubelet can speak
 //! the same wire protocol.
 
+pub mod discovery;
+pub mod metrics;
 pub mod proto;
+pub mod server;
+pub mod slots;
 pub mod transport;
