@@ -1,3 +1,4 @@
 //! The pod admission webhook (DESIGN §5.1).
 
+pub mod certs;
 pub mod review;
