@@ -1,6 +1,9 @@
 //! gpupool's operator: admits pods to GPU slots in FIFO order, lets helpers
 //! use idle GPUs and preempts them for primaries, and publishes lease snapshots.
 
+pub mod config;
 pub mod controller;
 pub mod engine;
+pub mod leader;
+pub mod metrics;
 pub mod webhook;

@@ -1,1 +1,132 @@
-fn main() {}
+//! `gpupool-operator`: parses flags, starts the watches, the decision loop,
+//! leader election, the webhook and the metrics server, and maps the outcome
+//! to exit codes (0 on SIGTERM/SIGINT, 2 on bad flags, 1 on a fatal error).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use gpupool_operator::config::{Args, Config};
+use gpupool_operator::controller::{self, Caches, LoopConfig};
+use gpupool_operator::leader::Leadership;
+use gpupool_operator::metrics::{self, Health, Metrics};
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpupool-operator: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpupool-operator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => {
+            tracing::info!("shut down");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "fatal");
+            eprintln!("gpupool-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let health = Arc::new(Health::default());
+    let listener = metrics::bind(SocketAddr::from(([0, 0, 0, 0], config.metrics_port))).await?;
+    let registry = Arc::new(registry);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn({
+        let (registry, health) = (registry.clone(), health.clone());
+        async move {
+            metrics::serve(listener, registry, health).await;
+            Ok(())
+        }
+    });
+
+    let leadership = if config.leader_elect {
+        Leadership::elect(client.clone(), &config.namespace, &config.identity).await?
+    } else {
+        Leadership::always()
+    };
+    let changed = Arc::new(Notify::new());
+    let caches = Caches::start(&client, changed.clone(), &metrics);
+    tasks.spawn({
+        let (client, leader, health) = (client.clone(), leadership.rx.clone(), health.clone());
+        let loop_config = LoopConfig {
+            resync: config.resync,
+            instance: config.identity.clone(),
+        };
+        async move {
+            controller::run(
+                client,
+                caches,
+                changed,
+                leader,
+                metrics,
+                health,
+                loop_config,
+            )
+            .await
+            .context("decision loop stopped")
+        }
+    });
+
+    tokio::select! {
+        signal = shutdown_signal() => {
+            signal?;
+            tracing::info!("signal received; shutting down");
+            drop(leadership);
+            Ok(())
+        }
+        Some(done) = tasks.join_next() => {
+            match done {
+                Ok(Ok(())) => anyhow::bail!("a server task ended unexpectedly"),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("a task panicked: {e}")),
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        r = tokio::signal::ctrl_c() => r.context("cannot listen for SIGINT"),
+    }
+}

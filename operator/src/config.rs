@@ -1,0 +1,283 @@
+//! The operator's command line (DESIGN §8). Every flag is also read from an
+//! environment variable, and every combination that cannot work is refused
+//! with an error naming the flag, before anything starts.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Namespace used when neither `--namespace`, `POD_NAMESPACE` nor the
+/// in-cluster service-account namespace file says otherwise.
+pub const FALLBACK_NAMESPACE: &str = "gpupool-system";
+
+/// Where the in-cluster service account's namespace is mounted.
+const IN_CLUSTER_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// `gpupool-operator`: admits pods to GPU slots in FIFO order, lets helpers
+/// use idle GPUs, preempts them for primaries, and serves the pod webhook.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "gpupool-operator", version, about)]
+pub struct Args {
+    /// HTTPS port of the pod admission webhook.
+    #[arg(long, env = "GPUPOOL_WEBHOOK_PORT", default_value_t = 9443)]
+    pub webhook_port: u16,
+
+    /// HTTP port serving /metrics, /healthz and /readyz.
+    #[arg(long, env = "GPUPOOL_METRICS_PORT", default_value_t = 8080)]
+    pub metrics_port: u16,
+
+    /// Elect one leader among replicas (a coordination.k8s.io/v1 Lease); only
+    /// the leader admits pods and writes. `--leader-elect=false` runs alone.
+    #[arg(
+        long,
+        env = "GPUPOOL_LEADER_ELECT",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub leader_elect: bool,
+
+    /// The operator's own namespace (leader-election Lease, webhook Secret).
+    /// Defaults to POD_NAMESPACE, then the in-cluster namespace file, then gpupool-system.
+    #[arg(long, env = "GPUPOOL_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Service (NAMESPACE/NAME) the API server calls the webhook through, in a cluster.
+    #[arg(long, env = "GPUPOOL_WEBHOOK_SERVICE", conflicts_with = "webhook_url")]
+    pub webhook_service: Option<String>,
+
+    /// URL the API server calls the webhook at, outside a cluster (https://…).
+    #[arg(long, env = "GPUPOOL_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Seconds between decision passes when nothing changes (a safety net;
+    /// changes trigger passes at once).
+    #[arg(long, env = "GPUPOOL_RESYNC_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub resync_seconds: u64,
+
+    /// Identity of this replica in leader election (defaults to POD_NAME, else
+    /// the host name and process id).
+    #[arg(long, env = "GPUPOOL_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+/// Flags that parse but do not make sense together or in themselves.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Neither way of reaching the webhook was given.
+    #[error(
+        "one of --webhook-service NAMESPACE/NAME (in a cluster) or --webhook-url URL (outside one) is required"
+    )]
+    NoWebhookEndpoint,
+    /// `--webhook-service` is not `NAMESPACE/NAME`.
+    #[error("--webhook-service must be NAMESPACE/NAME, got {0:?}")]
+    BadWebhookService(String),
+    /// `--webhook-url` is not an https URL.
+    #[error("--webhook-url must be an https:// URL with a host, got {0:?}")]
+    BadWebhookUrl(String),
+    /// `--namespace` is empty or not a DNS label.
+    #[error("--namespace must be a DNS label (lowercase letters, digits, '-'), got {0:?}")]
+    BadNamespace(String),
+    /// Both listeners were asked for the same port.
+    #[error("--metrics-port and --webhook-port must differ (both are {0})")]
+    SamePort(u16),
+}
+
+/// How the API server reaches the webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookEndpoint {
+    /// Through a Service in the cluster.
+    Service {
+        /// Service namespace.
+        namespace: String,
+        /// Service name.
+        name: String,
+    },
+    /// At a URL (outside a cluster, e.g. the simulator).
+    Url(String),
+}
+
+/// The validated configuration the operator runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Webhook HTTPS port.
+    pub webhook_port: u16,
+    /// Metrics/health HTTP port.
+    pub metrics_port: u16,
+    /// Whether to run leader election.
+    pub leader_elect: bool,
+    /// The operator's namespace.
+    pub namespace: String,
+    /// How the API server reaches the webhook.
+    pub webhook_endpoint: WebhookEndpoint,
+    /// Period of the safety-net pass.
+    pub resync: Duration,
+    /// Leader-election identity.
+    pub identity: String,
+}
+
+impl Args {
+    /// Checks the flags and fills in defaults from the environment.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let webhook_endpoint = match (self.webhook_service, self.webhook_url) {
+            (Some(svc), None) => parse_service(&svc)?,
+            (None, Some(url)) => parse_url(&url)?,
+            // clap refuses both at once; keep the check total anyway.
+            (Some(_), Some(_)) | (None, None) => return Err(ConfigError::NoWebhookEndpoint),
+        };
+        let namespace = match self.namespace {
+            Some(ns) => ns,
+            None => default_namespace(),
+        };
+        if !is_dns_label(&namespace) {
+            return Err(ConfigError::BadNamespace(namespace));
+        }
+        if self.webhook_port == self.metrics_port {
+            return Err(ConfigError::SamePort(self.webhook_port));
+        }
+        let identity = self.identity.unwrap_or_else(default_identity);
+        Ok(Config {
+            webhook_port: self.webhook_port,
+            metrics_port: self.metrics_port,
+            leader_elect: self.leader_elect,
+            namespace,
+            webhook_endpoint,
+            resync: Duration::from_secs(self.resync_seconds),
+            identity,
+        })
+    }
+}
+
+fn parse_service(value: &str) -> Result<WebhookEndpoint, ConfigError> {
+    let bad = || ConfigError::BadWebhookService(value.to_owned());
+    let (namespace, name) = value.split_once('/').ok_or_else(bad)?;
+    if !is_dns_label(namespace) || !is_dns_label(name) {
+        return Err(bad());
+    }
+    Ok(WebhookEndpoint::Service {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+fn parse_url(value: &str) -> Result<WebhookEndpoint, ConfigError> {
+    let host_ok = value
+        .strip_prefix("https://")
+        .map(|rest| rest.split(['/', ':']).next().unwrap_or(""))
+        .is_some_and(|host| !host.is_empty());
+    if !host_ok || value.contains(char::is_whitespace) {
+        return Err(ConfigError::BadWebhookUrl(value.to_owned()));
+    }
+    Ok(WebhookEndpoint::Url(value.to_owned()))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn default_namespace() -> String {
+    if let Ok(ns) = std::env::var("POD_NAMESPACE")
+        && !ns.trim().is_empty()
+    {
+        return ns.trim().to_owned();
+    }
+    match std::fs::read_to_string(IN_CLUSTER_NAMESPACE_FILE) {
+        Ok(ns) if !ns.trim().is_empty() => ns.trim().to_owned(),
+        _ => FALLBACK_NAMESPACE.to_owned(),
+    }
+}
+
+fn default_identity() -> String {
+    if let Ok(name) = std::env::var("POD_NAME")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "gpupool-operator".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut full = vec!["gpupool-operator"];
+        full.extend_from_slice(args);
+        let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
+        args.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let cfg = parse(&[
+            "--webhook-url",
+            "https://127.0.0.1:9443",
+            "--namespace",
+            "gp",
+        ])
+        .expect("valid");
+        assert_eq!(cfg.webhook_port, 9443);
+        assert_eq!(cfg.metrics_port, 8080);
+        assert!(cfg.leader_elect);
+        assert_eq!(cfg.namespace, "gp");
+        assert_eq!(
+            cfg.webhook_endpoint,
+            WebhookEndpoint::Url("https://127.0.0.1:9443".into())
+        );
+    }
+
+    #[test]
+    fn leader_elect_false_with_equals() {
+        let cfg = parse(&["--webhook-service", "ns/svc", "--leader-elect=false"]).expect("valid");
+        assert!(!cfg.leader_elect);
+        assert_eq!(
+            cfg.webhook_endpoint,
+            WebhookEndpoint::Service {
+                namespace: "ns".into(),
+                name: "svc".into()
+            }
+        );
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "--webhook-service"),
+            (&["--webhook-service", "svc"], "--webhook-service"),
+            (&["--webhook-url", "http://x"], "--webhook-url"),
+            (&["--webhook-url", "https://"], "--webhook-url"),
+            (
+                &["--webhook-url", "https://a", "--webhook-service", "a/b"],
+                "--webhook-service",
+            ),
+            (
+                &["--webhook-url", "https://a", "--namespace", "Bad_NS"],
+                "--namespace",
+            ),
+            (
+                &["--webhook-url", "https://a", "--metrics-port", "9443"],
+                "--metrics-port",
+            ),
+            (
+                &["--webhook-url", "https://a", "--leader-elect=maybe"],
+                "--leader-elect",
+            ),
+            (
+                &["--webhook-url", "https://a", "--resync-seconds", "0"],
+                "--resync-seconds",
+            ),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).expect_err("invalid flags");
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! Applying a plan: lease creates/deletes, status writes, admissions and
+//! evictions, in the order that keeps DESIGN §5.8's invariants.
+//!
+//! Ordering rules:
+//! - stale leases are deleted before anything else (a new lease may take the name);
+//! - a new lease's sequence is persisted (status write) right after its create;
+//! - an admission first persists the lease status (Admitted, node), then sends
+//!   the pod's one JSON patch; if the status write fails, the pod is not touched;
+//! - writes of different pods run concurrently, each chain in its own order.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use gpupool_api::names::FIELD_MANAGER_OPERATOR;
+use gpupool_api::{GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseStatus, LeasePhase, Role};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction as EvictionBody;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    DeleteOptions, ObjectMeta, OwnerReference, Preconditions, Time,
+};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+use super::PassInput;
+use super::error::{Error, api_status};
+use super::events::{EventSink, PodEvent};
+use super::overlay::Overlay;
+use super::patch;
+use crate::engine::{Admission, Eviction, NewLease, ObjectKey, Plan, StaleLease};
+use crate::metrics::{ClassLabel, ClassRole, Metrics};
+
+/// API writes in flight at once within a pass.
+const CONCURRENCY: usize = 64;
+/// A class's status is written at most this often.
+const CLASS_STATUS_PERIOD: Duration = Duration::from_secs(1);
+/// Lease message while a PodDisruptionBudget refuses a helper's eviction.
+pub const PDB_BLOCKED_MESSAGE: &str = "eviction blocked by a PodDisruptionBudget, retrying";
+/// Retry delay after a PodDisruptionBudget refused an eviction.
+const PDB_RETRY: Duration = Duration::from_secs(2);
+
+/// What applying a plan left behind.
+#[derive(Debug, Default)]
+pub struct ApplyOutcome {
+    /// Some write failed (not counting expected conflicts resolved by the next pass).
+    pub failed: bool,
+    /// When the next pass is due for deferred work.
+    pub wake_at: Option<Instant>,
+}
+
+struct ClassWrite {
+    status: GpuLeaseClassStatus,
+    at: Instant,
+}
+
+/// Applies plans; remembers what it must across passes (class status
+/// throttling, evictions a PodDisruptionBudget blocks).
+pub struct Applier {
+    client: Client,
+    metrics: Metrics,
+    events: EventSink,
+    class_writes: HashMap<String, ClassWrite>,
+    blocked_evictions: HashMap<ObjectKey, String>,
+}
+
+/// Result of one independent write chain.
+enum Done {
+    Lease { lease: GpuLease, created: bool },
+    Pod(Pod),
+    PodReread(Option<Pod>),
+    Evicted { key: ObjectKey, uid: String },
+    Blocked(ObjectKey),
+    Unblocked(ObjectKey),
+    LeaseDeleted { key: ObjectKey, uid: String },
+}
+
+type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
+
+impl Applier {
+    /// An applier writing through `client`.
+    pub fn new(client: Client, metrics: Metrics, events: EventSink) -> Self {
+        Self {
+            client,
+            metrics,
+            events,
+            class_writes: HashMap::new(),
+            blocked_evictions: HashMap::new(),
+        }
+    }
+
+    /// Applies `plan` (decided on `input`), recording successful writes in `overlay`.
+    pub async fn apply(
+        &mut self,
+        plan: Plan,
+        input: &PassInput,
+        overlay: &mut Overlay,
+    ) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        let mut errors = Vec::new();
+
+        // 1. Stale leases go first: a new lease of the same name may follow.
+        let deletes: Vec<Chain> = plan
+            .delete_leases
+            .iter()
+            .filter_map(|s| self.delete_chain(s, input))
+            .collect();
+        self.run_chains(deletes, overlay, &mut errors).await;
+
+        // 2. Everything else, one chain per object, chains concurrently.
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut statuses = plan.lease_statuses;
+        for new in plan.create_leases {
+            statuses.remove(&new.key);
+            chains.push(self.create_chain(new));
+        }
+        let mut admissions: BTreeMap<ObjectKey, Admission> = plan
+            .admissions
+            .into_iter()
+            .map(|a| (a.key.clone(), a))
+            .collect();
+        for (key, mut status) in statuses {
+            if status.phase == LeasePhase::Preempting
+                && let Some(msg) = self.blocked_evictions.get(&key)
+            {
+                status.message = Some(msg.clone());
+            }
+            let admission = admissions.remove(&key);
+            if let Some(chain) = self.status_chain(key, status, admission, input) {
+                chains.push(chain);
+            }
+        }
+        // Admissions whose lease status is already persisted (e.g. after a
+        // restart between the status write and the pod patch).
+        for (_, a) in admissions {
+            chains.push(self.admit_chain(a, input));
+        }
+        for e in plan.evictions {
+            chains.push(self.evict_chain(e, input));
+        }
+        self.run_chains(chains, overlay, &mut errors).await;
+
+        // 3. Class statuses, at most once per second each.
+        let now = Instant::now();
+        for (class, status) in plan.class_statuses {
+            self.record_queue_depth(&class, &status);
+            match self.class_status_due(&class, &status, now) {
+                ClassDue::No => {}
+                ClassDue::Later(at) => {
+                    outcome.wake_at = Some(outcome.wake_at.map_or(at, |w| w.min(at)));
+                }
+                ClassDue::Now => {
+                    if let Err(e) = self.write_class_status(&class, &status).await {
+                        errors.push(e);
+                    } else {
+                        self.class_writes
+                            .insert(class, ClassWrite { status, at: now });
+                    }
+                }
+            }
+        }
+
+        for e in &errors {
+            self.metrics.error(e.metric_label());
+            if e.is_expected() {
+                tracing::info!(error = %e, kind = e.metric_label(), "write refused; deciding again");
+            } else {
+                tracing::warn!(error = %e, kind = e.metric_label(), "write failed; retrying with backoff");
+            }
+        }
+        if !errors.is_empty() {
+            outcome.failed = true;
+        }
+        if !self.blocked_evictions.is_empty() {
+            let at = Instant::now() + PDB_RETRY;
+            outcome.wake_at = Some(outcome.wake_at.map_or(at, |w| w.min(at)));
+        }
+        outcome
+    }
+
+    async fn run_chains(
+        &mut self,
+        chains: Vec<Chain>,
+        overlay: &mut Overlay,
+        errors: &mut Vec<Error>,
+    ) {
+        if chains.is_empty() {
+            return;
+        }
+        let mut stream = futures::stream::iter(chains).buffer_unordered(CONCURRENCY);
+        while let Some((done, errs)) = stream.next().await {
+            errors.extend(errs);
+            let now = Instant::now();
+            for d in done {
+                match d {
+                    Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
+                    Done::Pod(pod) => overlay.record_pod(pod, now),
+                    Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
+                    Done::PodReread(None) => {}
+                    Done::Evicted { key, uid } => {
+                        self.blocked_evictions.remove(&key);
+                        overlay.record_evicted(key, uid, now);
+                    }
+                    Done::Blocked(key) => {
+                        self.blocked_evictions
+                            .insert(key, PDB_BLOCKED_MESSAGE.to_owned());
+                    }
+                    Done::Unblocked(key) => {
+                        self.blocked_evictions.remove(&key);
+                    }
+                    Done::LeaseDeleted { key, uid } => overlay.record_lease_deleted(key, uid, now),
+                }
+            }
+        }
+    }
+
+    fn leases(&self, ns: &str) -> Api<GpuLease> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    fn delete_chain(&self, stale: &StaleLease, input: &PassInput) -> Option<Chain> {
+        let obj = input.leases.get(&stale.key)?;
+        let uid = obj.metadata.uid.clone()?;
+        let api = self.leases(&stale.key.namespace);
+        let key = stale.key.clone();
+        Some(Box::pin(async move {
+            let dp = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&key.name, &dp).await {
+                Ok(_) => {
+                    tracing::info!(lease = %key, "deleted the lease of a replaced pod");
+                    (vec![Done::LeaseDeleted { key, uid }], vec![])
+                }
+                Err(e) if api_status(&e) == Some(404) => {
+                    (vec![Done::LeaseDeleted { key, uid }], vec![])
+                }
+                Err(e) if api_status(&e) == Some(409) => {
+                    (vec![], vec![Error::LeaseConflict { lease: key }])
+                }
+                Err(source) => (vec![], vec![Error::DeleteLease { lease: key, source }]),
+            }
+        }))
+    }
+
+    fn create_chain(&self, new: NewLease) -> Chain {
+        let api = self.leases(&new.key.namespace);
+        let events = self.events.clone();
+        Box::pin(async move {
+            let lease = GpuLease {
+                metadata: ObjectMeta {
+                    name: Some(new.key.name.clone()),
+                    namespace: Some(new.key.namespace.clone()),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: new.key.name.clone(),
+                        uid: new.pod_uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(false),
+                    }]),
+                    ..Default::default()
+                },
+                spec: new.spec.clone(),
+                status: None,
+            };
+            let pp = PostParams {
+                dry_run: false,
+                field_manager: Some(FIELD_MANAGER_OPERATOR.to_owned()),
+            };
+            let created = match api.create(&pp, &lease).await {
+                Ok(l) => l,
+                Err(e) if api_status(&e) == Some(409) => {
+                    return (vec![], vec![Error::LeaseConflict { lease: new.key }]);
+                }
+                Err(source) => {
+                    return (
+                        vec![],
+                        vec![Error::CreateLease {
+                            lease: new.key,
+                            source,
+                        }],
+                    );
+                }
+            };
+            let rv = created.metadata.resource_version.clone();
+            let mut done = vec![Done::Lease {
+                lease: created,
+                created: true,
+            }];
+            let body = patch::lease_status_patch(None, &new.status, rv.as_deref());
+            match api
+                .patch_status(&new.key.name, &patch_params(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(l) => {
+                    tracing::info!(lease = %new.key, sequence = ?new.status.sequence, "queued");
+                    events.emit(
+                        &new.key,
+                        &new.pod_uid,
+                        PodEvent::Queued {
+                            position: new.status.position,
+                        },
+                    );
+                    done.push(Done::Lease {
+                        lease: l,
+                        created: true,
+                    });
+                    (done, vec![])
+                }
+                Err(e) => (done, vec![status_error(new.key, e)]),
+            }
+        })
+    }
+
+    /// Writes one lease status if it changed; for an admission, then patches the pod.
+    fn status_chain(
+        &self,
+        key: ObjectKey,
+        status: GpuLeaseStatus,
+        admission: Option<Admission>,
+        input: &PassInput,
+    ) -> Option<Chain> {
+        let obj = input.leases.get(&key);
+        let old = obj.and_then(|l| l.status.as_ref());
+        let changed = patch::lease_status_differs(old, &status);
+        if !changed {
+            return admission.map(|a| self.admit_chain(a, input));
+        }
+        let Some(obj) = obj else {
+            return admission.map(|a| self.admit_chain(a, input));
+        };
+        let body =
+            patch::lease_status_patch(old, &status, obj.metadata.resource_version.as_deref());
+        let api = self.leases(&key.namespace);
+        let was = old.map(|s| s.phase);
+        let released = status.phase == LeasePhase::Released && was != Some(LeasePhase::Released);
+        let pod_uid = obj.spec.pod_uid.clone();
+        let admit = admission.map(|a| self.admit_chain(a, input));
+        let events = self.events.clone();
+        Some(Box::pin(async move {
+            match api
+                .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(l) => {
+                    if released {
+                        tracing::info!(lease = %key, "released");
+                        events.emit(&key, &pod_uid, PodEvent::Released);
+                    }
+                    let mut done = vec![Done::Lease {
+                        lease: l,
+                        created: false,
+                    }];
+                    let mut errs = vec![];
+                    if let Some(admit) = admit {
+                        let (d, e) = admit.await;
+                        done.extend(d);
+                        errs.extend(e);
+                    }
+                    (done, errs)
+                }
+                // Gone with its pod: nothing left to write.
+                Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
+                Err(e) => (vec![], vec![status_error(key, e)]),
+            }
+        }))
+    }
+
+    fn admit_chain(&self, a: Admission, input: &PassInput) -> Chain {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &a.key.namespace);
+        let pod = input.pods.get(&a.key).cloned();
+        let lease = input.leases.get(&a.key).cloned();
+        let class = lease.as_ref().map(|l| l.spec.class_name.clone());
+        let queued_at = lease
+            .as_ref()
+            .and_then(|l| l.status.as_ref())
+            .and_then(|s| s.queued_at.clone());
+        let metrics = self.metrics.clone();
+        let events = self.events.clone();
+        Box::pin(async move {
+            let Some(pod) = pod else {
+                return (vec![], vec![]);
+            };
+            if pod.metadata.uid.as_deref() != Some(a.pod_uid.as_str()) {
+                return (
+                    vec![],
+                    vec![Error::AdmissionConflict {
+                        pod: a.key,
+                        reason: "the pod was replaced".into(),
+                    }],
+                );
+            }
+            let json = match patch::admission_patch(&pod, &a.node) {
+                Ok(p) => p,
+                Err(e) => {
+                    return (
+                        vec![],
+                        vec![Error::AdmissionConflict {
+                            pod: a.key,
+                            reason: e.to_string(),
+                        }],
+                    );
+                }
+            };
+            match api
+                .patch(&a.key.name, &patch_params(), &Patch::<()>::Json(json))
+                .await
+            {
+                Ok(p) => {
+                    tracing::info!(pod = %a.key, node = %a.node, role = %a.role, slots = a.slots, "admitted");
+                    let class = class.unwrap_or_default();
+                    metrics
+                        .admissions
+                        .get_or_create(&ClassRole {
+                            class: class.clone(),
+                            role: a.role.as_str().to_owned(),
+                        })
+                        .inc();
+                    if let Some(q) = queued_at {
+                        let wait = Timestamp::now().duration_since(q.0).as_secs_f64().max(0.0);
+                        metrics
+                            .admission_wait
+                            .get_or_create(&ClassRole {
+                                class,
+                                role: a.role.as_str().to_owned(),
+                            })
+                            .observe(wait);
+                    }
+                    events.emit(&a.key, &a.pod_uid, PodEvent::Admitted { node: a.node });
+                    (vec![Done::Pod(p)], vec![])
+                }
+                Err(e) if matches!(api_status(&e), Some(409 | 422)) => {
+                    // Someone else changed the pod: read it again, never retry blindly.
+                    let fresh = api.get_opt(&a.key.name).await.ok().flatten();
+                    (
+                        vec![Done::PodReread(fresh)],
+                        vec![Error::AdmissionConflict {
+                            pod: a.key,
+                            reason: e.to_string(),
+                        }],
+                    )
+                }
+                Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
+                Err(source) => (
+                    vec![],
+                    vec![Error::AdmitPod {
+                        pod: a.key,
+                        node: a.node,
+                        source,
+                    }],
+                ),
+            }
+        })
+    }
+
+    fn evict_chain(&self, e: Eviction, input: &PassInput) -> Chain {
+        let client = self.client.clone();
+        let class = input
+            .leases
+            .get(&e.key)
+            .map(|l| l.spec.class_name.clone())
+            .unwrap_or_default();
+        let metrics = self.metrics.clone();
+        let events = self.events.clone();
+        Box::pin(async move {
+            let body = EvictionBody {
+                metadata: ObjectMeta {
+                    name: Some(e.key.name.clone()),
+                    namespace: Some(e.key.namespace.clone()),
+                    ..Default::default()
+                },
+                delete_options: Some(DeleteOptions {
+                    grace_period_seconds: Some(i64::from(e.grace_period_seconds)),
+                    preconditions: Some(Preconditions {
+                        uid: Some(e.pod_uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                }),
+            };
+            match evict(&client, &e.key, &body).await {
+                Ok(()) => {
+                    tracing::info!(pod = %e.key, for_primary = %e.for_primary, grace = e.grace_period_seconds, "evicting helper");
+                    metrics
+                        .preemptions
+                        .get_or_create(&ClassLabel { class })
+                        .inc();
+                    events.emit(
+                        &e.key,
+                        &e.pod_uid,
+                        PodEvent::Preempted {
+                            by: e.for_primary.to_string(),
+                        },
+                    );
+                    (
+                        vec![Done::Evicted {
+                            key: e.key,
+                            uid: e.pod_uid,
+                        }],
+                        vec![],
+                    )
+                }
+                Err(err) if api_status(&err) == Some(429) => (
+                    vec![Done::Blocked(e.key.clone())],
+                    vec![Error::EvictionBlocked { pod: e.key }],
+                ),
+                Err(err) if api_status(&err) == Some(404) => (vec![Done::Unblocked(e.key)], vec![]),
+                Err(source) => (vec![], vec![Error::Evict { pod: e.key, source }]),
+            }
+        })
+    }
+
+    fn record_queue_depth(&self, class: &str, status: &GpuLeaseClassStatus) {
+        for (role, n) in [
+            (Role::Primary, status.queued),
+            (Role::Helper, status.queued_helpers),
+        ] {
+            self.metrics
+                .queue_depth
+                .get_or_create(&ClassRole {
+                    class: class.to_owned(),
+                    role: role.as_str().to_owned(),
+                })
+                .set(i64::from(n));
+        }
+    }
+
+    fn class_status_due(
+        &self,
+        class: &str,
+        status: &GpuLeaseClassStatus,
+        now: Instant,
+    ) -> ClassDue {
+        let same = |a: &GpuLeaseClassStatus| without_stamp(a) == without_stamp(status);
+        match self.class_writes.get(class) {
+            Some(w) if same(&w.status) => ClassDue::No,
+            Some(w) if now.duration_since(w.at) < CLASS_STATUS_PERIOD => {
+                ClassDue::Later(w.at + CLASS_STATUS_PERIOD)
+            }
+            Some(_) | None => ClassDue::Now,
+        }
+    }
+
+    async fn write_class_status(
+        &self,
+        class: &str,
+        status: &GpuLeaseClassStatus,
+    ) -> Result<(), Error> {
+        let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
+        let mut stamped = status.clone();
+        stamped.updated_at = Some(Time(Timestamp::now()));
+        let body = patch::class_status_patch(&stamped);
+        match api
+            .patch_status(class, &patch_params(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if api_status(&e) == Some(404) => Ok(()),
+            Err(source) => Err(Error::ClassStatus {
+                class: class.to_owned(),
+                source,
+            }),
+        }
+    }
+}
+
+enum ClassDue {
+    No,
+    Later(Instant),
+    Now,
+}
+
+fn without_stamp(s: &GpuLeaseClassStatus) -> GpuLeaseClassStatus {
+    let mut s = s.clone();
+    s.updated_at = None;
+    s
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER_OPERATOR.to_owned()),
+        ..Default::default()
+    }
+}
+
+fn status_error(lease: ObjectKey, e: kube::Error) -> Error {
+    if api_status(&e) == Some(409) {
+        Error::LeaseConflict { lease }
+    } else {
+        Error::LeaseStatus { lease, source: e }
+    }
+}
+
+/// POSTs a policy/v1 Eviction (the typed client's helper does not send
+/// `deleteOptions` under its wire name, which would drop the grace period).
+async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<(), kube::Error> {
+    let url = format!(
+        "/api/v1/namespaces/{}/pods/{}/eviction",
+        pod.namespace, pod.name
+    );
+    let bytes = serde_json::to_vec(body).map_err(kube::Error::SerdeError)?;
+    let req = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(bytes)
+        .map_err(kube::Error::HttpError)?;
+    client.request::<serde_json::Value>(req).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_body_uses_policy_v1_wire_names() {
+        let body = EvictionBody {
+            metadata: ObjectMeta {
+                name: Some("h".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            delete_options: Some(DeleteOptions {
+                grace_period_seconds: Some(30),
+                preconditions: Some(Preconditions {
+                    uid: Some("u".into()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            }),
+        };
+        let v = serde_json::to_value(&body).expect("ser");
+        assert_eq!(v["apiVersion"], "policy/v1");
+        assert_eq!(v["kind"], "Eviction");
+        assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 30);
+        assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "u");
+    }
+
+    #[test]
+    fn class_status_comparison_ignores_the_stamp() {
+        let a = GpuLeaseClassStatus {
+            capacity: 4,
+            updated_at: Some(Time(Timestamp::from_second(1).expect("t"))),
+            ..Default::default()
+        };
+        let b = GpuLeaseClassStatus {
+            capacity: 4,
+            updated_at: Some(Time(Timestamp::from_second(2).expect("t"))),
+            ..Default::default()
+        };
+        assert_eq!(without_stamp(&a), without_stamp(&b));
+    }
+}

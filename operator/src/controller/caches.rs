@@ -1,0 +1,201 @@
+//! Watch caches of Pods, Nodes, GpuLeaseClasses and GpuLeases. Every change
+//! wakes the decision loop through one [`Notify`], which coalesces bursts:
+//! however many events arrive during a pass, one more pass follows.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use gpupool_api::{GpuLease, GpuLeaseClass};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+
+/// The four caches a pass snapshots.
+#[derive(Clone)]
+pub struct Caches {
+    /// Every pod (trimmed to what admission reads).
+    pub pods: Store<Pod>,
+    /// Every node.
+    pub nodes: Store<Node>,
+    /// Every GpuLeaseClass.
+    pub classes: Store<GpuLeaseClass>,
+    /// Every GpuLease.
+    pub leases: Store<GpuLease>,
+}
+
+impl Caches {
+    /// Starts the four watches; each event notifies `changed`.
+    pub fn start(client: &Client, changed: Arc<Notify>, metrics: &Metrics) -> Self {
+        Self {
+            pods: watch(
+                Api::all(client.clone()),
+                trim_pod,
+                changed.clone(),
+                metrics,
+                "pods",
+            ),
+            nodes: watch(
+                Api::all(client.clone()),
+                trim_node,
+                changed.clone(),
+                metrics,
+                "nodes",
+            ),
+            classes: watch(
+                Api::all(client.clone()),
+                |_| {},
+                changed.clone(),
+                metrics,
+                "classes",
+            ),
+            leases: watch(
+                Api::all(client.clone()),
+                trim_lease,
+                changed,
+                metrics,
+                "leases",
+            ),
+        }
+    }
+
+    /// Waits until every cache has its first full list.
+    pub async fn wait_synced(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.pods.wait_until_ready().await?;
+        self.nodes.wait_until_ready().await?;
+        self.classes.wait_until_ready().await?;
+        self.leases.wait_until_ready().await?;
+        Ok(())
+    }
+}
+
+fn watch<K>(
+    api: Api<K>,
+    trim: fn(&mut K),
+    changed: Arc<Notify>,
+    metrics: &Metrics,
+    what: &'static str,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer);
+    tokio::spawn(drive(stream, changed, metrics.clone(), what));
+    reader
+}
+
+async fn drive<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    changed: Arc<Notify>,
+    metrics: Metrics,
+    what: &'static str,
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(_) => changed.notify_one(),
+            Err(e) => {
+                metrics.error("watch");
+                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// Drops what admission never reads, so 10,000 pods fit in little memory.
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with("gpupool.io/"));
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = None;
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.env = None;
+            c.env_from = None;
+            c.command = None;
+            c.args = None;
+            c.volume_mounts = None;
+            c.ports = None;
+            c.liveness_probe = None;
+            c.readiness_probe = None;
+            c.startup_probe = None;
+            c.lifecycle = None;
+            c.security_context = None;
+        }
+        spec.ephemeral_containers = None;
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = None;
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+    }
+}
+
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.conditions = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+        status.node_info = None;
+    }
+}
+
+fn trim_lease(lease: &mut GpuLease) {
+    lease.metadata.managed_fields = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn trimming_keeps_what_admission_reads() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"gpupool.io/enqueued-at": "t", "big": "x"},
+                         "managedFields": [{"manager": "m"}]},
+            "spec": {"containers": [{"name": "a", "env": [{"name": "E", "value": "v"}],
+                "resources": {"requests": {"gpupool/slot": "1"}}}],
+                "schedulingGates": [{"name": "gpupool.io/admission"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("pod");
+        trim_pod(&mut pod);
+        let v = serde_json::to_value(&pod).expect("ser");
+        assert_eq!(
+            v["metadata"]["annotations"],
+            json!({"gpupool.io/enqueued-at": "t"})
+        );
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert!(v["spec"]["containers"][0].get("env").is_none());
+        assert_eq!(
+            v["spec"]["containers"][0]["resources"]["requests"]["gpupool/slot"],
+            "1"
+        );
+        assert_eq!(
+            v["spec"]["schedulingGates"][0]["name"],
+            "gpupool.io/admission"
+        );
+        assert_eq!(v["status"]["phase"], "Running");
+        assert!(v["status"].get("conditions").is_none());
+    }
+}

@@ -1,0 +1,364 @@
+//! What the controller wrote and its watch caches may not show yet.
+//!
+//! Watches lag writes. A pass that decided on a cache still showing a pod as
+//! gated, or a lease as Queued, after the previous pass admitted it, could
+//! admit the same slot twice. So every successful write is remembered here
+//! and laid over the cache when a pass takes its snapshot, until the cache
+//! shows that object at a resourceVersion at least as new (or the object was
+//! replaced or deleted).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpupool_api::GpuLease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+
+use crate::engine::ObjectKey;
+
+/// How long a lease the controller created may be missing from the cache
+/// before the overlay forgets it (it was deleted before the watch showed it).
+const CREATED_TTL: Duration = Duration::from_secs(30);
+/// How long a deletion or eviction is remembered without the cache confirming it.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(120);
+
+#[derive(Debug)]
+struct Written<K> {
+    object: Arc<K>,
+    created: bool,
+    at: Instant,
+}
+
+#[derive(Debug)]
+struct Gone {
+    uid: String,
+    at: Instant,
+}
+
+/// The controller's own recent writes, laid over the watch caches.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    leases: HashMap<ObjectKey, Written<GpuLease>>,
+    deleted_leases: HashMap<ObjectKey, Gone>,
+    pods: HashMap<ObjectKey, Written<Pod>>,
+    evicted: HashMap<ObjectKey, Gone>,
+}
+
+/// True when `cached` is at least as new as `written`. resourceVersions are
+/// opaque in general; every API server in practice uses integers, and for
+/// anything else only equality can prove the cache caught up.
+pub fn is_at_least(cached: Option<&str>, written: Option<&str>) -> bool {
+    match (cached, written) {
+        (Some(c), Some(w)) => match (c.parse::<u64>(), w.parse::<u64>()) {
+            (Ok(c), Ok(w)) => c >= w,
+            _ => c == w,
+        },
+        // A write whose response carried no version cannot be compared: trust the cache.
+        (_, None) => true,
+        (None, Some(_)) => false,
+    }
+}
+
+fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
+    Some(ObjectKey::new(
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone()?,
+    ))
+}
+
+fn merge<K: Resource>(
+    cached: Vec<Arc<K>>,
+    written: &mut HashMap<ObjectKey, Written<K>>,
+    tombstones: Option<&mut HashMap<ObjectKey, Gone>>,
+    now: Instant,
+) -> Vec<Arc<K>> {
+    let mut empty = HashMap::new();
+    let tombstones = tombstones.unwrap_or(&mut empty);
+    if written.is_empty() && tombstones.is_empty() {
+        return cached;
+    }
+    let mut seen_written = HashSet::new();
+    let mut caught_up = HashSet::new();
+    let mut seen_tombstones = HashSet::new();
+    let mut out = Vec::with_capacity(cached.len() + written.len());
+    for obj in cached {
+        let Some(key) = key_of(obj.as_ref()) else {
+            out.push(obj);
+            continue;
+        };
+        if let Some(gone) = tombstones.get(&key)
+            && obj.meta().uid.as_deref() == Some(gone.uid.as_str())
+        {
+            seen_tombstones.insert(key);
+            continue;
+        }
+        if let Some(w) = written.get(&key) {
+            let same_object = obj.meta().uid == w.object.meta().uid;
+            if same_object
+                && !is_at_least(
+                    obj.meta().resource_version.as_deref(),
+                    w.object.meta().resource_version.as_deref(),
+                )
+            {
+                seen_written.insert(key);
+                out.push(w.object.clone());
+                continue;
+            }
+            caught_up.insert(key);
+        }
+        out.push(obj);
+    }
+    // Keep what the cache still lags on; drop what it caught up with, and
+    // what it lost (deleted) unless the controller just created it.
+    written.retain(|key, w| {
+        if seen_written.contains(key) {
+            return true;
+        }
+        !caught_up.contains(key) && w.created && now.duration_since(w.at) < CREATED_TTL
+    });
+    for (key, w) in written.iter() {
+        if !seen_written.contains(key) {
+            out.push(w.object.clone());
+        }
+    }
+    tombstones.retain(|key, gone| {
+        seen_tombstones.contains(key) && now.duration_since(gone.at) < TOMBSTONE_TTL
+    });
+    out
+}
+
+impl Overlay {
+    /// Remembers a lease as the API server returned it after a create or status write.
+    pub fn record_lease(&mut self, lease: GpuLease, created: bool, now: Instant) {
+        let Some(key) = key_of(&lease) else { return };
+        let created = created || self.leases.get(&key).is_some_and(|w| w.created);
+        self.deleted_leases.remove(&key);
+        self.leases.insert(
+            key,
+            Written {
+                object: Arc::new(lease),
+                created,
+                at: now,
+            },
+        );
+    }
+
+    /// Remembers that the lease object with `uid` was deleted.
+    pub fn record_lease_deleted(&mut self, key: ObjectKey, uid: String, now: Instant) {
+        self.leases.remove(&key);
+        self.deleted_leases.insert(key, Gone { uid, at: now });
+    }
+
+    /// Remembers a pod as the API server returned it after its admission patch.
+    pub fn record_pod(&mut self, pod: Pod, now: Instant) {
+        let Some(key) = key_of(&pod) else { return };
+        self.pods.insert(
+            key,
+            Written {
+                object: Arc::new(pod),
+                created: false,
+                at: now,
+            },
+        );
+    }
+
+    /// Remembers that the pod with `uid` was evicted (it is terminating).
+    pub fn record_evicted(&mut self, key: ObjectKey, uid: String, now: Instant) {
+        self.evicted.insert(key, Gone { uid, at: now });
+    }
+
+    /// Forgets a pod the controller wrote, after a conflict showed the write is stale.
+    pub fn forget_pod(&mut self, key: &ObjectKey) {
+        self.pods.remove(key);
+    }
+
+    /// The cached leases with the controller's newer writes laid over them.
+    pub fn leases(&mut self, cached: Vec<Arc<GpuLease>>, now: Instant) -> Vec<Arc<GpuLease>> {
+        merge(
+            cached,
+            &mut self.leases,
+            Some(&mut self.deleted_leases),
+            now,
+        )
+    }
+
+    /// The cached pods with the controller's newer writes laid over them.
+    pub fn pods(&mut self, cached: Vec<Arc<Pod>>, now: Instant) -> Vec<Arc<Pod>> {
+        let pods = merge(cached, &mut self.pods, None, now);
+        if !self.evicted.is_empty() {
+            let mut still_pending = HashSet::new();
+            for p in &pods {
+                let Some(key) = key_of(p.as_ref()) else {
+                    continue;
+                };
+                if let Some(gone) = self.evicted.get(&key)
+                    && p.meta().uid.as_deref() == Some(gone.uid.as_str())
+                    && p.meta().deletion_timestamp.is_none()
+                {
+                    still_pending.insert(key);
+                }
+            }
+            self.evicted.retain(|key, gone| {
+                still_pending.contains(key) && now.duration_since(gone.at) < TOMBSTONE_TTL
+            });
+        }
+        pods
+    }
+
+    /// True while `key`'s eviction is not yet visible in the cache: treat the pod as terminating.
+    pub fn is_evicted(&self, key: &ObjectKey) -> bool {
+        self.evicted.contains_key(key)
+    }
+
+    /// Number of remembered writes (for tests and logs).
+    pub fn len(&self) -> usize {
+        self.leases.len() + self.deleted_leases.len() + self.pods.len() + self.evicted.len()
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> GpuLease {
+        serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": rv},
+            "spec": {"className": "default", "podName": name, "podUID": "p", "slots": 1},
+            "status": {"phase": phase}
+        }))
+        .expect("lease")
+    }
+
+    fn phases(leases: &[Arc<GpuLease>]) -> Vec<(String, String)> {
+        let mut v: Vec<_> = leases
+            .iter()
+            .map(|l| {
+                (
+                    l.metadata.name.clone().unwrap_or_default(),
+                    format!("{:?}", l.status.as_ref().map(|s| s.phase)),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn resource_versions_compare_as_integers_else_by_equality() {
+        assert!(is_at_least(Some("10"), Some("9")));
+        assert!(is_at_least(Some("10"), Some("10")));
+        assert!(!is_at_least(Some("9"), Some("10")));
+        assert!(is_at_least(Some("abc"), Some("abc")));
+        assert!(!is_at_least(Some("abd"), Some("abc")));
+        assert!(!is_at_least(None, Some("1")));
+        assert!(is_at_least(Some("1"), None));
+    }
+
+    #[test]
+    fn written_status_wins_until_the_cache_catches_up() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_lease(lease("a", "u", "11", "Admitted"), false, t0);
+        let stale = vec![Arc::new(lease("a", "u", "10", "Queued"))];
+        let merged = o.leases(stale, t0);
+        assert_eq!(phases(&merged), vec![("a".into(), "Some(Admitted)".into())]);
+        assert_eq!(o.len(), 1);
+        let fresh = vec![Arc::new(lease("a", "u", "12", "Bound"))];
+        let merged = o.leases(fresh, t0);
+        assert_eq!(phases(&merged), vec![("a".into(), "Some(Bound)".into())]);
+        assert!(o.is_empty(), "caught up: forgotten");
+    }
+
+    #[test]
+    fn created_leases_appear_before_the_watch_shows_them_then_expire() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_lease(lease("new", "u", "5", "Queued"), true, t0);
+        assert_eq!(o.leases(vec![], t0).len(), 1);
+        // A status write after the create keeps it a created lease.
+        o.record_lease(lease("new", "u", "6", "Queued"), false, t0);
+        assert_eq!(o.leases(vec![], t0 + Duration::from_secs(1)).len(), 1);
+        assert!(o.leases(vec![], t0 + CREATED_TTL).is_empty());
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_written_lease_gone_from_the_cache_is_gone() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_lease(lease("a", "u", "11", "Released"), false, t0);
+        assert!(o.leases(vec![], t0).is_empty());
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn replaced_objects_are_not_masked() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_lease(lease("a", "old", "50", "Admitted"), false, t0);
+        let merged = o.leases(vec![Arc::new(lease("a", "new", "3", "Queued"))], t0);
+        assert_eq!(phases(&merged), vec![("a".into(), "Some(Queued)".into())]);
+    }
+
+    #[test]
+    fn deleted_leases_are_hidden_until_the_cache_drops_them() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_lease_deleted(ObjectKey::new("ns", "a"), "u".into(), t0);
+        let cached = vec![
+            Arc::new(lease("a", "u", "1", "Queued")),
+            Arc::new(lease("b", "v", "1", "Queued")),
+        ];
+        assert_eq!(phases(&o.leases(cached, t0)).len(), 1);
+        // A new lease of the same name (another uid) is shown.
+        let renewed = vec![Arc::new(lease("a", "u2", "9", "Queued"))];
+        assert_eq!(o.leases(renewed, t0).len(), 1);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn admitted_pods_and_evictions() {
+        let t0 = Instant::now();
+        let pod = |rv: &str, gated: bool, deleting: bool| -> Pod {
+            let mut v = json!({
+                "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": rv},
+                "spec": {"containers": []}
+            });
+            if gated {
+                v["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+            }
+            if deleting {
+                v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            serde_json::from_value(v).expect("pod")
+        };
+        let mut o = Overlay::default();
+        o.record_pod(pod("8", false, false), t0);
+        let merged = o.pods(vec![Arc::new(pod("7", true, false))], t0);
+        assert!(
+            merged[0]
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_none(),
+            "the admitted version is used"
+        );
+        o.pods(vec![Arc::new(pod("8", false, false))], t0);
+        assert!(o.is_empty());
+
+        let key = ObjectKey::new("ns", "p");
+        o.record_evicted(key.clone(), "u".into(), t0);
+        o.pods(vec![Arc::new(pod("9", false, false))], t0);
+        assert!(o.is_evicted(&key));
+        o.pods(vec![Arc::new(pod("10", false, true))], t0);
+        assert!(!o.is_evicted(&key), "the cache shows it terminating");
+    }
+}

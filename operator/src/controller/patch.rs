@@ -1,0 +1,251 @@
+//! The exact patches the controller sends. Kept pure so every byte of them
+//! is unit-tested.
+
+use gpupool_api::names::{LABEL_HOSTNAME, SCHEDULING_GATE};
+use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Map, Value, json};
+
+use super::translate::gate_index;
+
+/// The status field the device plugin owns: the operator never writes it,
+/// so a stale cache can never erase what the plugin reported.
+const DEVICE_PLUGIN_FIELD: &str = "gpus";
+
+/// Why no admission patch could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionPatchError {
+    /// The cached pod no longer carries the gate (someone else admitted it).
+    #[error("pod no longer carries the scheduling gate {SCHEDULING_GATE}")]
+    NoGate,
+    /// The pod already pins another host.
+    #[error("pod already pins {LABEL_HOSTNAME}={0}")]
+    PinnedElsewhere(String),
+    /// The operations could not be encoded as a JSON patch.
+    #[error("cannot encode the admission patch: {0}")]
+    Encode(String),
+}
+
+/// The one JSON patch that admits `pod` to `node`: test that the pod is the
+/// one decided on (uid) and that the gate is where the cache saw it, remove
+/// the gate, and pin the pod with `nodeSelector kubernetes.io/hostname`. If
+/// anything changed meanwhile the `test`s make the API server refuse the
+/// whole patch, so a pod is never admitted on stale information.
+pub fn admission_patch(pod: &Pod, node: &str) -> Result<json_patch::Patch, AdmissionPatchError> {
+    let index = gate_index(pod).ok_or(AdmissionPatchError::NoGate)?;
+    let mut ops = Vec::with_capacity(4);
+    if let Some(uid) = &pod.metadata.uid {
+        ops.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    ops.push(json!({
+        "op": "test",
+        "path": format!("/spec/schedulingGates/{index}"),
+        "value": {"name": SCHEDULING_GATE},
+    }));
+    ops.push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{index}")}));
+    let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
+    match selector.and_then(|s| s.get(LABEL_HOSTNAME)) {
+        Some(existing) if existing == node => {}
+        Some(existing) => return Err(AdmissionPatchError::PinnedElsewhere(existing.clone())),
+        None => match selector {
+            Some(_) => ops.push(json!({
+                "op": "add",
+                "path": format!("/spec/nodeSelector/{}", escape_pointer(LABEL_HOSTNAME)),
+                "value": node,
+            })),
+            None => ops.push(json!({
+                "op": "add",
+                "path": "/spec/nodeSelector",
+                "value": {LABEL_HOSTNAME: node},
+            })),
+        },
+    }
+    serde_json::from_value(Value::Array(ops))
+        .map_err(|e| AdmissionPatchError::Encode(e.to_string()))
+}
+
+/// Escapes one JSON-pointer segment (RFC 6901).
+fn escape_pointer(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// A merge patch turning status `old` into `new`: every field of `new`, and
+/// `null` for fields `old` has and `new` lacks. `gpus` is left out (the device
+/// plugin owns it). With `resource_version` the API server refuses the write
+/// (409) if the lease changed since it was read.
+pub fn lease_status_patch(
+    old: Option<&GpuLeaseStatus>,
+    new: &GpuLeaseStatus,
+    resource_version: Option<&str>,
+) -> Value {
+    let mut status = to_object(new);
+    status.remove(DEVICE_PLUGIN_FIELD);
+    if let Some(old) = old {
+        for key in to_object(old).keys() {
+            if key != DEVICE_PLUGIN_FIELD && !status.contains_key(key) {
+                status.insert(key.clone(), Value::Null);
+            }
+        }
+    }
+    let mut patch = json!({"status": status});
+    if let Some(rv) = resource_version {
+        patch["metadata"] = json!({"resourceVersion": rv});
+    }
+    patch
+}
+
+/// True when writing `new` over `old` would change something the operator owns.
+pub fn lease_status_differs(old: Option<&GpuLeaseStatus>, new: &GpuLeaseStatus) -> bool {
+    let mut a = old.map(to_object).unwrap_or_default();
+    let mut b = to_object(new);
+    a.remove(DEVICE_PLUGIN_FIELD);
+    b.remove(DEVICE_PLUGIN_FIELD);
+    a != b
+}
+
+/// A merge patch replacing a class's status (lists are replaced whole by merge patches).
+pub fn class_status_patch(new: &GpuLeaseClassStatus) -> Value {
+    json!({"status": new})
+}
+
+fn to_object<T: serde::Serialize>(v: &T) -> Map<String, Value> {
+    match serde_json::to_value(v) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpupool_api::{LeaseGpu, LeasePhase};
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    #[test]
+    fn admission_without_node_selector_adds_the_map() {
+        let p = pod(json!({
+            "metadata": {"name": "p", "uid": "u1"},
+            "spec": {"containers": [], "schedulingGates": [{"name": "x"}, {"name": "gpupool.io/admission"}]}
+        }));
+        let patch = admission_patch(&p, "node-2").expect("gated");
+        assert_eq!(
+            serde_json::to_value(&patch).expect("ser"),
+            json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "gpupool.io/admission"}},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+                {"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/hostname": "node-2"}}
+            ])
+        );
+    }
+
+    #[test]
+    fn admission_with_node_selector_adds_one_key() {
+        let p = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "nodeSelector": {"zone": "a"},
+                     "schedulingGates": [{"name": "gpupool.io/admission"}]}
+        }));
+        let patch = admission_patch(&p, "node-1").expect("gated");
+        assert_eq!(
+            serde_json::to_value(&patch).expect("ser"),
+            json!([
+                {"op": "test", "path": "/spec/schedulingGates/0", "value": {"name": "gpupool.io/admission"}},
+                {"op": "remove", "path": "/spec/schedulingGates/0"},
+                {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": "node-1"}
+            ])
+        );
+        // Applying it to the pod gives what the API server would store.
+        let mut doc = serde_json::to_value(&p).expect("ser");
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        assert_eq!(
+            doc["spec"]["nodeSelector"]["kubernetes.io/hostname"],
+            "node-1"
+        );
+        assert_eq!(doc["spec"]["schedulingGates"], json!([]));
+    }
+
+    #[test]
+    fn admission_refuses_stale_or_conflicting_pods() {
+        let ungated = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": []}}));
+        assert_eq!(
+            admission_patch(&ungated, "n").expect_err("no gate"),
+            AdmissionPatchError::NoGate
+        );
+        let pinned = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "nodeSelector": {"kubernetes.io/hostname": "other"},
+                     "schedulingGates": [{"name": "gpupool.io/admission"}]}
+        }));
+        assert_eq!(
+            admission_patch(&pinned, "n").expect_err("pinned"),
+            AdmissionPatchError::PinnedElsewhere("other".into())
+        );
+        let same = admission_patch(&pinned, "other").expect("already pinned there");
+        assert_eq!(
+            serde_json::to_value(&same)
+                .expect("ser")
+                .as_array()
+                .map(Vec::len),
+            Some(2),
+            "only test + remove"
+        );
+    }
+
+    #[test]
+    fn admission_test_fails_when_the_gate_moved() {
+        let p = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "schedulingGates": [{"name": "gpupool.io/admission"}]}
+        }));
+        let patch = admission_patch(&p, "n").expect("gated");
+        let mut moved = json!({"metadata": {"name": "p"}, "spec": {"containers": [],
+            "schedulingGates": [{"name": "other"}, {"name": "gpupool.io/admission"}]}});
+        assert!(json_patch::patch(&mut moved, &patch).is_err());
+    }
+
+    #[test]
+    fn status_patch_nulls_dropped_fields_and_never_touches_gpus() {
+        let old = GpuLeaseStatus {
+            phase: LeasePhase::Queued,
+            sequence: Some(4),
+            position: Some(2),
+            gpus: vec![LeaseGpu {
+                index: 0,
+                uuid: "GPU-a".into(),
+                product: None,
+            }],
+            message: Some("waiting".into()),
+            ..Default::default()
+        };
+        let new = GpuLeaseStatus {
+            phase: LeasePhase::Admitted,
+            sequence: Some(4),
+            node: Some("node-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            lease_status_patch(Some(&old), &new, Some("42")),
+            json!({
+                "metadata": {"resourceVersion": "42"},
+                "status": {"phase": "Admitted", "sequence": 4, "node": "node-1",
+                           "position": null, "message": null}
+            })
+        );
+        assert!(lease_status_differs(Some(&old), &new));
+        let mut same = old.clone();
+        same.gpus.clear();
+        assert!(
+            !lease_status_differs(Some(&old), &same),
+            "gpus alone is no change"
+        );
+        assert!(lease_status_differs(None, &new));
+        assert_eq!(
+            lease_status_patch(None, &new, None),
+            json!({"status": {"phase": "Admitted", "sequence": 4, "node": "node-1"}})
+        );
+    }
+}

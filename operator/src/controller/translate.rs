@@ -1,0 +1,481 @@
+//! Kubernetes objects → the engine's plain model. Everything the engine
+//! decides on is read here, so a field the engine needs is never missing in
+//! one place and present in another.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, ANNOTATION_NODE_GPUS, SCHEDULING_GATE};
+use gpupool_api::{GpuLease, GpuLeaseClass, node_gpus, pod as api_pod};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::engine::{
+    ClassInfo, LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, PodInfo,
+    PodPhase, RoleLabel, SelectorOperator, Taint, TaintEffect, Toleration, TolerationOperator,
+};
+
+/// The extended resources the classes use: the only pod requests and node
+/// allocatables the engine needs.
+pub fn resource_names(classes: &[ClassInfo]) -> BTreeSet<String> {
+    classes
+        .iter()
+        .map(|c| c.spec.resource_name.clone())
+        .collect()
+}
+
+/// A class as the engine sees it; `None` for an object without a name.
+pub fn class_info(class: &GpuLeaseClass) -> Option<ClassInfo> {
+    Some(ClassInfo {
+        name: class.metadata.name.clone()?,
+        generation: class.metadata.generation,
+        spec: class.spec.clone(),
+        status: class.status.clone(),
+    })
+}
+
+/// A lease as the engine sees it; `None` for an object without name or namespace.
+pub fn lease_info(lease: &GpuLease) -> Option<LeaseInfo> {
+    Some(LeaseInfo {
+        key: ObjectKey::new(
+            lease.metadata.namespace.clone()?,
+            lease.metadata.name.clone()?,
+        ),
+        spec: lease.spec.clone(),
+        status: lease.status.clone(),
+    })
+}
+
+/// A node as the engine sees it: allocatable of `resources` only, in whole slots.
+pub fn node_info(node: &Node, resources: &BTreeSet<String>) -> Option<NodeInfo> {
+    let name = node.metadata.name.clone()?;
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|alloc| {
+            alloc
+                .iter()
+                .filter(|(k, _)| resources.contains(*k))
+                .filter_map(|(k, q)| {
+                    let n = api_pod::parse_whole(q)?;
+                    Some((k.clone(), u32::try_from(n).unwrap_or(u32::MAX)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let spec = node.spec.as_ref();
+    let taints = spec
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    Some(Taint {
+                        key: t.key.clone(),
+                        value: t.value.clone(),
+                        effect: taint_effect(&t.effect)?,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let gpus = match node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_NODE_GPUS))
+    {
+        None => Vec::new(),
+        Some(value) => node_gpus::parse(value).unwrap_or_else(|e| {
+            tracing::warn!(node = %name, error = %e, "ignoring the node's GPU list");
+            Vec::new()
+        }),
+    };
+    Some(NodeInfo {
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        taints,
+        allocatable,
+        gpus,
+        unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        name,
+    })
+}
+
+fn taint_effect(s: &str) -> Option<TaintEffect> {
+    match s {
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => None,
+    }
+}
+
+/// A pod as the engine sees it, or `None` when it requests none of
+/// `resources` (such a pod neither queues nor takes slots) or lacks a name.
+/// `now` stands in for a missing creation time.
+pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Option<PodInfo> {
+    let spec = pod.spec.as_ref()?;
+    let meta = &pod.metadata;
+    let key = ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?);
+    let mut requests = BTreeMap::new();
+    for resource in resources {
+        match api_pod::requested_slots(spec, resource) {
+            Ok(0) => {}
+            Ok(n) => {
+                requests.insert(resource.clone(), n);
+            }
+            Err(e) => {
+                tracing::warn!(pod = %key, error = %e, "pod's GPU request cannot be read; it is not queued");
+            }
+        }
+    }
+    if requests.is_empty() {
+        return None;
+    }
+    let role = match api_pod::role(pod) {
+        Ok(r) => RoleLabel::Valid(r),
+        Err(api_pod::PodError::BadRole(v)) => RoleLabel::Invalid(v),
+        Err(e) => RoleLabel::Invalid(e.to_string()),
+    };
+    let enqueued_at = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_ENQUEUED_AT))
+        .and_then(|v| match gpupool_api::time::parse_stamp(v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(pod = %key, error = %e, "ignoring unreadable enqueue stamp");
+                None
+            }
+        });
+    let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        Some("Unknown") => PodPhase::Unknown,
+        _ => PodPhase::Pending,
+    };
+    let gated = gate_index(pod).is_some();
+    let required_affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .filter_map(|t| {
+                    Some(NodeSelectorTerm {
+                        match_expressions: requirements(t.match_expressions.as_deref())?,
+                        match_fields: requirements(t.match_fields.as_deref())?,
+                    })
+                })
+                .collect()
+        });
+    let tolerations = spec
+        .tolerations
+        .as_ref()
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    let operator = match t.operator.as_deref() {
+                        None | Some("Equal") => TolerationOperator::Equal,
+                        Some("Exists") => TolerationOperator::Exists,
+                        Some(_) => return None,
+                    };
+                    let effect = match t.effect.as_deref() {
+                        None | Some("") => None,
+                        Some(e) => Some(taint_effect(e)?),
+                    };
+                    Some(Toleration {
+                        key: t.key.clone().filter(|k| !k.is_empty()),
+                        operator,
+                        value: t.value.clone(),
+                        effect,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(PodInfo {
+        uid: meta.uid.clone().unwrap_or_default(),
+        class_label: api_pod::class_label(pod).map(str::to_owned),
+        role,
+        requests,
+        enqueued_at,
+        created_at: meta.creation_timestamp.as_ref().map_or(now, |t| t.0),
+        phase,
+        terminating: meta.deletion_timestamp.is_some(),
+        gated,
+        node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        required_affinity,
+        tolerations,
+        key,
+    })
+}
+
+/// Index of the admission gate in `spec.schedulingGates`, if the pod has it.
+pub fn gate_index(pod: &Pod) -> Option<usize> {
+    pod.spec
+        .as_ref()?
+        .scheduling_gates
+        .as_ref()?
+        .iter()
+        .position(|g| g.name == SCHEDULING_GATE)
+}
+
+/// Requirements of one term; `None` when one has an operator this version
+/// does not know, which drops the whole term: a term that cannot be
+/// evaluated must not widen where a pod may go.
+fn requirements(
+    reqs: Option<&[k8s_openapi::api::core::v1::NodeSelectorRequirement]>,
+) -> Option<Vec<NodeSelectorRequirement>> {
+    reqs.unwrap_or_default()
+        .iter()
+        .map(|r| {
+            let operator = match r.operator.as_str() {
+                "In" => SelectorOperator::In,
+                "NotIn" => SelectorOperator::NotIn,
+                "Exists" => SelectorOperator::Exists,
+                "DoesNotExist" => SelectorOperator::DoesNotExist,
+                "Gt" => SelectorOperator::Gt,
+                "Lt" => SelectorOperator::Lt,
+                _ => return None,
+            };
+            Some(NodeSelectorRequirement {
+                key: r.key.clone(),
+                operator,
+                values: r.values.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn resources() -> BTreeSet<String> {
+        BTreeSet::from(["gpupool/slot".to_owned(), "example.com/big".to_owned()])
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("valid")
+    }
+
+    #[test]
+    fn pod_with_everything() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "ml", "name": "train", "uid": "u1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T00:01:00Z",
+                "labels": {"gpupool.io/class": "fast", "gpupool.io/role": "helper"},
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000123Z"}
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "nodeSelector": {"zone": "a"},
+                "schedulingGates": [{"name": "other"}, {"name": "gpupool.io/admission"}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"gpupool/slot": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "1"}}}
+                ],
+                "tolerations": [
+                    {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"operator": "Exists"},
+                    {"key": "x", "value": "y"}
+                ],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]},
+                        {"matchExpressions": [{"key": "gpu", "operator": "Near", "values": ["x"]}]},
+                        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]}
+                    ]
+                }}}
+            },
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        let info = pod_info(&pod, &resources(), now()).expect("requests a slot");
+        assert_eq!(info.key, ObjectKey::new("ml", "train"));
+        assert_eq!(info.uid, "u1");
+        assert_eq!(info.class_label.as_deref(), Some("fast"));
+        assert_eq!(info.role, RoleLabel::Valid(gpupool_api::Role::Helper));
+        assert_eq!(
+            info.requests,
+            BTreeMap::from([("gpupool/slot".to_owned(), 2)])
+        );
+        assert_eq!(
+            info.enqueued_at.map(|t| t.as_microsecond()),
+            Some(
+                "2026-01-01T00:00:00.000123Z"
+                    .parse::<Timestamp>()
+                    .expect("t")
+                    .as_microsecond()
+            )
+        );
+        assert_eq!(
+            info.created_at,
+            "2026-01-01T00:00:00Z".parse::<Timestamp>().expect("t")
+        );
+        assert_eq!(info.phase, PodPhase::Running);
+        assert!(info.terminating);
+        assert!(info.gated);
+        assert_eq!(info.node_name.as_deref(), Some("node-1"));
+        assert_eq!(
+            info.node_selector.get("zone").map(String::as_str),
+            Some("a")
+        );
+        let terms = info.required_affinity.expect("affinity");
+        assert_eq!(
+            terms.len(),
+            2,
+            "the term with an unknown operator is dropped"
+        );
+        assert_eq!(terms[0].match_expressions[0].operator, SelectorOperator::In);
+        assert_eq!(terms[1].match_fields[0].operator, SelectorOperator::NotIn);
+        assert_eq!(
+            info.tolerations,
+            vec![
+                Toleration {
+                    key: Some("gpu".into()),
+                    operator: TolerationOperator::Exists,
+                    value: None,
+                    effect: Some(TaintEffect::NoSchedule)
+                },
+                Toleration {
+                    key: None,
+                    operator: TolerationOperator::Exists,
+                    value: None,
+                    effect: None
+                },
+                Toleration {
+                    key: Some("x".into()),
+                    operator: TolerationOperator::Equal,
+                    value: Some("y".into()),
+                    effect: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_defaults_and_bad_labels() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "d", "name": "p",
+                "labels": {"gpupool.io/role": "boss"},
+                "annotations": {"gpupool.io/enqueued-at": "yesterday"}},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"example.com/big": "1", "gpupool/slot": "1"}}}
+            ]}
+        }))
+        .expect("pod");
+        let info = pod_info(&pod, &resources(), now()).expect("requests");
+        assert_eq!(info.role, RoleLabel::Invalid("boss".into()));
+        assert_eq!(info.enqueued_at, None, "garbage stamp is ignored");
+        assert_eq!(info.created_at, now());
+        assert_eq!(info.phase, PodPhase::Pending);
+        assert!(!info.gated && !info.terminating);
+        assert_eq!(info.requests.len(), 2, "one entry per class resource");
+        assert_eq!(info.required_affinity, None);
+    }
+
+    #[test]
+    fn pods_without_requests_are_left_out() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "d", "name": "web"},
+            "spec": {"nodeName": "node-1", "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1", "other/x": "3"}}}
+            ]}
+        }))
+        .expect("pod");
+        assert!(pod_info(&pod, &resources(), now()).is_none());
+        let frac: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "d", "name": "frac"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"gpupool/slot": "500m"}}}
+            ]}
+        }))
+        .expect("pod");
+        assert!(pod_info(&frac, &resources(), now()).is_none());
+    }
+
+    #[test]
+    fn node_with_gpus_taints_and_allocatable() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "node-1", "labels": {"gpu": "h100"},
+                "annotations": {"gpupool.io/gpus":
+                    r#"[{"index":0,"uuid":"GPU-a","product":"H100","vendor":"NVIDIA"}]"#}},
+            "spec": {"unschedulable": true, "taints": [
+                {"key": "gpu", "value": "yes", "effect": "NoSchedule"},
+                {"key": "odd", "effect": "Weird"}
+            ]},
+            "status": {"allocatable": {"gpupool/slot": "4", "cpu": "8", "example.com/big": "2k"}}
+        }))
+        .expect("node");
+        let info = node_info(&node, &resources()).expect("named");
+        assert_eq!(info.name, "node-1");
+        assert_eq!(
+            info.allocatable,
+            BTreeMap::from([
+                ("example.com/big".to_owned(), 2000),
+                ("gpupool/slot".to_owned(), 4)
+            ])
+        );
+        assert!(info.unschedulable);
+        assert_eq!(
+            info.taints,
+            vec![Taint {
+                key: "gpu".into(),
+                value: Some("yes".into()),
+                effect: TaintEffect::NoSchedule
+            }]
+        );
+        assert_eq!(info.gpus.len(), 1);
+        assert_eq!(info.gpus[0].uuid, "GPU-a");
+        assert_eq!(info.labels.get("gpu").map(String::as_str), Some("h100"));
+    }
+
+    #[test]
+    fn node_with_bad_gpu_annotation_has_no_gpus() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "annotations": {"gpupool.io/gpus": "{oops"}},
+        }))
+        .expect("node");
+        let info = node_info(&node, &resources()).expect("named");
+        assert!(info.gpus.is_empty());
+        assert!(info.allocatable.is_empty());
+        assert!(!info.unschedulable);
+    }
+
+    #[test]
+    fn leases_and_classes() {
+        let lease: GpuLease = serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+            "metadata": {"namespace": "ml", "name": "train"},
+            "spec": {"className": "default", "podName": "train", "podUID": "u1", "role": "primary", "slots": 1},
+            "status": {"phase": "Queued", "sequence": 7}
+        }))
+        .expect("lease");
+        let info = lease_info(&lease).expect("named");
+        assert_eq!(info.key, ObjectKey::new("ml", "train"));
+        assert_eq!(info.status.and_then(|s| s.sequence), Some(7));
+        let class: GpuLeaseClass = serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+            "metadata": {"name": "default", "generation": 3},
+            "spec": {"resourceName": "example.com/big"}
+        }))
+        .expect("class");
+        let c = class_info(&class).expect("named");
+        assert_eq!(c.generation, Some(3));
+        assert_eq!(
+            resource_names(&[c]),
+            BTreeSet::from(["example.com/big".to_owned()])
+        );
+    }
+}
