@@ -4,6 +4,40 @@
 //! no state between passes and never reads a clock, so the same snapshot
 //! always yields the same plan.
 
+mod capacity;
+mod classes;
+pub mod fit;
+mod message;
 pub mod model;
+mod pass;
+mod preempt;
+mod queue;
+mod sequence;
+mod status;
 
 pub use model::*;
+pub use status::QUEUE_HEAD;
+
+/// Decides one pass (DESIGN §5 steps 2–9) over every class at once.
+///
+/// Guarantees, for any snapshot: every live pod that requests a class's
+/// resource has exactly one lease (created here, or after its stale lease is
+/// deleted); sequences are assigned once, above every existing one; only
+/// leases whose sequence is persisted are admitted; no admission takes more
+/// slots than a node has free after counting every live pod bound or pinned
+/// there and every lease holding slots; StrictFIFO primaries are admitted in
+/// sequence order; no helper is admitted while a primary of its class waits
+/// (unless `admitWhileQueued`); and slots freed by preempted helpers are held
+/// for the primary they were evicted for. `lease_statuses` lists only leases
+/// whose wanted status differs from the persisted one.
+pub fn decide(snapshot: &Snapshot) -> Plan {
+    let mut pass = pass::Pass::new(snapshot);
+    pass.count_leases();
+    pass.assign_sequences();
+    pass.readmit();
+    pass.retry_evictions();
+    pass.run_queues();
+    pass.emit_lease_statuses();
+    pass.emit_class_statuses();
+    pass.plan
+}

@@ -60,6 +60,10 @@ pub struct ClassInfo {
     pub generation: Option<i64>,
     /// Its spec.
     pub spec: GpuLeaseClassSpec,
+    /// Its status as persisted (`None` before the first status write); the
+    /// engine keeps condition transition times from it so that re-running a
+    /// pass yields the same status.
+    pub status: Option<GpuLeaseClassStatus>,
 }
 
 /// A node as far as slot accounting and fit are concerned.

@@ -1,0 +1,183 @@
+//! The human messages a lease status carries: why it waits, where it runs,
+//! why it was rejected. Kept as data until rendered so that an unchanged
+//! status can be recognised without building a new string per lease.
+
+use std::fmt::{self, Write as _};
+
+use gpupool_api::Role;
+
+use super::classes::Classes;
+use super::model::{ObjectKey, PodPhase};
+use super::pass::PreemptedBy;
+
+/// Why a lease is where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Message<'a> {
+    /// Keep whatever the persisted status says (a final lease).
+    Unchanged,
+    /// The pod is gone or finished.
+    Released(Option<PodPhase>),
+    /// Admitted to a node (or admitted outside gpupool and not yet bound).
+    Admitted(Option<&'a str>),
+    /// Running on the node with GPUs the device plugin reported.
+    Bound(&'a str),
+    /// Being evicted for a primary.
+    Preempting(Option<PreemptedBy<'a>>),
+    /// The class does not exist.
+    UnknownClass(&'a str),
+    /// The class is invalid (index into the pass's classes).
+    InvalidClass(usize),
+    /// The role label holds something else than primary or helper.
+    BadRole(&'a str),
+    /// Created in this pass; its first decision is in the next pass.
+    NewlyQueued,
+    /// No node matches the class.
+    NoClassNode(usize),
+    /// Nodes match the class but none passes the pod's own constraints.
+    NoPodNode { class: usize, class_nodes: usize },
+    /// The request exceeds every matching node's allocatable.
+    TooLarge { slots: u32, largest: u32 },
+    /// Behind a blocked head in StrictFIFO.
+    Behind {
+        role: Role,
+        ahead: u32,
+        head: &'a ObjectKey,
+        head_slots: u32,
+        free: u64,
+        nodes: usize,
+    },
+    /// The first of its role that does not fit.
+    NoFit {
+        role: Role,
+        ahead: u32,
+        slots: u32,
+        free: u64,
+        nodes: usize,
+    },
+    /// Helpers wait while primaries of the class do.
+    PrimariesWaiting { primaries: u32, class: usize },
+    /// The head waits for evicted helpers to terminate.
+    VictimsTerminating(Vec<&'a ObjectKey>),
+    /// The head cannot fit and no helper may be preempted for it.
+    NoVictims { slots: u32, free: u64, young: u32 },
+}
+
+impl Message<'_> {
+    /// Writes the message; `classes` supplies names and problems.
+    pub fn render(&self, classes: &Classes<'_>, out: &mut String) {
+        // Writing into a String cannot fail.
+        let _ = self.write(classes, out);
+    }
+
+    fn write(&self, classes: &Classes<'_>, out: &mut String) -> fmt::Result {
+        let role_plural = |r: Role| match r {
+            Role::Primary => "primaries",
+            Role::Helper => "helpers",
+        };
+        match self {
+            Message::Unchanged => Ok(()),
+            Message::Released(None) => out.write_str("released: pod is gone"),
+            Message::Released(Some(PodPhase::Succeeded)) => {
+                out.write_str("released: pod succeeded")
+            }
+            Message::Released(Some(PodPhase::Failed)) => out.write_str("released: pod failed"),
+            Message::Released(Some(_)) => out.write_str("released"),
+            Message::Admitted(Some(node)) => write!(out, "admitted to node {node}"),
+            Message::Admitted(None) => {
+                out.write_str("admitted without the admission gate; not yet bound to a node")
+            }
+            Message::Bound(node) => write!(out, "running on node {node}"),
+            Message::Preempting(Some(primary)) => write!(out, "preempted for primary {primary}"),
+            Message::Preempting(None) => out.write_str("preempted"),
+            Message::UnknownClass(name) => write!(
+                out,
+                "rejected: GpuLeaseClass {name} does not exist; the lease queues once it is created"
+            ),
+            Message::InvalidClass(c) => {
+                let class = &classes.list[*c];
+                let problem = class
+                    .problem
+                    .as_ref()
+                    .map(|p| p.message.as_str())
+                    .unwrap_or("");
+                write!(
+                    out,
+                    "rejected: class {} is invalid: {problem}; the lease queues once it is fixed",
+                    class.name()
+                )
+            }
+            Message::BadRole(value) => write!(
+                out,
+                "rejected: label gpupool.io/role must be \"primary\" or \"helper\", not {value:?}"
+            ),
+            Message::NewlyQueued => out.write_str("queued; first considered in the next pass"),
+            Message::NoClassNode(c) => write!(
+                out,
+                "waiting: no node matches class {} yet",
+                classes.list[*c].name()
+            ),
+            Message::NoPodNode { class, class_nodes } => write!(
+                out,
+                "waiting: none of the {class_nodes} nodes of class {} fits the pod's nodeSelector, affinity and tolerations",
+                classes.list[*class].name()
+            ),
+            Message::TooLarge { slots, largest } => write!(
+                out,
+                "waiting: needs {slots} slots; largest matching node has {largest}"
+            ),
+            Message::Behind {
+                role,
+                ahead,
+                head,
+                head_slots,
+                free,
+                nodes,
+            } => write!(
+                out,
+                "waiting: {ahead} {} ahead (head {head} needs {head_slots} slots), {free} free slots on {nodes} matching nodes",
+                role_plural(*role)
+            ),
+            Message::NoFit {
+                role,
+                ahead,
+                slots,
+                free,
+                nodes,
+            } => write!(
+                out,
+                "waiting: {ahead} {} ahead; needs {slots} slots on one node, {free} free slots on {nodes} matching nodes",
+                role_plural(*role)
+            ),
+            Message::PrimariesWaiting { primaries, class } => write!(
+                out,
+                "waiting: {primaries} primaries of class {} are queued; helpers are admitted only while none wait",
+                classes.list[*class].name()
+            ),
+            Message::VictimsTerminating(victims) => {
+                let one = victims.len() == 1;
+                out.write_str(if one {
+                    "waiting for helper "
+                } else {
+                    "waiting for helpers "
+                })?;
+                for (i, v) in victims.iter().enumerate() {
+                    if i > 0 {
+                        out.write_str(", ")?;
+                    }
+                    write!(out, "{v}")?;
+                }
+                out.write_str(" to terminate")
+            }
+            Message::NoVictims { slots, free, young } => {
+                write!(
+                    out,
+                    "waiting: needs {slots} slots on one node, {free} free slots; no helper can be preempted to make room"
+                )?;
+                if *young > 0 {
+                    write!(out, " ({young} helpers are younger than minRuntimeSeconds)")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! One decision pass: pods joined with their leases into tickets, each with
+//! the lease state the pass wants. The steps that follow (sequence, queue,
+//! preempt, status) work on the tickets.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use gpupool_api::{GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role};
+use jiff::Timestamp;
+
+use super::capacity::{self, Nodes};
+use super::classes::{Classes, PodClass};
+use super::fit;
+use super::message::Message;
+use super::model::{
+    LeaseInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot, StaleLease,
+};
+
+/// Who a preempted helper makes room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PreemptedBy<'a> {
+    /// As the persisted status says.
+    Persisted(&'a str),
+    /// Chosen in this pass.
+    Primary(&'a ObjectKey),
+}
+
+impl std::fmt::Display for PreemptedBy<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PreemptedBy::Persisted(key) => f.write_str(key),
+            PreemptedBy::Primary(key) => key.fmt(f),
+        }
+    }
+}
+
+/// A pod's lease as this pass sees it: the persisted lease (if any), its
+/// pod (if live or finished with the lease's UID) and the state wanted.
+#[derive(Debug)]
+pub(crate) struct Ticket<'a> {
+    pub key: &'a ObjectKey,
+    pub pod: Option<&'a PodInfo>,
+    /// `None` for a lease this pass creates.
+    pub lease: Option<&'a LeaseInfo>,
+    pub persisted: Option<&'a GpuLeaseStatus>,
+    pub class: Option<usize>,
+    pub class_name: &'a str,
+    /// Resource index, when the lease's resource is known.
+    pub res: Option<usize>,
+    pub role: Role,
+    pub slots: u32,
+    pub bad_role: Option<&'a str>,
+    pub sequence: Option<u64>,
+    /// The sequence is persisted: only such leases may be admitted.
+    pub seq_persisted: bool,
+    /// The pod's own placement was already counted as used capacity.
+    pub pod_counted: bool,
+    pub phase: LeasePhase,
+    pub node: Option<&'a str>,
+    pub node_idx: Option<u32>,
+    pub position: Option<u32>,
+    pub preempted_by: Option<PreemptedBy<'a>>,
+    pub message: Message<'a>,
+    /// A waiting primary or helper the queue step decides on.
+    pub candidate: bool,
+    /// For a preempted helper: the waiting primary it makes room for.
+    pub serves: Option<usize>,
+}
+
+/// A pod that still runs or may run (it holds its slots until it is gone).
+pub(crate) fn is_live(pod: &PodInfo) -> bool {
+    !matches!(pod.phase, PodPhase::Succeeded | PodPhase::Failed)
+}
+
+/// The state of one decision pass.
+pub(crate) struct Pass<'a> {
+    pub now: Timestamp,
+    pub snapshot: &'a Snapshot,
+    pub resources: Vec<&'a str>,
+    pub nodes: Nodes<'a>,
+    pub classes: Classes<'a>,
+    /// Tickets in key order.
+    pub tickets: Vec<Ticket<'a>>,
+    /// Per class (same order as `classes`): the leases left queued.
+    pub queues: Vec<ClassQueue>,
+    /// Slots held back on nodes for primaries whose helpers are being
+    /// evicted: primary ticket → (node, slots).
+    pub reservations: BTreeMap<usize, Vec<(u32, u32)>>,
+    pub plan: Plan,
+}
+
+/// Leases of one class left waiting after the queue step, by position.
+#[derive(Debug, Default)]
+pub(crate) struct ClassQueue {
+    pub primaries: Vec<usize>,
+    pub helpers: Vec<usize>,
+}
+
+impl<'a> Pass<'a> {
+    /// Indexes the snapshot and builds every ticket with its lifecycle phase
+    /// (released, admitted outside the queue, bound, preempting, or a queue
+    /// candidate), counting used capacity on the way.
+    pub fn new(snapshot: &'a Snapshot) -> Self {
+        let resources = capacity::resource_names(&snapshot.classes);
+        let nodes = Nodes::new(&snapshot.nodes, &resources);
+        let classes = Classes::new(&snapshot.classes, &resources, &nodes);
+        let mut pass = Pass {
+            now: snapshot.now,
+            snapshot,
+            resources,
+            nodes,
+            classes,
+            tickets: Vec::with_capacity(snapshot.leases.len() + 16),
+            queues: Vec::new(),
+            reservations: BTreeMap::new(),
+            plan: Plan::default(),
+        };
+        pass.join();
+        pass
+    }
+
+    /// Walks pods and leases in key order together.
+    fn join(&mut self) {
+        let pods = sorted_by_key(&self.snapshot.pods, |p| &p.key);
+        let leases = sorted_by_key(&self.snapshot.leases, |l| &l.key);
+        let (mut i, mut j) = (0, 0);
+        while i < pods.len() || j < leases.len() {
+            let order = match (pods.get(i), leases.get(j)) {
+                (Some(p), Some(l)) => p.key.cmp(&l.key),
+                (Some(_), None) => Ordering::Less,
+                _ => Ordering::Greater,
+            };
+            let pod = (order != Ordering::Greater).then(|| pods[i]);
+            let lease = (order != Ordering::Less).then(|| leases[j]);
+            if pod.is_some() {
+                i += 1;
+                while pods
+                    .get(i)
+                    .is_some_and(|p| Some(&p.key) == pod.map(|x| &x.key))
+                {
+                    i += 1;
+                }
+            }
+            if lease.is_some() {
+                j += 1;
+                while leases
+                    .get(j)
+                    .is_some_and(|l| Some(&l.key) == lease.map(|x| &x.key))
+                {
+                    j += 1;
+                }
+            }
+            self.visit(pod, lease);
+        }
+    }
+
+    fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
+        let resolved = pod.map(|p| self.classes.resolve_pod(p, &self.resources));
+        let managed_pod = pod.filter(|_| !matches!(resolved, Some(PodClass::Unmanaged) | None));
+        // A gated pod the operator manages holds nothing until its lease is
+        // admitted; everything else holds what it requests where it is bound
+        // or pinned.
+        let pod_counted = match pod {
+            Some(p) if is_live(p) && !(p.gated && managed_pod.is_some()) => self.count_pod(p),
+            _ => false,
+        };
+        match (pod, lease) {
+            (Some(p), Some(l)) if p.uid != l.spec.pod_uid => {
+                // The pod was replaced: the old lease goes first, the new pod's
+                // lease is created in a later pass (never two for one key).
+                self.plan.delete_leases.push(StaleLease {
+                    key: l.key.clone(),
+                    pod_uid: l.spec.pod_uid.clone(),
+                });
+            }
+            (pod, Some(l)) => {
+                let t = self.existing(l, pod, pod_counted);
+                self.tickets.push(t);
+            }
+            (Some(p), None) if is_live(p) => {
+                if let Some(t) = self.fresh(p, resolved, pod_counted) {
+                    self.tickets.push(t);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds a pod's requests to its bound or pinned node; true when it has one.
+    fn count_pod(&mut self, pod: &PodInfo) -> bool {
+        let Some(node) = pod
+            .node_name
+            .as_deref()
+            .or_else(|| fit::pinned_node(pod))
+            .and_then(|n| self.nodes.find(n))
+        else {
+            return false;
+        };
+        for (res, name) in self.resources.iter().enumerate() {
+            if let Some(&slots) = pod.requests.get(*name) {
+                self.nodes.take(res, node, slots);
+            }
+        }
+        true
+    }
+
+    /// The resource a pod of an unknown class would use: the first managed
+    /// resource it requests.
+    fn requested_resource(&self, pod: &PodInfo) -> Option<(usize, u32)> {
+        self.resources
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| pod.requests.get(*r).map(|&s| (i, s)))
+    }
+
+    fn blank(&self, key: &'a ObjectKey, pod: Option<&'a PodInfo>) -> Ticket<'a> {
+        Ticket {
+            key,
+            pod,
+            lease: None,
+            persisted: None,
+            class: None,
+            class_name: "",
+            res: None,
+            role: Role::Primary,
+            slots: 0,
+            bad_role: None,
+            sequence: None,
+            seq_persisted: false,
+            pod_counted: false,
+            phase: LeasePhase::Queued,
+            node: None,
+            node_idx: None,
+            position: None,
+            preempted_by: None,
+            message: Message::Unchanged,
+            candidate: false,
+            serves: None,
+        }
+    }
+
+    fn fresh(
+        &self,
+        pod: &'a PodInfo,
+        resolved: Option<PodClass<'a>>,
+        pod_counted: bool,
+    ) -> Option<Ticket<'a>> {
+        let mut t = self.blank(&pod.key, Some(pod));
+        match resolved? {
+            PodClass::Unmanaged => return None,
+            PodClass::Class(c) => {
+                let class = &self.classes.list[c];
+                t.class = Some(c);
+                t.class_name = class.info.name.as_str();
+                t.res = Some(class.res);
+                t.slots = pod
+                    .requests
+                    .get(&class.info.spec.resource_name)
+                    .copied()
+                    .unwrap_or(0);
+            }
+            PodClass::Unknown(name) => {
+                t.class_name = name;
+                let (res, slots) = self.requested_resource(pod)?;
+                t.res = Some(res);
+                t.slots = slots;
+            }
+        }
+        match &pod.role {
+            RoleLabel::Valid(role) => t.role = *role,
+            RoleLabel::Invalid(value) => t.bad_role = Some(value),
+        }
+        t.pod_counted = pod_counted;
+        self.settle(&mut t, LeasePhase::Queued);
+        Some(t)
+    }
+
+    fn existing(
+        &self,
+        lease: &'a LeaseInfo,
+        pod: Option<&'a PodInfo>,
+        pod_counted: bool,
+    ) -> Ticket<'a> {
+        let mut t = self.blank(&lease.key, pod);
+        t.lease = Some(lease);
+        t.persisted = lease.status.as_ref();
+        t.class = self.classes.find(&lease.spec.class_name);
+        t.class_name = &lease.spec.class_name;
+        t.res = match t.class {
+            Some(c) => Some(self.classes.list[c].res),
+            None => pod.and_then(|p| self.requested_resource(p)).map(|(r, _)| r),
+        };
+        t.role = lease.spec.role;
+        t.slots = lease.spec.slots;
+        t.pod_counted = pod_counted;
+        if let Some(RoleLabel::Invalid(value)) = pod.map(|p| &p.role) {
+            t.bad_role = Some(value);
+        }
+        t.sequence = t.persisted.and_then(|s| s.sequence);
+        t.seq_persisted = t.sequence.is_some();
+        t.node = t.persisted.and_then(|s| s.node.as_deref());
+        let persisted_phase = t.persisted.map(|s| s.phase).unwrap_or_default();
+        if persisted_phase == LeasePhase::Preempting || persisted_phase == LeasePhase::Released {
+            t.preempted_by = t
+                .persisted
+                .and_then(|s| s.preempted_by.as_deref())
+                .map(PreemptedBy::Persisted);
+        }
+        self.settle(&mut t, persisted_phase);
+        t
+    }
+
+    /// Sets the phase the lifecycle (not the queue) dictates.
+    fn settle(&self, t: &mut Ticket<'a>, persisted_phase: LeasePhase) {
+        if persisted_phase == LeasePhase::Released {
+            t.phase = LeasePhase::Released;
+            t.message = Message::Unchanged;
+            return;
+        }
+        let pod = match t.pod {
+            Some(p) if is_live(p) => p,
+            other => {
+                t.phase = LeasePhase::Released;
+                t.message = Message::Released(other.map(|p| p.phase));
+                return;
+            }
+        };
+        if persisted_phase == LeasePhase::Preempting {
+            t.phase = LeasePhase::Preempting;
+            t.node = pod.node_name.as_deref().or(t.node);
+            t.message = Message::Preempting(t.preempted_by);
+            self.hold(t);
+            return;
+        }
+        if !pod.gated {
+            // Running without the gate (admitted earlier, or created where the
+            // webhook does not run): it is admitted already, never again.
+            t.node = pod
+                .node_name
+                .as_deref()
+                .or_else(|| fit::pinned_node(pod))
+                .or(t.node);
+            let has_gpus = t.persisted.is_some_and(|s| !s.gpus.is_empty());
+            t.phase = if persisted_phase == LeasePhase::Bound
+                || (pod.phase == PodPhase::Running && has_gpus)
+            {
+                LeasePhase::Bound
+            } else {
+                LeasePhase::Admitted
+            };
+            t.message = match (t.phase, t.node) {
+                (LeasePhase::Bound, Some(node)) => Message::Bound(node),
+                (_, node) => Message::Admitted(node),
+            };
+            self.hold(t);
+            return;
+        }
+        if persisted_phase.holds_slots() && t.node.and_then(|n| self.nodes.find(n)).is_some() {
+            // Admitted in an earlier pass, but the pod still shows its gate:
+            // the admission patch was lost; it is driven again to the same node.
+            t.phase = LeasePhase::Admitted;
+            t.message = Message::Admitted(t.node);
+            self.hold(t);
+            return;
+        }
+        t.node = None;
+        t.phase = LeasePhase::Queued;
+        match (t.class, t.bad_role) {
+            (_, Some(value)) => {
+                t.phase = LeasePhase::Rejected;
+                t.message = Message::BadRole(value);
+            }
+            (None, None) => {
+                t.phase = LeasePhase::Rejected;
+                t.message = Message::UnknownClass(t.class_name);
+            }
+            (Some(c), None) if self.classes.list[c].problem.is_some() => {
+                t.phase = LeasePhase::Rejected;
+                t.message = Message::InvalidClass(c);
+            }
+            (Some(_), None) => t.candidate = true,
+        }
+    }
+
+    /// Resolves the ticket's node index for accounting.
+    fn hold(&self, t: &mut Ticket<'a>) {
+        t.node_idx = t.node.and_then(|n| self.nodes.find(n));
+    }
+
+    /// Counts the slots of holding leases whose pods do not show a node yet.
+    pub fn count_leases(&mut self) {
+        for t in &self.tickets {
+            if t.phase.holds_slots()
+                && !t.pod_counted
+                && let (Some(res), Some(node)) = (t.res, t.node_idx)
+            {
+                self.nodes.take(res, node, t.slots);
+            }
+        }
+    }
+
+    /// Index of the ticket for `ns/name`.
+    pub fn find_ticket(&self, key: &str) -> Option<usize> {
+        let (ns, name) = key.split_once('/')?;
+        self.tickets
+            .binary_search_by(|t| (t.key.namespace.as_str(), t.key.name.as_str()).cmp(&(ns, name)))
+            .ok()
+    }
+
+    /// The spec a new lease is created with.
+    pub fn new_spec(&self, t: &Ticket<'a>) -> GpuLeaseSpec {
+        GpuLeaseSpec {
+            class_name: t.class_name.to_owned(),
+            pod_name: t.key.name.clone(),
+            pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+            role: t.role,
+            slots: t.slots,
+        }
+    }
+}
+
+/// References in key order; already-sorted input (a controller cache kept
+/// in key order) costs one comparison per element.
+fn sorted_by_key<T>(items: &[T], key: impl Fn(&T) -> &ObjectKey) -> Vec<&T> {
+    let mut v: Vec<&T> = items.iter().collect();
+    v.sort_by(|a, b| key(a).cmp(key(b)));
+    v
+}

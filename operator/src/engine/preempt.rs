@@ -1,0 +1,208 @@
+//! Preemption (DESIGN §5.5): when the head primary cannot fit, helpers of its
+//! class are evicted on one node, youngest first, only as many as it needs;
+//! the slots they free are reserved for that primary until it is admitted.
+
+use std::collections::BTreeMap;
+
+use gpupool_api::{LeasePhase, Preemption, Role};
+
+use super::message::Message;
+use super::model::Eviction;
+use super::pass::{Pass, PreemptedBy};
+
+impl<'a> Pass<'a> {
+    /// Links preempted helpers to the waiting primaries they make room for
+    /// and holds back, on each such node, the free slots those primaries need.
+    /// Runs before any class is decided, so no class (not even another one
+    /// sharing the node) can take them.
+    pub fn reserve_for_preemptions(&mut self) {
+        let mut wanted: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for v in 0..self.tickets.len() {
+            let primary = match self.tickets[v].preempted_by {
+                Some(PreemptedBy::Persisted(key)) => self.find_ticket(key),
+                _ => None,
+            };
+            let Some(p) = primary.filter(|&p| {
+                let t = &self.tickets[p];
+                t.candidate && t.role == Role::Primary && t.seq_persisted
+            }) else {
+                continue;
+            };
+            let victim = &self.tickets[v];
+            let node = match victim.phase {
+                LeasePhase::Preempting => victim.node_idx,
+                // A victim that is gone still points at the node its slots
+                // were freed on.
+                LeasePhase::Released => victim.node.and_then(|n| self.nodes.find(n)),
+                _ => None,
+            };
+            self.tickets[v].serves = Some(p);
+            if let Some(node) = node {
+                wanted.entry(p).or_default().push(node);
+            }
+        }
+        for (p, mut nodes) in wanted {
+            nodes.sort_unstable();
+            nodes.dedup();
+            let (Some(res), slots) = (self.tickets[p].res, self.tickets[p].slots) else {
+                continue;
+            };
+            let mut held = Vec::new();
+            for node in nodes {
+                let amount = self.nodes.free(res, node).clamp(0, i64::from(slots)) as u32;
+                if amount > 0 {
+                    self.nodes.take(res, node, amount);
+                    held.push((node, amount));
+                }
+            }
+            self.reservations.insert(p, held);
+        }
+    }
+
+    /// Chooses helpers to evict for primary `p` (which did not fit on any of
+    /// `eligible`) and returns the message `p` waits with.
+    pub fn preempt_for(&mut self, c: usize, p: usize, eligible: &[u32], free: u64) -> Message<'a> {
+        let class = &self.classes.list[c];
+        let spec = &class.info.spec.helpers;
+        let res = class.res;
+        let slots = self.tickets[p].slots;
+        let no_room = |young| Message::NoVictims { slots, free, young };
+        if spec.preemption == Preemption::Never {
+            return no_room(0);
+        }
+        let min_runtime = i64::from(spec.min_runtime_seconds);
+        let grace = spec.grace_period_seconds;
+        // Helpers being evicted count toward the need wherever they are:
+        // those for `p`, and those whose primary no longer waits.
+        let mut terminating: BTreeMap<u32, (u64, Vec<usize>)> = BTreeMap::new();
+        let mut evictable: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, t) in self.tickets.iter().enumerate() {
+            let (Some(node), Some(r)) = (t.node_idx, t.res) else {
+                continue;
+            };
+            if r != res || t.role != Role::Helper {
+                continue;
+            }
+            match t.phase {
+                LeasePhase::Preempting if t.serves.is_none_or(|s| s == p) => {
+                    let e = terminating.entry(node).or_default();
+                    e.0 += u64::from(t.slots);
+                    e.1.push(i);
+                }
+                LeasePhase::Admitted | LeasePhase::Bound
+                    if t.class == Some(c) && t.pod.is_some_and(|pod| !pod.terminating) =>
+                {
+                    evictable.entry(node).or_default().push(i);
+                }
+                _ => {}
+            }
+        }
+        let now = self.now;
+        let admitted_at = |i: usize| {
+            self.tickets[i]
+                .persisted
+                .and_then(|s| s.admitted_at.as_ref())
+                .map(|t| t.0)
+                .unwrap_or(now)
+        };
+        let mut young = 0u32;
+        // (new slots evicted, victims, node, chosen victims)
+        let mut best: Option<(u64, usize, u32, Vec<usize>)> = None;
+        for &node in eligible {
+            if self.nodes.alloc(res, node) < slots {
+                continue;
+            }
+            let pending = terminating.get(&node).map(|e| e.0).unwrap_or(0);
+            let mut have = self.nodes.free(res, node).max(0) as u64 + pending;
+            let mut chosen = Vec::new();
+            let mut evicted = 0u64;
+            if have < u64::from(slots) {
+                let mut helpers = evictable.get(&node).cloned().unwrap_or_default();
+                // Youngest first; the pod UID settles ties so the choice is total.
+                helpers.sort_by(|&a, &b| {
+                    admitted_at(b).cmp(&admitted_at(a)).then_with(|| {
+                        let uid = |i: usize| self.tickets[i].pod.map(|p| p.uid.as_str());
+                        uid(a).cmp(&uid(b))
+                    })
+                });
+                for h in helpers {
+                    if have >= u64::from(slots) {
+                        break;
+                    }
+                    let runtime = now.as_second() - admitted_at(h).as_second();
+                    if runtime < min_runtime {
+                        young += 1;
+                        continue;
+                    }
+                    let s = u64::from(self.tickets[h].slots);
+                    have += s;
+                    evicted += s;
+                    chosen.push(h);
+                }
+            }
+            if have < u64::from(slots) {
+                continue;
+            }
+            let better = best
+                .as_ref()
+                .is_none_or(|b| (evicted, chosen.len()) < (b.0, b.1));
+            if better {
+                best = Some((evicted, chosen.len(), node, chosen));
+            }
+        }
+        let Some((_, _, node, chosen)) = best else {
+            return no_room(young);
+        };
+        let primary_key = self.tickets[p].key;
+        for &h in &chosen {
+            let t = &mut self.tickets[h];
+            t.phase = LeasePhase::Preempting;
+            t.preempted_by = Some(PreemptedBy::Primary(primary_key));
+            t.serves = Some(p);
+            t.message = Message::Preempting(Some(PreemptedBy::Primary(primary_key)));
+            self.plan.evictions.push(Eviction {
+                key: t.key.clone(),
+                pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+                for_primary: primary_key.clone(),
+                grace_period_seconds: grace,
+            });
+        }
+        let mut victims: Vec<usize> = terminating
+            .get(&node)
+            .map(|e| e.1.clone())
+            .unwrap_or_default();
+        victims.extend(chosen);
+        victims.sort_unstable();
+        Message::VictimsTerminating(victims.iter().map(|&v| self.tickets[v].key).collect())
+    }
+
+    /// Evictions of helpers already Preempting whose pods do not show the
+    /// deletion yet: the earlier eviction was refused (e.g. by a
+    /// PodDisruptionBudget) or lost, so it is asked for again.
+    pub fn retry_evictions(&mut self) {
+        for t in &self.tickets {
+            if t.phase != LeasePhase::Preempting || t.pod.is_none_or(|p| p.terminating) {
+                continue;
+            }
+            let Some(class) = t.class.map(|c| &self.classes.list[c]) else {
+                continue;
+            };
+            let for_primary = match t.preempted_by {
+                Some(PreemptedBy::Persisted(k)) => k
+                    .split_once('/')
+                    .map(|(ns, n)| super::model::ObjectKey::new(ns, n)),
+                Some(PreemptedBy::Primary(k)) => Some(k.clone()),
+                None => None,
+            };
+            let Some(for_primary) = for_primary else {
+                continue;
+            };
+            self.plan.evictions.push(Eviction {
+                key: t.key.clone(),
+                pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+                for_primary,
+                grace_period_seconds: class.info.spec.helpers.grace_period_seconds,
+            });
+        }
+    }
+}

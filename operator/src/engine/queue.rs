@@ -1,0 +1,267 @@
+//! The queue step (DESIGN §5.3–§5.4): primaries in sequence order, then
+//! helpers in theirs, each placed on one node that fits.
+
+use gpupool_api::{LeasePhase, Ordering, Placement, Role};
+
+use super::capacity::Nodes;
+use super::fit;
+use super::message::Message;
+use super::model::{Admission, Plan};
+use super::pass::{ClassQueue, Pass, Ticket};
+
+/// The nodes a queued pod may go to.
+enum Eligible {
+    /// The class's precomputed list (the pod adds no constraints).
+    Plain,
+    /// Filtered by the pod's own constraints.
+    Own(Vec<u32>),
+}
+
+/// Where a pod would go: the fullest node that fits (Pack) or the emptiest
+/// (Spread), ties by node name.
+pub(crate) fn place(
+    nodes: &Nodes<'_>,
+    list: &[u32],
+    res: usize,
+    slots: u32,
+    placement: Placement,
+) -> Option<u32> {
+    let need = i64::from(slots);
+    let mut best: Option<(i64, u32)> = None;
+    for &n in list {
+        let free = nodes.free(res, n);
+        if free < need {
+            continue;
+        }
+        match placement {
+            Placement::Pack => {
+                if best.is_none_or(|(f, _)| free < f) {
+                    best = Some((free, n));
+                    if free == need {
+                        break;
+                    }
+                }
+            }
+            Placement::Spread => {
+                if best.is_none_or(|(f, _)| free > f) {
+                    best = Some((free, n));
+                }
+            }
+        }
+    }
+    best.map(|(_, n)| n)
+}
+
+impl Pass<'_> {
+    /// Decides every valid class, in name order, over one shared capacity.
+    pub fn run_queues(&mut self) {
+        let mut by_class: Vec<ClassQueue> = (0..self.classes.list.len())
+            .map(|_| ClassQueue::default())
+            .collect();
+        for (i, t) in self.tickets.iter().enumerate() {
+            if let (true, Some(c)) = (t.candidate, t.class) {
+                match t.role {
+                    Role::Primary => by_class[c].primaries.push(i),
+                    Role::Helper => by_class[c].helpers.push(i),
+                }
+            }
+        }
+        for q in &mut by_class {
+            q.primaries
+                .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
+            q.helpers
+                .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
+        }
+        self.reserve_for_preemptions();
+        self.queues = Vec::with_capacity(by_class.len());
+        for (c, q) in by_class.into_iter().enumerate() {
+            let (primaries, waiting) = self.run_role(c, Role::Primary, &q.primaries, 0);
+            let helpers = self.run_role(c, Role::Helper, &q.helpers, waiting).0;
+            self.queues.push(ClassQueue { primaries, helpers });
+        }
+    }
+
+    fn eligible(&self, c: usize, t: usize) -> Eligible {
+        let class = &self.classes.list[c];
+        match self.tickets[t].pod {
+            Some(pod) if fit::has_own_constraints(pod) => Eligible::Own(
+                class
+                    .nodes
+                    .iter()
+                    .copied()
+                    .filter(|&n| fit::pod_fits_node(pod, self.nodes.list[n as usize]))
+                    .collect(),
+            ),
+            _ => Eligible::Plain,
+        }
+    }
+
+    /// Runs one role's FIFO of class `c`; returns the leases left queued and
+    /// how many of them wait (queued and not impossible). Helpers pass the
+    /// number of waiting primaries, which holds them back.
+    fn run_role(
+        &mut self,
+        c: usize,
+        role: Role,
+        order: &[usize],
+        waiting_primaries: u32,
+    ) -> (Vec<usize>, u32) {
+        let spec = &self.classes.list[c].info.spec;
+        let strict = spec.admission.ordering == Ordering::StrictFIFO;
+        let placement = spec.admission.placement;
+        let held_back =
+            role == Role::Helper && waiting_primaries > 0 && !spec.helpers.admit_while_queued;
+        let res = self.classes.list[c].res;
+        let class_nodes = self.classes.list[c].nodes.len();
+        let mut queued = Vec::new();
+        let mut waiting = 0u32;
+        let mut blocked: Option<usize> = None;
+        // Free slots of the class, recomputed only after an admission.
+        let mut class_free: Option<u64> = None;
+        for &t in order {
+            let slots = self.tickets[t].slots;
+            let ahead = queued.len() as u32;
+            let eligible = self.eligible(c, t);
+            let class = &self.classes.list[c];
+            let (list, largest): (&[u32], u32) = match &eligible {
+                Eligible::Plain => (&class.plain_nodes, class.largest_plain),
+                Eligible::Own(v) => (
+                    v,
+                    v.iter()
+                        .map(|&n| self.nodes.alloc(res, n))
+                        .max()
+                        .unwrap_or(0),
+                ),
+            };
+            let impossible = class.nodes.is_empty() || list.is_empty() || largest < slots;
+            if impossible && let Some(held) = self.reservations.remove(&t) {
+                // It can never fit: what its victims freed goes back to everyone.
+                for (node, amount) in held {
+                    self.nodes.give_back(res, node, amount);
+                }
+            }
+            let class = &self.classes.list[c];
+            let message = if class.nodes.is_empty() {
+                // Impossible ones can never fit by waiting, so they hold no one up.
+                Message::NoClassNode(c)
+            } else if list.is_empty() {
+                Message::NoPodNode {
+                    class: c,
+                    class_nodes,
+                }
+            } else if largest < slots {
+                Message::TooLarge { slots, largest }
+            } else if held_back {
+                waiting += 1;
+                Message::PrimariesWaiting {
+                    primaries: waiting_primaries,
+                    class: c,
+                }
+            } else if let (true, Some(head)) = (strict, blocked) {
+                waiting += 1;
+                Message::Behind {
+                    role,
+                    ahead,
+                    head: self.tickets[head].key,
+                    head_slots: self.tickets[head].slots,
+                    free: *class_free.get_or_insert_with(|| self.nodes.free_on(res, &class.nodes)),
+                    nodes: class_nodes,
+                }
+            } else if !self.tickets[t].seq_persisted {
+                waiting += 1;
+                Message::NewlyQueued
+            } else {
+                let reserved = self.reservations.get(&t).map(Vec::as_slice).unwrap_or(&[]);
+                for &(node, amount) in reserved {
+                    self.nodes.give_back(res, node, amount);
+                }
+                if let Some(node) = place(&self.nodes, list, res, slots, placement) {
+                    admit(
+                        &mut self.nodes,
+                        &mut self.tickets,
+                        &mut self.plan,
+                        t,
+                        res,
+                        node,
+                    );
+                    class_free = None;
+                    continue;
+                }
+                for &(node, amount) in reserved {
+                    self.nodes.take(res, node, amount);
+                }
+                waiting += 1;
+                let free = *class_free.get_or_insert_with(|| self.nodes.free_on(res, &class.nodes));
+                let first = blocked.is_none();
+                blocked = blocked.or(Some(t));
+                if role == Role::Primary && first {
+                    // Only the first primary that does not fit may preempt
+                    // helpers, so evictions serve the queue's order.
+                    let list = list.to_vec();
+                    self.preempt_for(c, t, &list, free)
+                } else {
+                    Message::NoFit {
+                        role,
+                        ahead,
+                        slots,
+                        free,
+                        nodes: class_nodes,
+                    }
+                }
+            };
+            let ticket = &mut self.tickets[t];
+            ticket.phase = LeasePhase::Queued;
+            ticket.position = Some(ahead + 1);
+            ticket.message = message;
+            queued.push(t);
+        }
+        (queued, waiting)
+    }
+
+    /// Drives again the admissions of leases admitted earlier whose pods
+    /// still show the gate (the patch was lost, e.g. in a restart).
+    pub fn readmit(&mut self) {
+        for t in &self.tickets {
+            if t.phase == LeasePhase::Admitted
+                && t.lease.is_some()
+                && t.pod.is_some_and(|p| p.gated)
+                && let Some(node) = t.node
+            {
+                self.plan.admissions.push(Admission {
+                    key: t.key.clone(),
+                    pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+                    role: t.role,
+                    node: node.to_owned(),
+                    slots: t.slots,
+                });
+            }
+        }
+    }
+}
+
+/// Admits ticket `t` to `node`: the slots are taken at once, so no later
+/// pod of this pass can have them.
+fn admit<'a>(
+    nodes: &mut Nodes<'a>,
+    tickets: &mut [Ticket<'a>],
+    plan: &mut Plan,
+    t: usize,
+    res: usize,
+    node: u32,
+) {
+    let ticket = &mut tickets[t];
+    nodes.take(res, node, ticket.slots);
+    let name = nodes.list[node as usize].name.as_str();
+    ticket.phase = LeasePhase::Admitted;
+    ticket.node = Some(name);
+    ticket.node_idx = Some(node);
+    ticket.position = None;
+    ticket.message = Message::Admitted(Some(name));
+    plan.admissions.push(Admission {
+        key: ticket.key.clone(),
+        pod_uid: ticket.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+        role: ticket.role,
+        node: name.to_owned(),
+        slots: ticket.slots,
+    });
+}

@@ -1,0 +1,320 @@
+//! Statuses from one pass (DESIGN §3, §4, §5.7): every lease whose wanted
+//! status differs from the persisted one, new leases, and every class's
+//! counts, queue head and per-GPU snapshot.
+
+use gpupool_api::class::{CONDITION_INVALID, CONDITION_READY};
+use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus, LeasePhase, QueueEntry, Role, SlotEntry};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::message::Message;
+use super::model::NewLease;
+use super::pass::{Pass, Ticket};
+
+/// Most entries a class's `status.queue` lists.
+pub const QUEUE_HEAD: usize = 20;
+
+/// Timestamps a lease status carries: set once on the transition, then kept.
+struct Times {
+    queued: Option<Timestamp>,
+    admitted: Option<Timestamp>,
+    bound: Option<Timestamp>,
+    released: Option<Timestamp>,
+}
+
+fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
+    let p = t.persisted;
+    let kept = |f: fn(&GpuLeaseStatus) -> Option<&Time>| p.and_then(f).map(|t| t.0);
+    Times {
+        queued: kept(|s| s.queued_at.as_ref())
+            .or_else(|| t.pod.map(|p| p.enqueued_at.unwrap_or(p.created_at))),
+        admitted: kept(|s| s.admitted_at.as_ref()).or(t.phase.holds_slots().then_some(now)),
+        bound: kept(|s| s.bound_at.as_ref()).or((t.phase == LeasePhase::Bound).then_some(now)),
+        released: kept(|s| s.released_at.as_ref())
+            .or((t.phase == LeasePhase::Released).then_some(now)),
+    }
+}
+
+impl Pass<'_> {
+    /// True when the ticket's wanted status differs from the persisted one;
+    /// `scratch` is reused to render messages without allocating per lease.
+    fn differs(&self, t: &Ticket<'_>, scratch: &mut String) -> bool {
+        let Some(p) = t.persisted else {
+            return true;
+        };
+        let times = times(t, self.now);
+        let same_preempter = match (&t.preempted_by, &p.preempted_by) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                scratch.clear();
+                use std::fmt::Write as _;
+                let _ = write!(scratch, "{a}");
+                scratch == b
+            }
+            _ => false,
+        };
+        if p.phase != t.phase
+            || p.sequence != t.sequence
+            || p.position != t.position
+            || p.node.as_deref() != t.node
+            || !same_preempter
+            || p.queued_at.as_ref().map(|x| x.0) != times.queued
+            || p.admitted_at.as_ref().map(|x| x.0) != times.admitted
+            || p.bound_at.as_ref().map(|x| x.0) != times.bound
+            || p.released_at.as_ref().map(|x| x.0) != times.released
+        {
+            return true;
+        }
+        scratch.clear();
+        t.message.render(&self.classes, scratch);
+        p.message.as_deref() != Some(scratch.as_str())
+    }
+
+    fn build(&self, t: &Ticket<'_>) -> GpuLeaseStatus {
+        let times = times(t, self.now);
+        let mut message = String::new();
+        t.message.render(&self.classes, &mut message);
+        GpuLeaseStatus {
+            phase: t.phase,
+            sequence: t.sequence,
+            position: t.position,
+            node: t.node.map(str::to_owned),
+            gpus: t.persisted.map(|s| s.gpus.clone()).unwrap_or_default(),
+            preempted_by: t.preempted_by.map(|p| p.to_string()),
+            queued_at: times.queued.map(Time),
+            admitted_at: times.admitted.map(Time),
+            bound_at: times.bound.map(Time),
+            released_at: times.released.map(Time),
+            message: Some(message),
+        }
+    }
+
+    /// Fills `plan.create_leases` and `plan.lease_statuses`.
+    pub fn emit_lease_statuses(&mut self) {
+        let mut scratch = String::new();
+        let mut created = Vec::new();
+        let mut changed = Vec::new();
+        for t in &self.tickets {
+            match t.lease {
+                None => created.push(NewLease {
+                    key: t.key.clone(),
+                    pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
+                    spec: self.new_spec(t),
+                    status: self.build(t),
+                }),
+                Some(_) if t.message == Message::Unchanged => {}
+                Some(_) if self.differs(t, &mut scratch) => {
+                    changed.push((t.key.clone(), self.build(t)));
+                }
+                Some(_) => {}
+            }
+        }
+        self.plan.create_leases = created;
+        self.plan.lease_statuses = changed.into_iter().collect();
+    }
+
+    /// Fills `plan.class_statuses`.
+    pub fn emit_class_statuses(&mut self) {
+        let holders = self.holders_by_node();
+        for (c, class) in self.classes.list.iter().enumerate() {
+            let res = class.res;
+            let mut status = GpuLeaseClassStatus {
+                observed_generation: class.info.generation,
+                conditions: self.conditions(c),
+                capacity: class.nodes.iter().map(|&n| self.nodes.alloc(res, n)).sum(),
+                free: self
+                    .nodes
+                    .free_on(res, &class.nodes)
+                    .min(u64::from(u32::MAX)) as u32,
+                ..GpuLeaseClassStatus::default()
+            };
+            for t in self.tickets.iter().filter(|t| t.class == Some(c)) {
+                let counter = match (t.phase, t.role) {
+                    (LeasePhase::Admitted | LeasePhase::Bound, Role::Primary) => {
+                        &mut status.admitted
+                    }
+                    (LeasePhase::Admitted | LeasePhase::Bound, Role::Helper) => {
+                        &mut status.admitted_helpers
+                    }
+                    (LeasePhase::Queued, Role::Primary) => &mut status.queued,
+                    (LeasePhase::Queued, Role::Helper) => &mut status.queued_helpers,
+                    (LeasePhase::Preempting, _) => &mut status.preempting,
+                    _ => continue,
+                };
+                *counter += 1;
+            }
+            if let Some(q) = self.queues.get(c) {
+                status.queue = q
+                    .primaries
+                    .iter()
+                    .chain(&q.helpers)
+                    .take(QUEUE_HEAD)
+                    .map(|&i| {
+                        let t = &self.tickets[i];
+                        QueueEntry {
+                            lease: t.key.to_string(),
+                            role: t.role,
+                            position: t.position.unwrap_or(0),
+                            queued_at: times(t, self.now).queued.map(Time),
+                        }
+                    })
+                    .collect();
+            }
+            let (slots, truncated) = self.slot_entries(c, &holders);
+            status.slots = slots;
+            status.slots_truncated = truncated;
+            self.plan
+                .class_statuses
+                .insert(class.info.name.clone(), status);
+        }
+    }
+
+    fn conditions(&self, c: usize) -> Vec<Condition> {
+        let class = &self.classes.list[c];
+        let previous = class
+            .info
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or(&[]);
+        let condition = |type_: &str, status: bool, reason: &str, message: &str| {
+            let status = if status { "True" } else { "False" };
+            // The transition time moves only when the condition's status does.
+            let since = previous
+                .iter()
+                .find(|p| p.type_ == type_ && p.status == status)
+                .map(|p| p.last_transition_time.clone())
+                .unwrap_or(Time(self.now));
+            Condition {
+                last_transition_time: since,
+                message: message.to_owned(),
+                observed_generation: class.info.generation,
+                reason: reason.to_owned(),
+                status: status.to_owned(),
+                type_: type_.to_owned(),
+            }
+        };
+        match &class.problem {
+            None => vec![
+                condition(CONDITION_READY, true, "Valid", "class is valid"),
+                condition(CONDITION_INVALID, false, "Valid", "class is valid"),
+            ],
+            Some(p) => vec![
+                condition(CONDITION_READY, false, p.reason, &p.message),
+                condition(CONDITION_INVALID, true, p.reason, &p.message),
+            ],
+        }
+    }
+
+    /// Tickets holding slots, grouped by node: per node, a range into a list
+    /// sorted by (node, sequence).
+    fn holders_by_node(&self) -> Holders {
+        let mut list: Vec<(u32, u64, usize)> = self
+            .tickets
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.phase.holds_slots())
+            .filter_map(|(i, t)| Some((t.node_idx?, t.sequence.unwrap_or(u64::MAX), i)))
+            .collect();
+        list.sort_unstable();
+        let mut start = vec![0usize; self.nodes.list.len() + 1];
+        for &(n, _, _) in &list {
+            start[n as usize + 1] += 1;
+        }
+        for i in 1..start.len() {
+            start[i] += start[i - 1];
+        }
+        Holders {
+            tickets: list.into_iter().map(|(_, _, i)| i).collect(),
+            start,
+        }
+    }
+
+    /// The per-GPU picture of class `c`, capped at `snapshot.maxSlots`.
+    fn slot_entries(&self, c: usize, holders: &Holders) -> (Vec<SlotEntry>, bool) {
+        let class = &self.classes.list[c];
+        let max = class.info.spec.snapshot.max_slots as usize;
+        let res = class.res;
+        let mut entries = Vec::new();
+        let mut total = 0usize;
+        for &n in &class.nodes {
+            let node = self.nodes.list[n as usize];
+            if node.gpus.is_empty() {
+                continue;
+            }
+            let alloc = self.nodes.alloc(res, n) as usize;
+            let sessions = (alloc / node.gpus.len()).max(1);
+            total += node.gpus.len() * sessions;
+            if entries.len() >= max {
+                continue;
+            }
+            let mut gpus: Vec<_> = node.gpus.iter().collect();
+            gpus.sort_by_key(|g| g.index);
+            // cells[g * sessions + s] = holder ticket
+            let mut cells: Vec<Option<usize>> = vec![None; gpus.len() * sessions];
+            let on_node =
+                &holders.tickets[holders.start[n as usize]..holders.start[n as usize + 1]];
+            let mine = on_node
+                .iter()
+                .copied()
+                .filter(|&i| self.tickets[i].res == Some(res));
+            let mut unplaced = Vec::new();
+            for i in mine {
+                let t = &self.tickets[i];
+                let mut placed = 0u32;
+                for g in t.persisted.map(|s| s.gpus.as_slice()).unwrap_or(&[]) {
+                    let Some(gi) = gpus.iter().position(|x| x.index == g.index) else {
+                        continue;
+                    };
+                    if let Some(cell) = cells[gi * sessions..(gi + 1) * sessions]
+                        .iter_mut()
+                        .find(|c| c.is_none())
+                    {
+                        *cell = Some(i);
+                        placed += 1;
+                    }
+                }
+                if placed < t.slots {
+                    unplaced.push((i, t.slots - placed));
+                }
+            }
+            // The rest go session-major (one session per GPU before a second),
+            // as the device plugin spreads them.
+            let mut order =
+                (0..sessions).flat_map(|s| (0..gpus.len()).map(move |g| g * sessions + s));
+            for (i, mut need) in unplaced {
+                while need > 0 {
+                    let Some(cell) = order.by_ref().find(|&k| cells[k].is_none()) else {
+                        break;
+                    };
+                    cells[cell] = Some(i);
+                    need -= 1;
+                }
+            }
+            for (k, holder) in cells.iter().enumerate() {
+                if entries.len() >= max {
+                    break;
+                }
+                let gpu = gpus[k / sessions];
+                let t = holder.map(|i| &self.tickets[i]);
+                entries.push(SlotEntry {
+                    node: node.name.clone(),
+                    gpu: gpu.index,
+                    uuid: Some(gpu.uuid.clone()).filter(|s| !s.is_empty()),
+                    product: Some(gpu.product.clone()).filter(|s| !s.is_empty()),
+                    vendor: Some(gpu.vendor.clone()).filter(|s| !s.is_empty()),
+                    lease: t.map(|t| t.key.to_string()),
+                    role: t.map(|t| t.role),
+                    since: t.and_then(|t| times(t, self.now).admitted.map(Time)),
+                });
+            }
+        }
+        (entries, total > max)
+    }
+}
+
+/// Holding tickets grouped by node.
+struct Holders {
+    tickets: Vec<usize>,
+    start: Vec<usize>,
+}
