@@ -1,4 +1,226 @@
-//! The pod admission webhook (DESIGN §5.1).
+//! The pod admission webhook (DESIGN §5.1): a mutating webhook that queues
+//! pods requesting a GpuLeaseClass's resource (scheduling gate
+//! `gpupool.io/admission` and the `gpupool.io/enqueued-at` stamp) or denies
+//! them with a message naming the problem, and a validating webhook that lets
+//! only the operator remove that gate. Every replica serves it, leader or not.
+//!
+//! # Wiring it into `main`
+//!
+//! ```text
+//! let config = WebhookConfig::new(args.webhook_port, &namespace, endpoint, args.gate_owner);
+//! let webhook = webhook::start(config, client.clone(), &mut registry).await?; // exit 1 on error
+//! // ...registry may now be shared with the /metrics server...
+//! tokio::spawn(webhook.serve(shutdown_token.cancelled_owned()));
+//! ```
+//!
+//! Flags `main` exposes (each with an env var):
+//! - `--webhook-port` (9443): [`WebhookConfig::listen`] is `0.0.0.0:<port>`.
+//! - `--webhook-service NS/NAME[:PORT]` (port 443 by default), parsed by
+//!   [`ServiceRef`]'s `FromStr`, or `--webhook-url https://HOST[:PORT][/PATH]`,
+//!   parsed by [`WebhookUrl`]'s `FromStr`; exactly one of them
+//!   ([`WebhookEndpoint`]). Parse errors name the flag (exit 2).
+//! - `--gate-owner USER` (repeatable / comma-separated): usernames allowed to
+//!   remove the gate. Default: `system:serviceaccount:<namespace>:gpupool-operator`.
+//!   In the simulator, pass the username the operator's token maps to.
+//! - `--namespace`: the operator's namespace (certificate Secret, exclusions).
+//!
+//! [`start`] gets the serving certificate from Secret `gpupool-webhook-tls`
+//! (creating or renewing it), fills the class/node/lease caches, binds the
+//! port, and only then writes the webhook configurations named `gpupool`, so
+//! the API server never calls a webhook that is not listening yet.
+//! [`RunningWebhook::serve`] serves until shutdown, re-checking the Secret
+//! and the configurations every [`WebhookConfig::refresh_interval`].
 
 pub mod certs;
+pub mod config;
+pub mod configurations;
 pub mod review;
+pub mod server;
+pub mod stores;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, WebhookUrl};
+pub use review::GateOwners;
+
+use certs::{CertError, CertProblem, TlsBundle};
+use configurations::ConfigurationError;
+use server::{CertResolver, Handler, WebhookMetrics};
+use stores::{NotSynced, Stores};
+
+/// Why the webhook could not start or keep serving.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The serving certificate could not be made, read or stored.
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    /// The stored certificate cannot be served.
+    #[error("the webhook certificate cannot be served: {0}")]
+    BadCert(#[from] CertProblem),
+    /// rustls refused the TLS configuration.
+    #[error("cannot configure TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The webhook configurations could not be written.
+    #[error(transparent)]
+    Configuration(#[from] ConfigurationError),
+    /// A cache did not fill.
+    #[error(transparent)]
+    NotSynced(#[from] NotSynced),
+    /// The port could not be bound.
+    #[error("cannot listen on {addr} (--webhook-port): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A webhook that has its certificate, caches, listening socket and
+/// configurations, ready to [`serve`](RunningWebhook::serve).
+pub struct RunningWebhook {
+    config: WebhookConfig,
+    client: kube::Client,
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    bundle: TlsBundle,
+    certs: Arc<CertResolver>,
+    tls: Arc<rustls::ServerConfig>,
+    handler: Arc<Handler<Stores>>,
+}
+
+/// Prepares the webhook (see the module docs for the order of steps) and
+/// registers its latency histogram in `registry`. Errors are fatal for the
+/// operator (exit 1), except a bind failure, which names `--webhook-port`.
+pub async fn start(
+    config: WebhookConfig,
+    client: kube::Client,
+    registry: &mut Registry,
+) -> Result<RunningWebhook, WebhookError> {
+    let metrics = WebhookMetrics::register(registry);
+    let names = config.endpoint.certificate_names();
+    let bundle = certs::ensure_secret(
+        client.clone(),
+        &config.namespace,
+        &config.secret_name,
+        &names,
+        Timestamp::now(),
+    )
+    .await?;
+    let certs = CertResolver::new(bundle.certified_key()?);
+    let tls = server::tls_config(certs.clone())?;
+
+    let stores = Stores::spawn(client.clone());
+    stores.wait_until_ready(config.cache_sync_timeout).await?;
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| WebhookError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| WebhookError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    configurations::apply(client.clone(), &config, &bundle.ca_pem).await?;
+    tracing::info!(%local_addr, endpoint = ?config.endpoint, "webhook ready");
+
+    let handler = Arc::new(Handler {
+        view: stores,
+        gate_owners: config.gate_owners.clone(),
+        metrics,
+    });
+    Ok(RunningWebhook {
+        config,
+        client,
+        listener,
+        local_addr,
+        bundle,
+        certs,
+        tls,
+        handler,
+    })
+}
+
+impl RunningWebhook {
+    /// The address the server listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The CA bundle (PEM) the webhook configurations carry.
+    pub fn ca_bundle(&self) -> &str {
+        &self.bundle.ca_pem
+    }
+
+    /// Serves until `shutdown` completes. Meanwhile, every refresh interval,
+    /// re-reads the certificate Secret (renewing it when due, or picking up
+    /// another replica's renewal) and rewrites the webhook configurations if
+    /// they drifted. A failed refresh is logged and retried at the next
+    /// interval; the server keeps serving the certificate it has.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), WebhookError> {
+        let RunningWebhook {
+            config,
+            client,
+            listener,
+            bundle,
+            certs,
+            tls,
+            handler,
+            ..
+        } = self;
+        let refresh = refresh_loop(config, client, bundle, certs);
+        tokio::select! {
+            () = server::serve(listener, tls, handler, shutdown) => {}
+            never = refresh => match never {},
+        }
+        Ok(())
+    }
+}
+
+async fn refresh_loop(
+    config: WebhookConfig,
+    client: kube::Client,
+    mut bundle: TlsBundle,
+    certs: Arc<CertResolver>,
+) -> std::convert::Infallible {
+    let names = config.endpoint.certificate_names();
+    let mut ticker = tokio::time::interval(config.refresh_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let result = async {
+            let fresh = certs::ensure_secret(
+                client.clone(),
+                &config.namespace,
+                &config.secret_name,
+                &names,
+                Timestamp::now(),
+            )
+            .await?;
+            if fresh != bundle {
+                certs.replace(fresh.certified_key()?);
+                tracing::info!("webhook certificate reloaded from its Secret");
+                bundle = fresh;
+            }
+            configurations::apply(client.clone(), &config, &bundle.ca_pem).await?;
+            Ok::<(), WebhookError>(())
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "webhook certificate or configuration refresh failed; retrying later");
+        }
+    }
+}

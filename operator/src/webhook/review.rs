@@ -23,7 +23,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Value, json};
 
 /// The cluster state a review consults: GpuLeaseClasses, Nodes and GpuLeases.
@@ -565,6 +565,80 @@ pub fn response_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json:
         *patch = serde_json::to_value(ByteString(bytes))?;
     }
     serde_json::to_vec(&review)
+}
+
+/// Which of the two webhooks a request was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WebhookKind {
+    /// Pod CREATE: queue the pod ([`mutate`]).
+    Mutate,
+    /// Pod UPDATE: guard the gate ([`validate`]).
+    Validate,
+}
+
+impl WebhookKind {
+    /// Label for metrics and logs: `mutate` or `validate`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookKind::Mutate => "mutate",
+            WebhookKind::Validate => "validate",
+        }
+    }
+}
+
+/// A request body the webhook cannot answer with an AdmissionReview.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReview {
+    /// The body is not an AdmissionReview carrying a pod.
+    #[error("malformed AdmissionReview: {0}")]
+    Malformed(#[source] serde_json::Error),
+    /// The AdmissionReview has no `request`.
+    #[error("malformed AdmissionReview: it carries no request")]
+    NoRequest,
+    /// The request is about something other than a core/v1 Pod.
+    #[error("this webhook reviews core/v1 Pods, not {0}")]
+    NotAPod(String),
+    /// The response could not be encoded (a server fault, not the caller's).
+    #[error("cannot encode the AdmissionReview response: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// Answers one AdmissionReview body: parses it, decides with [`mutate`] or
+/// [`validate`], and returns the response body with the decision's
+/// [`Decision::outcome`].
+pub fn review_body(
+    kind: WebhookKind,
+    body: &[u8],
+    view: &impl ClusterView,
+    owners: &GateOwners,
+    now: Timestamp,
+) -> Result<(Vec<u8>, &'static str), BadReview> {
+    let review: AdmissionReview<Pod> =
+        serde_json::from_slice(body).map_err(BadReview::Malformed)?;
+    let request: AdmissionRequest<Pod> = review.try_into().map_err(|_| BadReview::NoRequest)?;
+    if !(request.kind.group.is_empty() && request.kind.kind == "Pod") {
+        return Err(BadReview::NotAPod(format!(
+            "{}/{} {}",
+            request.kind.group, request.kind.version, request.kind.kind
+        )));
+    }
+    let decision = match kind {
+        WebhookKind::Mutate => mutate(&request, view, now),
+        WebhookKind::Validate => validate(&request, owners),
+    };
+    if let Decision::Deny(denial) = &decision {
+        tracing::info!(
+            webhook = kind.as_str(),
+            namespace = request.namespace.as_deref().unwrap_or_default(),
+            pod = request.name.as_str(),
+            user = request.user_info.username.as_deref().unwrap_or_default(),
+            %denial,
+            "denied"
+        );
+    }
+    let outcome = decision.outcome();
+    let body = response_body(decision.into_response(&request)).map_err(BadReview::Encode)?;
+    Ok((body, outcome))
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 use super::*;
 use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, Role};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-use kube::core::admission::AdmissionReview;
 use serde_json::json;
 
 fn now() -> Timestamp {
@@ -675,5 +674,99 @@ fn selector_operators() {
     assert_eq!(
         m(&expr("In", Some(vec![]))),
         Err("matchExpressions key \"pool\": operator In needs at least one value".into())
+    );
+}
+
+fn review_json(req: &AdmissionRequest<Pod>) -> Vec<u8> {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": req,
+    });
+    serde_json::to_vec(&review).expect("serializes")
+}
+
+#[test]
+fn review_body_answers_both_webhooks() {
+    let body = review_json(&create(gpu_pod("1")));
+    let (out, outcome) = review_body(
+        WebhookKind::Mutate,
+        &body,
+        &one_default_class(),
+        &owners(),
+        now(),
+    )
+    .expect("answers");
+    assert_eq!(outcome, "patched");
+    let out: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(out["response"]["patchType"], json!("JSONPatch"));
+
+    let body = review_json(&request(
+        "UPDATE",
+        "mallory",
+        Some(gpu_pod("1")),
+        Some(gated(gpu_pod("1"))),
+    ));
+    let (out, outcome) = review_body(
+        WebhookKind::Validate,
+        &body,
+        &UntouchableView,
+        &owners(),
+        now(),
+    )
+    .expect("answers");
+    assert_eq!(outcome, "denied");
+    let out: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("mallory"))
+    );
+}
+
+#[test]
+fn review_body_rejects_malformed_input() {
+    let err = review_body(
+        WebhookKind::Mutate,
+        b"{not json",
+        &UntouchableView,
+        &owners(),
+        now(),
+    )
+    .expect_err("malformed");
+    assert!(
+        err.to_string().starts_with("malformed AdmissionReview: "),
+        "{err}"
+    );
+
+    let no_request = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#;
+    let err = review_body(
+        WebhookKind::Mutate,
+        no_request,
+        &UntouchableView,
+        &owners(),
+        now(),
+    )
+    .expect_err("no request");
+    assert_eq!(
+        err.to_string(),
+        "malformed AdmissionReview: it carries no request"
+    );
+
+    let mut review: serde_json::Value =
+        serde_json::from_slice(&review_json(&create(gpu_pod("1")))).expect("json");
+    review["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    let body = serde_json::to_vec(&review).expect("serializes");
+    let err = review_body(
+        WebhookKind::Mutate,
+        &body,
+        &UntouchableView,
+        &owners(),
+        now(),
+    )
+    .expect_err("not a pod");
+    assert_eq!(
+        err.to_string(),
+        "this webhook reviews core/v1 Pods, not apps/v1 Deployment"
     );
 }

@@ -1,0 +1,299 @@
+//! The MutatingWebhookConfiguration and ValidatingWebhookConfiguration that
+//! route pod CREATEs and UPDATEs to the webhook (DESIGN §8).
+
+use std::fmt::Debug;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::certs::is_conflict;
+use super::config::{MUTATE_PATH, VALIDATE_PATH, WebhookConfig, WebhookEndpoint};
+
+/// Name of the mutating webhook; users see it in denials as
+/// `admission webhook "queue.pods.gpupool.io" denied the request: ...`.
+pub const MUTATING_WEBHOOK_NAME: &str = "queue.pods.gpupool.io";
+/// Name of the validating webhook (gate removal).
+pub const VALIDATING_WEBHOOK_NAME: &str = "gate.pods.gpupool.io";
+/// Seconds the API server waits for an answer before failing the request.
+pub const TIMEOUT_SECONDS: i32 = 5;
+
+/// The webhook configurations could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigurationError {
+    /// The API server refused a read or write.
+    #[error("cannot write {kind} {name:?}: {source}")]
+    Api {
+        /// The kind.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+        /// What the API server said.
+        #[source]
+        source: kube::Error,
+    },
+    /// Other writers kept changing the object.
+    #[error("{kind} {name:?} kept changing while being updated; gave up after {attempts} attempts")]
+    Contended {
+        /// The kind.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+        /// Attempts made.
+        attempts: usize,
+    },
+}
+
+fn client_config(endpoint: &WebhookEndpoint, path: &str, ca_bundle: &str) -> WebhookClientConfig {
+    let ca_bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+    match endpoint {
+        WebhookEndpoint::Service(s) => WebhookClientConfig {
+            ca_bundle,
+            service: Some(ServiceReference {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                path: Some(path.to_owned()),
+                port: Some(i32::from(s.port)),
+            }),
+            url: None,
+        },
+        WebhookEndpoint::Url(u) => WebhookClientConfig {
+            ca_bundle,
+            service: None,
+            url: Some(u.join(path)),
+        },
+    }
+}
+
+fn pod_rule(operation: &str) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![String::new()]),
+        api_versions: Some(vec!["v1".to_owned()]),
+        operations: Some(vec![operation.to_owned()]),
+        resources: Some(vec!["pods".to_owned()]),
+        scope: Some("Namespaced".to_owned()),
+    }
+}
+
+fn namespace_selector(config: &WebhookConfig) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "kubernetes.io/metadata.name".to_owned(),
+            operator: "NotIn".to_owned(),
+            values: Some(config.excluded_namespaces()),
+        }]),
+        match_labels: None,
+    }
+}
+
+fn metadata(config: &WebhookConfig) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(config.configuration_name.clone()),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_owned(),
+                gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// The MutatingWebhookConfiguration: pod CREATE to [`MUTATE_PATH`],
+/// `failurePolicy: Fail`, 5 s timeout, no side effects, AdmissionReview v1,
+/// every namespace but `kube-system` and the operator's.
+pub fn mutating(config: &WebhookConfig, ca_bundle: &str) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: metadata(config),
+        webhooks: Some(vec![MutatingWebhook {
+            name: MUTATING_WEBHOOK_NAME.to_owned(),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: client_config(&config.endpoint, MUTATE_PATH, ca_bundle),
+            failure_policy: Some("Fail".to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(namespace_selector(config)),
+            reinvocation_policy: Some("Never".to_owned()),
+            rules: Some(vec![pod_rule("CREATE")]),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// The ValidatingWebhookConfiguration: pod UPDATE to [`VALIDATE_PATH`], with
+/// the same policy, timeout and namespace exclusions as [`mutating`].
+pub fn validating(config: &WebhookConfig, ca_bundle: &str) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: metadata(config),
+        webhooks: Some(vec![ValidatingWebhook {
+            name: VALIDATING_WEBHOOK_NAME.to_owned(),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: client_config(&config.endpoint, VALIDATE_PATH, ca_bundle),
+            failure_policy: Some("Fail".to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(namespace_selector(config)),
+            rules: Some(vec![pod_rule("UPDATE")]),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            ..Default::default()
+        }]),
+    }
+}
+
+const ATTEMPTS: usize = 5;
+
+/// Creates or replaces both configurations so they carry `ca_bundle` and
+/// point at `config.endpoint`. Writes nothing when an object already matches.
+pub async fn apply(
+    client: kube::Client,
+    config: &WebhookConfig,
+    ca_bundle: &str,
+) -> Result<(), ConfigurationError> {
+    create_or_replace(
+        &Api::all(client.clone()),
+        "MutatingWebhookConfiguration",
+        mutating(config, ca_bundle),
+        |have, want| have.webhooks == want.webhooks,
+    )
+    .await?;
+    create_or_replace(
+        &Api::all(client),
+        "ValidatingWebhookConfiguration",
+        validating(config, ca_bundle),
+        |have, want| have.webhooks == want.webhooks,
+    )
+    .await
+}
+
+async fn create_or_replace<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    mut want: K,
+    same: impl Fn(&K, &K) -> bool,
+) -> Result<(), ConfigurationError>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let name = want.name_any();
+    let api_error = |source| ConfigurationError::Api {
+        kind,
+        name: name.clone(),
+        source,
+    };
+    for _ in 0..ATTEMPTS {
+        let result = match api.get_opt(&name).await.map_err(api_error)? {
+            None => api.create(&PostParams::default(), &want).await,
+            Some(have) if same(&have, &want) => return Ok(()),
+            Some(have) => {
+                want.meta_mut().resource_version = have.resource_version();
+                api.replace(&name, &PostParams::default(), &want).await
+            }
+        };
+        match result {
+            Ok(_) => {
+                tracing::info!(kind, name, "webhook configuration written");
+                return Ok(());
+            }
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(api_error(e)),
+        }
+    }
+    Err(ConfigurationError::Contended {
+        kind,
+        name,
+        attempts: ATTEMPTS,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::review::GateOwners;
+    use serde_json::json;
+
+    fn config(endpoint: &str) -> WebhookConfig {
+        let endpoint = if endpoint.starts_with("https://") {
+            WebhookEndpoint::Url(endpoint.parse().expect("url"))
+        } else {
+            WebhookEndpoint::Service(endpoint.parse().expect("service"))
+        };
+        WebhookConfig::new(9443, "gpupool-system", endpoint, Vec::<String>::new())
+    }
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    #[test]
+    fn mutating_configuration_for_a_service() {
+        let c = config("gpupool-system/gpupool-webhook");
+        let v = serde_json::to_value(mutating(&c, CA)).expect("serializes");
+        assert_eq!(v["metadata"]["name"], json!("gpupool"));
+        let hook = &v["webhooks"][0];
+        assert_eq!(hook["name"], json!(MUTATING_WEBHOOK_NAME));
+        assert_eq!(hook["failurePolicy"], json!("Fail"));
+        assert_eq!(hook["timeoutSeconds"], json!(5));
+        assert_eq!(hook["sideEffects"], json!("None"));
+        assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
+        assert_eq!(
+            hook["rules"],
+            json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}])
+        );
+        assert_eq!(
+            hook["namespaceSelector"],
+            json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["gpupool-system", "kube-system"]}]})
+        );
+        assert_eq!(
+            hook["clientConfig"]["service"],
+            json!({"namespace": "gpupool-system", "name": "gpupool-webhook", "path": "/mutate-pods", "port": 443})
+        );
+        assert!(hook["clientConfig"].get("url").is_none());
+        // caBundle is base64 of the PEM, as the API expects.
+        let ca: ByteString =
+            serde_json::from_value(hook["clientConfig"]["caBundle"].clone()).expect("base64");
+        assert_eq!(ca.0, CA.as_bytes());
+    }
+
+    #[test]
+    fn validating_configuration_for_a_url() {
+        let c = config("https://127.0.0.1:9443");
+        let v = serde_json::to_value(validating(&c, CA)).expect("serializes");
+        let hook = &v["webhooks"][0];
+        assert_eq!(hook["name"], json!(VALIDATING_WEBHOOK_NAME));
+        assert_eq!(hook["failurePolicy"], json!("Fail"));
+        assert_eq!(hook["timeoutSeconds"], json!(5));
+        assert_eq!(hook["rules"][0]["operations"], json!(["UPDATE"]));
+        assert_eq!(
+            hook["clientConfig"]["url"],
+            json!("https://127.0.0.1:9443/validate-pods")
+        );
+        assert!(hook["clientConfig"].get("service").is_none());
+        assert_eq!(
+            hook["namespaceSelector"]["matchExpressions"][0]["values"],
+            json!(["gpupool-system", "kube-system"])
+        );
+    }
+
+    #[test]
+    fn service_port_is_carried() {
+        let c = config("ns/hook:8443");
+        let m = mutating(&c, CA);
+        let port = m
+            .webhooks
+            .as_ref()
+            .and_then(|w| w[0].client_config.service.as_ref())
+            .and_then(|s| s.port);
+        assert_eq!(port, Some(8443));
+        assert_eq!(
+            c.gate_owners,
+            GateOwners::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
+        );
+    }
+}
