@@ -6,9 +6,13 @@
 //! helpers ([`transport`]) are public so that a simulated kubelet can speak
 //! the same wire protocol.
 
+pub mod app;
+pub mod cli;
 pub mod discovery;
 pub mod metrics;
 pub mod proto;
+pub mod registration;
+pub mod reporter;
 pub mod server;
 pub mod slots;
 pub mod transport;

@@ -14,13 +14,12 @@ use tonic::transport::{Channel, Endpoint, Uri};
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// The socket could not be connected to.
-    #[error("cannot connect to unix socket {path}: {source}")]
+    #[error("cannot connect to unix socket {path}: {reason}")]
     Connect {
         /// The socket's path.
         path: PathBuf,
-        /// What tonic reported.
-        #[source]
-        source: tonic::transport::Error,
+        /// What went wrong, with its causes.
+        reason: String,
     },
     /// The socket could not be created.
     #[error("cannot listen on unix socket {path}: {source}")]
@@ -57,7 +56,22 @@ pub async fn connect_unix(path: impl AsRef<Path>) -> Result<Channel, TransportEr
             async move { UnixStream::connect(dial_path).await.map(TokioIo::new) }
         }))
         .await
-        .map_err(|source| TransportError::Connect { path, source })
+        .map_err(|e| TransportError::Connect {
+            path,
+            reason: error_chain(&e),
+        })
+}
+
+/// `error: cause: cause…`, since tonic's own message hides the cause.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Creates a listening unix socket at `path`, first removing whatever stale

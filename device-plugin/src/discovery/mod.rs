@@ -174,18 +174,25 @@ impl DeviceFilter {
 /// A backend that finds nothing: `auto` on a host without NVIDIA GPUs.
 pub struct NoGpus {
     interval: Duration,
+    polled: bool,
 }
 
 impl NoGpus {
     /// A backend that reports zero GPUs every `interval`.
     pub fn new(interval: Duration) -> Self {
-        NoGpus { interval }
+        NoGpus {
+            interval,
+            polled: false,
+        }
     }
 }
 
 impl Discovery for NoGpus {
     fn poll(&mut self) -> Result<Vec<Gpu>, DiscoveryError> {
-        std::thread::sleep(self.interval);
+        if self.polled {
+            std::thread::sleep(self.interval);
+        }
+        self.polled = true;
         Ok(Vec::new())
     }
 }

@@ -116,7 +116,12 @@ pub fn parse_config(path: &str, text: &str) -> Result<Vec<NodeGpu>, DiscoveryErr
 /// The `static` backend.
 pub enum StaticDiscovery {
     /// A fixed list (`--static-gpus`).
-    Fixed(Vec<Gpu>),
+    Fixed {
+        /// The GPUs.
+        gpus: Vec<Gpu>,
+        /// Whether the list was returned once already.
+        polled: bool,
+    },
     /// A YAML file, re-read when its contents change.
     File {
         /// The file.
@@ -127,6 +132,14 @@ pub enum StaticDiscovery {
 }
 
 impl StaticDiscovery {
+    /// A backend returning `gpus` forever.
+    pub fn fixed(gpus: Vec<Gpu>) -> Self {
+        StaticDiscovery::Fixed {
+            gpus,
+            polled: false,
+        }
+    }
+
     /// A backend watching the file at `path`.
     pub fn file(path: PathBuf) -> Self {
         StaticDiscovery::File { path, last: None }
@@ -148,9 +161,12 @@ impl StaticDiscovery {
 impl Discovery for StaticDiscovery {
     fn poll(&mut self) -> Result<Vec<Gpu>, DiscoveryError> {
         match self {
-            StaticDiscovery::Fixed(gpus) => {
+            StaticDiscovery::Fixed { gpus, polled } => {
                 // Nothing can change: poll rarely.
-                std::thread::sleep(Duration::from_secs(5));
+                if *polled {
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                *polled = true;
                 Ok(gpus.clone())
             }
             StaticDiscovery::File { path, last } => match last {
