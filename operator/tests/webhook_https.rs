@@ -1,0 +1,436 @@
+//! The webhook's real HTTPS server on 127.0.0.1, called the way the API
+//! server calls it: AdmissionReview v1 over TLS, verified against the CA the
+//! webhook configurations would carry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpupool_api::{GpuLeaseClass, GpuLeaseClassSpec};
+use gpupool_operator::webhook::certs::{self, TlsBundle};
+use gpupool_operator::webhook::review::{GateOwners, StaticView};
+use gpupool_operator::webhook::server::{self, CertResolver, Handler, WebhookMetrics};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::ByteString;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Webhook {
+    addr: std::net::SocketAddr,
+    bundle: TlsBundle,
+    certs: Arc<CertResolver>,
+    registry: Registry,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn names() -> Vec<String> {
+    vec!["127.0.0.1".to_owned()]
+}
+
+async fn start_webhook() -> Webhook {
+    let bundle = certs::generate(&names(), jiff::Timestamp::now(), None).expect("certificate");
+    let certs = CertResolver::new(bundle.certified_key().expect("key"));
+    let tls = server::tls_config(certs.clone()).expect("tls config");
+    let mut registry = Registry::default();
+    let metrics = WebhookMetrics::register(&mut registry);
+    let view = StaticView {
+        classes: vec![Arc::new(GpuLeaseClass::new(
+            "default",
+            GpuLeaseClassSpec {
+                default: true,
+                ..Default::default()
+            },
+        ))],
+        nodes: vec![Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "node-1"},
+                "status": {"allocatable": {"gpupool/slot": "2"}}
+            }))
+            .expect("node"),
+        )],
+        leases: vec![],
+    };
+    let handler = Arc::new(Handler {
+        view,
+        gate_owners: GateOwners::new([
+            "system:serviceaccount:gpupool-system:gpupool-operator".to_owned()
+        ]),
+        metrics,
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server::serve(listener, tls, handler, async {
+        let _ = stopped.await;
+    }));
+    Webhook {
+        addr,
+        bundle,
+        certs,
+        registry,
+        stop: Some(stop),
+        task,
+    }
+}
+
+fn client_config(ca_pem: &str, alpn: &[u8]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("CA cert");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocols")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(config)
+}
+
+async fn connect(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    alpn: &[u8],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(client_config(ca_pem, alpn))
+        .connect(ServerName::try_from("127.0.0.1").expect("ip"), tcp)
+        .await
+}
+
+/// POSTs (or sends `method`) over HTTP/1.1, verifying the server with `ca_pem`.
+async fn call(webhook: &Webhook, method: &str, path: &str, body: Vec<u8>) -> (StatusCode, Bytes) {
+    let tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"http/1.1")
+        .await
+        .expect("TLS handshake with the webhook's CA");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("http1 handshake");
+    tokio::spawn(conn);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request");
+    let response = tokio::time::timeout(TIMEOUT, sender.send_request(request))
+        .await
+        .expect("answered in time")
+        .expect("response");
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, body)
+}
+
+fn review(operation: &str, user: &str, object: Value, old: Option<Value>) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "5a0c8f0e-1111-4000-8000-00000000beef",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "train",
+            "namespace": "ml",
+            "operation": operation,
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false
+        }
+    }))
+    .expect("review")
+}
+
+fn pod(class: Option<&str>, slots: &str, gated: bool) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml", "labels": {}},
+        "spec": {"containers": [{"name": "main", "image": "trainer",
+            "resources": {"limits": {"gpupool/slot": slots}}}]}
+    });
+    if let Some(class) = class {
+        pod["metadata"]["labels"]["gpupool.io/class"] = json!(class);
+    }
+    if gated {
+        pod["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+    }
+    pod
+}
+
+fn response(body: &Bytes) -> Value {
+    let v: Value = serde_json::from_slice(body).expect("AdmissionReview JSON");
+    assert_eq!(v["apiVersion"], json!("admission.k8s.io/v1"));
+    assert_eq!(v["kind"], json!("AdmissionReview"));
+    assert_eq!(
+        v["response"]["uid"],
+        json!("5a0c8f0e-1111-4000-8000-00000000beef")
+    );
+    v["response"].clone()
+}
+
+#[tokio::test]
+async fn gpupool_pod_is_gated_and_stamped_over_https() {
+    let webhook = start_webhook().await;
+    let before = jiff::Timestamp::now();
+    let (status, body) = call(
+        &webhook,
+        "POST",
+        "/mutate-pods",
+        review("CREATE", "alice", pod(None, "1", false), None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let r = response(&body);
+    assert_eq!(r["allowed"], json!(true));
+    assert_eq!(r["patchType"], json!("JSONPatch"));
+    let patch: ByteString = serde_json::from_value(r["patch"].clone()).expect("base64 patch");
+    let patch: json_patch::Patch = serde_json::from_slice(&patch.0).expect("JSON patch");
+    let mut doc = pod(None, "1", false);
+    json_patch::patch(&mut doc, &patch).expect("applies");
+    assert_eq!(
+        doc["spec"]["schedulingGates"],
+        json!([{"name": "gpupool.io/admission"}])
+    );
+    let stamp = doc["metadata"]["annotations"]["gpupool.io/enqueued-at"]
+        .as_str()
+        .expect("stamp");
+    let stamped = gpupool_api::time::parse_stamp(stamp).expect("RFC 3339");
+    assert!(
+        stamped >= before - jiff::SignedDuration::from_secs(1),
+        "{stamp}"
+    );
+}
+
+#[tokio::test]
+async fn denials_reach_the_caller_with_their_message() {
+    let webhook = start_webhook().await;
+    let cases = [
+        (
+            pod(Some("fast"), "1", false),
+            "GpuLeaseClass \"fast\" (label gpupool.io/class) does not exist",
+        ),
+        (
+            pod(None, "3", false),
+            "the pod requests 3 gpupool/slot slots but the largest node of GpuLeaseClass \"default\" has 2 (node-1)",
+        ),
+        (
+            pod(None, "1500m", false),
+            "container \"main\" requests gpupool/slot = \"1500m\": GPU slots are whole numbers",
+        ),
+    ];
+    for (object, message) in cases {
+        let (status, body) = call(
+            &webhook,
+            "POST",
+            "/mutate-pods",
+            review("CREATE", "alice", object, None),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let r = response(&body);
+        assert_eq!(r["allowed"], json!(false));
+        assert_eq!(r["status"]["code"], json!(403));
+        assert_eq!(r["status"]["message"], json!(message));
+    }
+}
+
+#[tokio::test]
+async fn only_the_operator_removes_the_gate() {
+    let webhook = start_webhook().await;
+    let body = review(
+        "UPDATE",
+        "alice",
+        pod(None, "1", false),
+        Some(pod(None, "1", true)),
+    );
+    let (status, out) = call(&webhook, "POST", "/validate-pods", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = response(&out);
+    assert_eq!(r["allowed"], json!(false));
+    assert_eq!(
+        r["status"]["message"],
+        json!(
+            "only the gpupool operator (\"system:serviceaccount:gpupool-system:gpupool-operator\") may remove the scheduling gate gpupool.io/admission; user \"alice\" may not"
+        )
+    );
+
+    let body = review(
+        "UPDATE",
+        "system:serviceaccount:gpupool-system:gpupool-operator",
+        pod(None, "1", false),
+        Some(pod(None, "1", true)),
+    );
+    let (_, out) = call(&webhook, "POST", "/validate-pods", body).await;
+    assert_eq!(response(&out)["allowed"], json!(true));
+}
+
+#[tokio::test]
+async fn bad_requests_get_http_errors_with_a_message() {
+    let webhook = start_webhook().await;
+    let (status, body) = call(
+        &webhook,
+        "POST",
+        "/mutate-pods",
+        b"{\"apiVersion\": 3".to_vec(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        String::from_utf8_lossy(&body).starts_with("malformed AdmissionReview: "),
+        "{body:?}"
+    );
+
+    let (status, body) = call(&webhook, "POST", "/other", vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        body,
+        "no webhook at /other; use /mutate-pods or /validate-pods"
+    );
+
+    let (status, body) = call(&webhook, "GET", "/mutate-pods", vec![]).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body, "/mutate-pods takes POST, not GET");
+
+    let huge = vec![b' '; server::MAX_BODY_BYTES + 1];
+    let (status, _) = call(&webhook, "POST", "/mutate-pods", huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn http2_is_negotiated_and_served() {
+    let webhook = start_webhook().await;
+    let tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"h2")
+        .await
+        .expect("TLS");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!(
+            "https://127.0.0.1:{}/mutate-pods",
+            webhook.addr.port()
+        ))
+        .body(Full::new(Bytes::from(review(
+            "CREATE",
+            "alice",
+            pod(None, "1", false),
+            None,
+        ))))
+        .expect("request");
+    let response = tokio::time::timeout(TIMEOUT, sender.send_request(request))
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_trust_the_ca_is_refused() {
+    let webhook = start_webhook().await;
+    let stranger = certs::generate(&names(), jiff::Timestamp::now(), None).expect("other CA");
+    let err = connect(webhook.addr, &stranger.ca_pem, b"http/1.1")
+        .await
+        .expect_err("unknown issuer");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_served_without_a_restart() {
+    let webhook = start_webhook().await;
+    let renewed = certs::generate(
+        &names(),
+        jiff::Timestamp::now(),
+        Some(&webhook.bundle.ca_pem),
+    )
+    .expect("renewal");
+    // Trusting only the new CA proves which certificate is presented.
+    const END: &str = "-----END CERTIFICATE-----";
+    let end = renewed.ca_pem.find(END).expect("a PEM certificate") + END.len();
+    let new_ca_only = &renewed.ca_pem[..end];
+    assert!(
+        connect(webhook.addr, new_ca_only, b"http/1.1")
+            .await
+            .is_err()
+    );
+    webhook.certs.replace(renewed.certified_key().expect("key"));
+    connect(webhook.addr, new_ca_only, b"http/1.1")
+        .await
+        .expect("renewed cert presented");
+}
+
+#[tokio::test]
+async fn latency_is_recorded_by_webhook_and_outcome() {
+    let webhook = start_webhook().await;
+    call(
+        &webhook,
+        "POST",
+        "/mutate-pods",
+        review("CREATE", "alice", pod(None, "1", false), None),
+    )
+    .await;
+    call(
+        &webhook,
+        "POST",
+        "/mutate-pods",
+        review("CREATE", "alice", pod(Some("nope"), "1", false), None),
+    )
+    .await;
+    call(&webhook, "POST", "/validate-pods", b"[]".to_vec()).await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &webhook.registry).expect("encode");
+    for line in [
+        "gpupool_webhook_request_duration_seconds_count{webhook=\"mutate\",outcome=\"patched\"} 1",
+        "gpupool_webhook_request_duration_seconds_count{webhook=\"mutate\",outcome=\"denied\"} 1",
+        "gpupool_webhook_request_duration_seconds_count{webhook=\"validate\",outcome=\"bad_request\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn shutdown_stops_the_server() {
+    let mut webhook = start_webhook().await;
+    // An idle keep-alive connection must not hold the shutdown up.
+    let idle = connect(webhook.addr, &webhook.bundle.ca_pem, b"http/1.1")
+        .await
+        .expect("TLS");
+    webhook
+        .stop
+        .take()
+        .expect("stop")
+        .send(())
+        .expect("server running");
+    tokio::time::timeout(TIMEOUT, &mut webhook.task)
+        .await
+        .expect("stopped in time")
+        .expect("server task");
+    drop(idle);
+    assert!(
+        TcpStream::connect(webhook.addr).await.is_err(),
+        "still listening"
+    );
+}
