@@ -5,8 +5,8 @@ use std::fmt::Debug;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -22,6 +22,11 @@ use super::config::{MUTATE_PATH, VALIDATE_PATH, WebhookConfig, WebhookEndpoint};
 pub const MUTATING_WEBHOOK_NAME: &str = "queue.pods.gpupool.io";
 /// Name of the validating webhook (gate removal).
 pub const VALIDATING_WEBHOOK_NAME: &str = "gate.pods.gpupool.io";
+/// CEL condition of the validating webhook: only updates of pods that carry
+/// the gate are sent, so ordinary pod updates never depend on the webhook
+/// being up. The webhook checks the same itself, so API servers that ignore
+/// match conditions stay correct.
+pub const GATED_PODS_ONLY: &str = "has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == 'gpupool.io/admission')";
 /// Seconds the API server waits for an answer before failing the request.
 pub const TIMEOUT_SECONDS: i32 = 5;
 
@@ -139,6 +144,10 @@ pub fn validating(config: &WebhookConfig, ca_bundle: &str) -> ValidatingWebhookC
             admission_review_versions: vec!["v1".to_owned()],
             client_config: client_config(&config.endpoint, VALIDATE_PATH, ca_bundle),
             failure_policy: Some("Fail".to_owned()),
+            match_conditions: Some(vec![MatchCondition {
+                name: "gated-pods-only".to_owned(),
+                expression: GATED_PODS_ONLY.to_owned(),
+            }]),
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector(config)),
             rules: Some(vec![pod_rule("UPDATE")]),
@@ -276,9 +285,19 @@ mod tests {
         );
         assert!(hook["clientConfig"].get("service").is_none());
         assert_eq!(
+            hook["matchConditions"],
+            json!([{"name": "gated-pods-only", "expression": "has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == 'gpupool.io/admission')"}])
+        );
+        assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],
             json!(["gpupool-system", "kube-system"])
         );
+    }
+
+    #[test]
+    fn match_condition_names_the_gate() {
+        let gate = format!("'{}'", gpupool_api::names::SCHEDULING_GATE);
+        assert!(GATED_PODS_ONLY.contains(&gate), "{GATED_PODS_ONLY}");
     }
 
     #[test]
