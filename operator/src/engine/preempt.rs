@@ -113,7 +113,16 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let pending = terminating.get(&node).map(|e| e.0).unwrap_or(0);
-            let mut have = self.nodes.free(res, node).max(0) as u64 + pending;
+            // Slots already held back for `p` on this node are its own.
+            let reserved: u64 = self
+                .reservations
+                .get(&p)
+                .into_iter()
+                .flatten()
+                .filter(|(n, _)| *n == node)
+                .map(|(_, a)| u64::from(*a))
+                .sum();
+            let mut have = (self.nodes.free(res, node) + reserved as i64).max(0) as u64 + pending;
             let mut chosen = Vec::new();
             let mut evicted = 0u64;
             if have < u64::from(slots) {

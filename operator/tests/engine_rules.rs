@@ -1,0 +1,938 @@
+//! One scenario per admission rule of DESIGN §5, driven through the public
+//! `decide` function with plans applied the way the controller applies them.
+
+use std::collections::BTreeMap;
+
+use gpupool_api::class::{CONDITION_INVALID, CONDITION_READY};
+use gpupool_api::names::LABEL_HOSTNAME;
+use gpupool_api::{
+    GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Ordering,
+    Placement, Preemption, Role,
+};
+use gpupool_operator::engine::{
+    ClassInfo, LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan,
+    PodInfo, PodPhase, RoleLabel, SelectorOperator, Snapshot, Taint, TaintEffect, Toleration,
+    TolerationOperator, decide,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, Time,
+};
+
+const RES: &str = "gpupool/slot";
+
+fn at(sec: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + sec).expect("valid time")
+}
+
+fn class(name: &str) -> ClassInfo {
+    ClassInfo {
+        name: name.into(),
+        generation: Some(1),
+        spec: GpuLeaseClassSpec {
+            default: name == "default",
+            ..GpuLeaseClassSpec::default()
+        },
+        status: None,
+    }
+}
+
+fn node(name: &str, gpus: u32) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        allocatable: [(RES.to_owned(), gpus)].into(),
+        gpus: (0..gpus)
+            .map(|i| NodeGpu {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                product: "Test GPU".into(),
+                vendor: "NVIDIA".into(),
+                memory_mib: 1024,
+                healthy: true,
+            })
+            .collect(),
+        ..NodeInfo::default()
+    }
+}
+
+/// A gated primary pod of the default class, enqueued at `at(enq)`.
+fn pod(name: &str, slots: u32, enq: i64) -> PodInfo {
+    PodInfo {
+        key: ObjectKey::new("team", name),
+        uid: format!("uid-{name}"),
+        class_label: None,
+        role: RoleLabel::Valid(Role::Primary),
+        requests: [(RES.to_owned(), slots)].into(),
+        enqueued_at: Some(at(enq)),
+        created_at: at(enq),
+        phase: PodPhase::Pending,
+        terminating: false,
+        gated: true,
+        node_name: None,
+        node_selector: BTreeMap::new(),
+        required_affinity: None,
+        tolerations: vec![],
+    }
+}
+
+fn helper(name: &str, slots: u32, enq: i64) -> PodInfo {
+    PodInfo {
+        role: RoleLabel::Valid(Role::Helper),
+        ..pod(name, slots, enq)
+    }
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey::new("team", name)
+}
+
+/// Applies a plan as the controller does: creates leases with their status,
+/// deletes stale ones, writes statuses, ungates and pins admitted pods (the
+/// scheduler then binds them and they run), marks evicted pods terminating.
+fn apply(s: &mut Snapshot, plan: &Plan) {
+    s.leases.retain(|l| {
+        !plan
+            .delete_leases
+            .iter()
+            .any(|d| d.key == l.key && d.pod_uid == l.spec.pod_uid)
+    });
+    for n in &plan.create_leases {
+        s.leases.push(LeaseInfo {
+            key: n.key.clone(),
+            spec: n.spec.clone(),
+            status: Some(n.status.clone()),
+        });
+    }
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_statuses.get(&l.key) {
+            l.status = Some(st.clone());
+        }
+    }
+    for a in &plan.admissions {
+        let p = s
+            .pods
+            .iter_mut()
+            .find(|p| p.key == a.key && p.uid == a.pod_uid)
+            .expect("admitted pod exists");
+        p.gated = false;
+        p.node_selector
+            .insert(LABEL_HOSTNAME.into(), a.node.clone());
+        p.node_name = Some(a.node.clone());
+        p.phase = PodPhase::Running;
+    }
+    for e in &plan.evictions {
+        if let Some(p) = s.pods.iter_mut().find(|p| p.key == e.key) {
+            p.terminating = true;
+        }
+    }
+    for (name, st) in &plan.class_statuses {
+        if let Some(c) = s.classes.iter_mut().find(|c| &c.name == name) {
+            c.status = Some(st.clone());
+        }
+    }
+}
+
+/// Runs passes until one changes nothing (bounded); returns the last plan.
+fn settle(s: &mut Snapshot) -> Plan {
+    for _ in 0..20 {
+        let plan = decide(s);
+        apply(s, &plan);
+        if plan.create_leases.is_empty()
+            && plan.delete_leases.is_empty()
+            && plan.admissions.is_empty()
+            && plan.evictions.is_empty()
+            && plan.lease_statuses.is_empty()
+        {
+            return plan;
+        }
+    }
+    panic!("the engine did not settle in 20 passes");
+}
+
+fn lease<'a>(s: &'a Snapshot, name: &str) -> &'a GpuLeaseStatus {
+    s.leases
+        .iter()
+        .find(|l| l.key == key(name))
+        .and_then(|l| l.status.as_ref())
+        .unwrap_or_else(|| panic!("lease team/{name} with a status"))
+}
+
+fn phase(s: &Snapshot, name: &str) -> LeasePhase {
+    lease(s, name).phase
+}
+
+fn message(s: &Snapshot, name: &str) -> String {
+    lease(s, name).message.clone().unwrap_or_default()
+}
+
+fn world(nodes: Vec<NodeInfo>, pods: Vec<PodInfo>) -> Snapshot {
+    Snapshot {
+        now: at(1000),
+        classes: vec![class("default")],
+        nodes,
+        pods,
+        leases: vec![],
+    }
+}
+
+fn finish(s: &mut Snapshot, name: &str) {
+    s.pods.retain(|p| p.key != key(name));
+}
+
+#[test]
+fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
+    let mut other = pod("cpu-only", 0, 1);
+    other.requests = [("cpu".to_owned(), 2)].into();
+    let mut s = world(vec![node("n1", 2)], vec![pod("p1", 1, 1), other]);
+    let plan = decide(&s);
+    assert_eq!(plan.create_leases.len(), 1);
+    let new = &plan.create_leases[0];
+    assert_eq!(new.key, key("p1"));
+    assert_eq!(new.spec.pod_name, "p1");
+    assert_eq!(new.spec.pod_uid, "uid-p1");
+    assert_eq!(new.spec.class_name, "default");
+    assert_eq!(new.spec.slots, 1);
+    assert_eq!(new.status.phase, LeasePhase::Queued);
+    assert_eq!(new.status.sequence, Some(1));
+    assert!(
+        plan.admissions.is_empty(),
+        "not admitted before the sequence is persisted"
+    );
+    apply(&mut s, &plan);
+    let plan = decide(&s);
+    assert!(plan.create_leases.is_empty(), "no second lease");
+    assert_eq!(plan.admissions.len(), 1);
+    assert_eq!(plan.admissions[0].node, "n1");
+}
+
+#[test]
+fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing() {
+    let mut s = world(vec![node("n1", 0)], vec![]);
+    s.leases.push(LeaseInfo {
+        key: ObjectKey::new("old", "gone"),
+        spec: GpuLeaseSpec {
+            class_name: "default".into(),
+            pod_name: "gone".into(),
+            pod_uid: "x".into(),
+            role: Role::Primary,
+            slots: 1,
+        },
+        status: Some(GpuLeaseStatus {
+            phase: LeasePhase::Released,
+            sequence: Some(41),
+            ..GpuLeaseStatus::default()
+        }),
+    });
+    let mut no_stamp = pod("c-no-stamp", 1, 5);
+    no_stamp.enqueued_at = None;
+    no_stamp.created_at = at(2);
+    let mut same_stamp_older = pod("z-same", 1, 3);
+    same_stamp_older.created_at = at(1);
+    s.pods = vec![
+        pod("b", 1, 3),
+        pod("a", 1, 3),
+        no_stamp,
+        same_stamp_older,
+        pod("first", 1, 0),
+    ];
+    let plan = decide(&s);
+    let seq: BTreeMap<String, u64> = plan
+        .create_leases
+        .iter()
+        .map(|n| (n.key.name.clone(), n.status.sequence.expect("sequence")))
+        .collect();
+    assert_eq!(seq["first"], 42);
+    assert_eq!(seq["c-no-stamp"], 43, "no stamp sorts by creationTimestamp");
+    assert_eq!(seq["z-same"], 44, "same stamp: older creation first");
+    assert_eq!(seq["a"], 45, "then by name");
+    assert_eq!(seq["b"], 46);
+    apply(&mut s, &plan);
+    s.now = at(5000);
+    let again = settle(&mut s);
+    assert!(again.create_leases.is_empty());
+    for (name, want) in seq {
+        assert_eq!(
+            lease(&s, &name).sequence,
+            Some(want),
+            "{name} kept its sequence"
+        );
+    }
+}
+
+#[test]
+fn strict_fifo_head_that_does_not_fit_blocks_everyone_behind_it() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![pod("p1", 1, 1), pod("p2", 2, 2), pod("p3", 1, 3)],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "p2"), LeasePhase::Queued);
+    assert_eq!(
+        phase(&s, "p3"),
+        LeasePhase::Queued,
+        "p3 would fit but must wait"
+    );
+    assert_eq!(lease(&s, "p2").position, Some(1));
+    assert_eq!(lease(&s, "p3").position, Some(2));
+    assert_eq!(
+        message(&s, "p3"),
+        "waiting: 1 primaries ahead (head team/p2 needs 2 slots), 1 free slots on 1 matching nodes"
+    );
+    finish(&mut s, "p1");
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Released);
+    assert_eq!(phase(&s, "p2"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "p3"), LeasePhase::Queued);
+}
+
+#[test]
+fn best_effort_fifo_lets_later_primaries_that_fit_pass() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![pod("p1", 1, 1), pod("p2", 2, 2), pod("p3", 1, 3)],
+    );
+    s.classes[0].spec.admission.ordering = Ordering::BestEffortFIFO;
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "p2"), LeasePhase::Queued);
+    assert_eq!(phase(&s, "p3"), LeasePhase::Admitted);
+}
+
+#[test]
+fn a_request_larger_than_any_node_waits_without_blocking_the_queue() {
+    let mut s = world(
+        vec![node("n1", 2), node("n2", 2)],
+        vec![pod("huge", 4, 1), pod("p2", 1, 2)],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "huge"), LeasePhase::Queued);
+    assert_eq!(
+        message(&s, "huge"),
+        "waiting: needs 4 slots; largest matching node has 2"
+    );
+    assert_eq!(phase(&s, "p2"), LeasePhase::Admitted);
+}
+
+#[test]
+fn with_no_matching_node_the_lease_says_so() {
+    let mut s = world(vec![], vec![pod("p1", 1, 1)]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Queued);
+    assert_eq!(
+        message(&s, "p1"),
+        "waiting: no node matches class default yet"
+    );
+    s.nodes.push(node("n1", 1));
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+}
+
+#[test]
+fn pack_fills_the_fullest_node_and_spread_the_emptiest_ties_by_name() {
+    let busy = |name: &str, node: &str| {
+        let mut p = pod(name, 1, 0);
+        p.gated = false;
+        p.node_name = Some(node.into());
+        p.phase = PodPhase::Running;
+        p
+    };
+    // Free: a 3, b 2, c 4, d 4.
+    for (placement, want) in [(Placement::Pack, "b"), (Placement::Spread, "c")] {
+        let mut s = world(
+            vec![node("a", 4), node("b", 4), node("c", 4), node("d", 4)],
+            vec![
+                busy("x1", "a"),
+                busy("x2", "b"),
+                busy("x3", "b"),
+                pod("p", 2, 5),
+            ],
+        );
+        s.classes[0].spec.admission.placement = placement;
+        settle(&mut s);
+        assert_eq!(lease(&s, "p").node.as_deref(), Some(want), "{placement:?}");
+    }
+    // Multi-slot requests land on one node: 3 slots cannot use 2+2.
+    let mut s = world(vec![node("a", 2), node("b", 2)], vec![pod("p", 3, 0)]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "p"), LeasePhase::Queued);
+}
+
+#[test]
+fn node_fit_honours_class_selector_pod_selector_affinity_taints_and_cordons() {
+    let mut labelled = node("gpu-a", 1);
+    labelled.labels.insert("pool".into(), "a".into());
+    let mut tainted = node("gpu-t", 1);
+    tainted.labels.insert("pool".into(), "a".into());
+    tainted.taints.push(Taint {
+        key: "dedicated".into(),
+        value: Some("ml".into()),
+        effect: TaintEffect::NoSchedule,
+    });
+    let mut cordoned = node("gpu-c", 1);
+    cordoned.labels.insert("pool".into(), "a".into());
+    cordoned.unschedulable = true;
+    let outside = node("gpu-b", 4);
+    let mut s = world(
+        vec![labelled, tainted, cordoned, outside],
+        vec![pod("p1", 1, 1), pod("p2", 1, 2)],
+    );
+    s.classes[0].spec.node_selector = Some(LabelSelector {
+        match_labels: Some([("pool".to_owned(), "a".to_owned())].into()),
+        match_expressions: None,
+    });
+    let mut tolerant = pod("p3", 1, 3);
+    tolerant.tolerations.push(Toleration {
+        key: Some("dedicated".into()),
+        operator: TolerationOperator::Equal,
+        value: Some("ml".into()),
+        effect: Some(TaintEffect::NoSchedule),
+    });
+    s.pods.push(tolerant);
+    s.classes[0].spec.admission.ordering = Ordering::BestEffortFIFO;
+    settle(&mut s);
+    assert_eq!(lease(&s, "p1").node.as_deref(), Some("gpu-a"));
+    assert_eq!(
+        phase(&s, "p2"),
+        LeasePhase::Queued,
+        "only the tainted node is left"
+    );
+    assert_eq!(lease(&s, "p3").node.as_deref(), Some("gpu-t"));
+    assert_eq!(s.classes[0].status.as_ref().expect("status").capacity, 3);
+
+    // The pod's own selector and required affinity narrow the class's nodes.
+    let mut zoned = node("z1", 1);
+    zoned.labels.insert("zone".into(), "west".into());
+    let mut s = world(vec![node("n0", 1), zoned], vec![]);
+    let mut by_selector = pod("sel", 1, 1);
+    by_selector
+        .node_selector
+        .insert("zone".into(), "west".into());
+    let mut by_affinity = pod("aff", 1, 2);
+    by_affinity.required_affinity = Some(vec![NodeSelectorTerm {
+        match_expressions: vec![NodeSelectorRequirement {
+            key: "zone".into(),
+            operator: SelectorOperator::NotIn,
+            values: vec!["west".into()],
+        }],
+        match_fields: vec![],
+    }]);
+    s.pods = vec![by_selector, by_affinity];
+    settle(&mut s);
+    assert_eq!(lease(&s, "sel").node.as_deref(), Some("z1"));
+    assert_eq!(lease(&s, "aff").node.as_deref(), Some("n0"));
+}
+
+#[test]
+fn a_pod_no_node_fits_is_told_so_and_does_not_block() {
+    let mut s = world(vec![node("n1", 1)], vec![]);
+    let mut picky = pod("picky", 1, 1);
+    picky.node_selector.insert("zone".into(), "mars".into());
+    s.pods = vec![picky, pod("p2", 1, 2)];
+    settle(&mut s);
+    assert_eq!(
+        message(&s, "picky"),
+        "waiting: none of the 1 nodes of class default fits the pod's nodeSelector, affinity and tolerations"
+    );
+    assert_eq!(phase(&s, "p2"), LeasePhase::Admitted);
+}
+
+#[test]
+fn helpers_wait_while_a_primary_waits_unless_admit_while_queued() {
+    for admit_while_queued in [false, true] {
+        let mut s = world(
+            vec![node("n1", 2), node("n2", 1)],
+            vec![pod("p1", 2, 1), pod("big", 2, 2), helper("h1", 1, 3)],
+        );
+        s.classes[0].spec.helpers.admit_while_queued = admit_while_queued;
+        s.classes[0].spec.helpers.preemption = Preemption::Never;
+        settle(&mut s);
+        assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+        assert_eq!(phase(&s, "big"), LeasePhase::Queued);
+        if admit_while_queued {
+            assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
+        } else {
+            assert_eq!(phase(&s, "h1"), LeasePhase::Queued);
+            assert_eq!(
+                message(&s, "h1"),
+                "waiting: 1 primaries of class default are queued; helpers are admitted only while none wait"
+            );
+        }
+    }
+    // With no primary waiting, helpers take idle GPUs in their own FIFO.
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![helper("h1", 1, 1), helper("h2", 1, 2)],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "h2"), LeasePhase::Admitted);
+}
+
+fn bound(s: &mut Snapshot, name: &str, admitted: i64) {
+    let l = s
+        .leases
+        .iter_mut()
+        .find(|l| l.key == key(name))
+        .expect("lease");
+    let st = l.status.as_mut().expect("status");
+    st.admitted_at = Some(Time(at(admitted)));
+}
+
+#[test]
+fn preemption_evicts_youngest_helpers_only_as_many_as_needed_and_waits_for_them() {
+    let mut s = world(
+        vec![node("n1", 4)],
+        vec![
+            helper("h-old", 1, 1),
+            helper("h-mid", 1, 2),
+            helper("h-young", 1, 3),
+            pod("p-run", 1, 4),
+        ],
+    );
+    settle(&mut s);
+    bound(&mut s, "h-old", 10);
+    bound(&mut s, "h-mid", 20);
+    bound(&mut s, "h-young", 30);
+    s.pods.push(pod("p-new", 2, 100));
+    s.now = at(2000);
+    let plan = settle_until_eviction(&mut s);
+    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_str()).collect();
+    assert_eq!(
+        victims,
+        vec!["h-young", "h-mid"],
+        "youngest first, only 2 slots"
+    );
+    assert!(plan.evictions.iter().all(|e| e.for_primary == key("p-new")));
+    assert!(plan.evictions.iter().all(|e| e.grace_period_seconds == 30));
+    assert_eq!(phase(&s, "h-young"), LeasePhase::Preempting);
+    assert_eq!(
+        lease(&s, "h-young").preempted_by.as_deref(),
+        Some("team/p-new")
+    );
+    assert_eq!(phase(&s, "h-old"), LeasePhase::Admitted);
+    assert_eq!(
+        phase(&s, "p-run"),
+        LeasePhase::Admitted,
+        "never preempt a primary"
+    );
+    assert_eq!(
+        message(&s, "p-new"),
+        "waiting for helpers team/h-mid, team/h-young to terminate"
+    );
+    // Terminating pods still hold their GPUs: nothing more happens.
+    let plan = decide(&s);
+    assert!(plan.admissions.is_empty() && plan.evictions.is_empty());
+    // One victim gone: still not enough, and no second eviction.
+    finish(&mut s, "h-young");
+    let plan = decide(&s);
+    assert!(plan.admissions.is_empty(), "{:?}", plan.admissions);
+    assert!(plan.evictions.is_empty(), "never evict more than needed");
+    apply(&mut s, &plan);
+    finish(&mut s, "h-mid");
+    settle(&mut s);
+    assert_eq!(phase(&s, "p-new"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "h-young"), LeasePhase::Released);
+    assert_eq!(phase(&s, "h-old"), LeasePhase::Admitted);
+}
+
+fn settle_until_eviction(s: &mut Snapshot) -> Plan {
+    for _ in 0..5 {
+        let plan = decide(s);
+        apply(s, &plan);
+        if !plan.evictions.is_empty() {
+            return plan;
+        }
+    }
+    panic!("no eviction planned");
+}
+
+#[test]
+fn helpers_younger_than_min_runtime_are_not_preempted() {
+    let mut s = world(vec![node("n1", 1)], vec![helper("h1", 1, 1)]);
+    s.classes[0].spec.helpers.min_runtime_seconds = 600;
+    settle(&mut s);
+    bound(&mut s, "h1", 900);
+    s.pods.push(pod("p1", 1, 950));
+    settle(&mut s);
+    assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
+    assert!(
+        message(&s, "p1").contains("younger than minRuntimeSeconds"),
+        "{}",
+        message(&s, "p1")
+    );
+    s.now = at(1600);
+    let plan = decide(&s);
+    assert_eq!(plan.evictions.len(), 1, "old enough now");
+}
+
+#[test]
+fn preemption_never_leaves_helpers_alone() {
+    let mut s = world(vec![node("n1", 1)], vec![helper("h1", 1, 1)]);
+    s.classes[0].spec.helpers.preemption = Preemption::Never;
+    settle(&mut s);
+    s.pods.push(pod("p1", 1, 5));
+    let plan = settle(&mut s);
+    assert!(plan.evictions.is_empty());
+    assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
+    assert!(message(&s, "p1").contains("no helper can be preempted"));
+}
+
+#[test]
+fn slots_freed_by_preemption_are_reserved_for_the_primary() {
+    let mut s = world(vec![node("n1", 2)], vec![helper("h1", 2, 1)]);
+    s.classes[0].spec.helpers.admit_while_queued = true;
+    settle(&mut s);
+    s.pods.push(pod("p1", 2, 10));
+    settle_until_eviction(&mut s);
+    // Helper h1 is terminating; a new helper that could use idle slots arrives.
+    s.pods.push(helper("h2", 1, 20));
+    settle(&mut s);
+    finish(&mut s, "h1");
+    // Another class sharing the node must not take the freed slots either.
+    let mut other = class("other");
+    other.spec.default = false;
+    s.classes.push(other);
+    let mut stranger = pod("stranger", 1, 30);
+    stranger.class_label = Some("other".into());
+    s.pods.push(stranger);
+    settle(&mut s);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "h2"), LeasePhase::Queued);
+    assert_eq!(phase(&s, "stranger"), LeasePhase::Queued);
+}
+
+#[test]
+fn released_when_the_pod_is_gone_succeeded_or_failed_and_its_slots_free() {
+    let mut s = world(
+        vec![node("n1", 3)],
+        vec![
+            pod("gone", 1, 1),
+            pod("ok", 1, 2),
+            pod("bad", 1, 3),
+            pod("next", 3, 4),
+        ],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "next"), LeasePhase::Queued);
+    s.now = at(3000);
+    finish(&mut s, "gone");
+    for (name, ph) in [("ok", PodPhase::Succeeded), ("bad", PodPhase::Failed)] {
+        s.pods
+            .iter_mut()
+            .find(|p| p.key == key(name))
+            .expect("pod")
+            .phase = ph;
+    }
+    settle(&mut s);
+    for name in ["gone", "ok", "bad"] {
+        let st = lease(&s, name);
+        assert_eq!(st.phase, LeasePhase::Released, "{name}");
+        assert_eq!(st.released_at, Some(Time(at(3000))));
+        assert_eq!(st.position, None);
+    }
+    assert_eq!(message(&s, "ok"), "released: pod succeeded");
+    assert_eq!(message(&s, "gone"), "released: pod is gone");
+    assert_eq!(phase(&s, "next"), LeasePhase::Admitted);
+}
+
+#[test]
+fn a_replaced_pod_gets_its_stale_lease_deleted_before_a_new_one() {
+    let mut s = world(vec![node("n1", 1)], vec![pod("p", 1, 1), pod("q", 1, 2)]);
+    settle(&mut s);
+    let mut again = pod("p", 1, 50);
+    again.uid = "uid-p-2".into();
+    s.pods[0] = again;
+    let plan = decide(&s);
+    assert_eq!(plan.delete_leases.len(), 1);
+    assert_eq!(plan.delete_leases[0].pod_uid, "uid-p");
+    assert!(
+        plan.create_leases.is_empty(),
+        "never two leases for one key"
+    );
+    apply(&mut s, &plan);
+    let plan = decide(&s);
+    assert_eq!(plan.create_leases.len(), 1);
+    assert_eq!(plan.create_leases[0].pod_uid, "uid-p-2");
+    assert_eq!(
+        plan.create_leases[0].status.sequence,
+        Some(3),
+        "above q's 2"
+    );
+}
+
+#[test]
+fn an_ungated_pod_is_admitted_already_and_bound_once_gpus_are_reported() {
+    let mut running = pod("outside", 1, 1);
+    running.gated = false;
+    running.node_name = Some("n1".into());
+    running.phase = PodPhase::Running;
+    let mut s = world(vec![node("n1", 2)], vec![running, pod("p2", 2, 2)]);
+    let plan = settle(&mut s);
+    assert!(plan.admissions.iter().all(|a| a.key != key("outside")));
+    assert_eq!(phase(&s, "outside"), LeasePhase::Admitted);
+    assert_eq!(lease(&s, "outside").node.as_deref(), Some("n1"));
+    assert_eq!(
+        phase(&s, "p2"),
+        LeasePhase::Queued,
+        "the outside pod holds a slot"
+    );
+    // The device plugin reports the GPU: Admitted → Bound, and it stays Bound.
+    let l = s
+        .leases
+        .iter_mut()
+        .find(|l| l.key == key("outside"))
+        .expect("lease");
+    l.status.as_mut().expect("status").gpus = vec![LeaseGpu {
+        index: 1,
+        uuid: "GPU-n1-1".into(),
+        product: None,
+    }];
+    s.now = at(1500);
+    settle(&mut s);
+    let st = lease(&s, "outside");
+    assert_eq!(st.phase, LeasePhase::Bound);
+    assert_eq!(st.bound_at, Some(Time(at(1500))));
+    assert_eq!(
+        st.gpus.len(),
+        1,
+        "GPUs written by the device plugin are kept"
+    );
+    let slots = &s.classes[0].status.as_ref().expect("status").slots;
+    let on_gpu1 = slots.iter().find(|e| e.gpu == 1).expect("gpu 1");
+    assert_eq!(on_gpu1.lease.as_deref(), Some("team/outside"));
+}
+
+#[test]
+fn two_default_classes_are_both_invalid_and_their_pods_rejected_until_fixed() {
+    let mut s = world(vec![node("n1", 1)], vec![pod("p1", 1, 1)]);
+    let mut second = class("zz-also-default");
+    second.spec.default = true;
+    s.classes.push(second);
+    settle(&mut s);
+    for (name, other) in [
+        ("default", "zz-also-default"),
+        ("zz-also-default", "default"),
+    ] {
+        let st = s
+            .classes
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.status.as_ref())
+            .expect("class status");
+        let invalid = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_INVALID)
+            .expect("Invalid condition");
+        assert_eq!(invalid.status, "True");
+        assert_eq!(invalid.reason, "MultipleDefaults");
+        assert!(invalid.message.contains(other), "{}", invalid.message);
+    }
+    assert_eq!(phase(&s, "p1"), LeasePhase::Rejected);
+    assert!(
+        message(&s, "p1").contains("is invalid"),
+        "{}",
+        message(&s, "p1")
+    );
+    s.classes.retain(|c| c.name == "default");
+    settle(&mut s);
+    assert_eq!(
+        phase(&s, "p1"),
+        LeasePhase::Admitted,
+        "Rejected is not final"
+    );
+    let st = s.classes[0].status.as_ref().expect("status");
+    let ready = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_READY)
+        .expect("Ready");
+    assert_eq!(ready.status, "True");
+}
+
+#[test]
+fn an_unevaluable_node_selector_makes_the_class_invalid() {
+    let mut s = world(vec![node("n1", 1)], vec![pod("p1", 1, 1)]);
+    s.classes[0].spec.node_selector = Some(LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "zone".into(),
+            operator: "Near".into(),
+            values: None,
+        }]),
+    });
+    settle(&mut s);
+    let st = s.classes[0].status.as_ref().expect("status");
+    let invalid = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_INVALID)
+        .expect("Invalid");
+    assert_eq!(invalid.status, "True");
+    assert_eq!(invalid.reason, "InvalidNodeSelector");
+    assert!(invalid.message.contains("Near"), "{}", invalid.message);
+    assert_eq!(phase(&s, "p1"), LeasePhase::Rejected);
+}
+
+#[test]
+fn unknown_class_and_bad_role_are_rejected_with_a_message_naming_them() {
+    let mut lost = pod("lost", 1, 1);
+    lost.class_label = Some("nope".into());
+    let mut odd = pod("odd", 1, 2);
+    odd.role = RoleLabel::Invalid("boss".into());
+    let mut s = world(vec![node("n1", 2)], vec![lost, odd]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "lost"), LeasePhase::Rejected);
+    assert!(message(&s, "lost").contains("GpuLeaseClass nope does not exist"));
+    assert_eq!(phase(&s, "odd"), LeasePhase::Rejected);
+    assert!(message(&s, "odd").contains("\"boss\""));
+    let mut nope = class("nope");
+    nope.spec.default = false;
+    s.classes.push(nope);
+    settle(&mut s);
+    assert_eq!(phase(&s, "lost"), LeasePhase::Admitted);
+}
+
+#[test]
+fn unmanaged_and_terminating_pods_hold_their_slots() {
+    let mut stranger = pod("stranger", 0, 0);
+    stranger.requests = [(RES.to_owned(), 1)].into();
+    stranger.class_label = Some("unrelated".into());
+    stranger.requests = [("other/res".to_owned(), 1), (RES.to_owned(), 0)].into();
+    let mut pinned = pod("pinned-other", 0, 0);
+    pinned.class_label = None;
+    pinned.requests = [(RES.to_owned(), 1)].into();
+    pinned.gated = false;
+    pinned
+        .node_selector
+        .insert(LABEL_HOSTNAME.into(), "n1".into());
+    let mut dying = pod("dying", 1, 0);
+    dying.gated = false;
+    dying.node_name = Some("n1".into());
+    dying.terminating = true;
+    let mut s = world(vec![node("n1", 3)], vec![pinned, dying, pod("p", 2, 5)]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "p"), LeasePhase::Queued, "1 free slot left");
+    let st = s.classes[0].status.as_ref().expect("status");
+    assert_eq!((st.capacity, st.free), (3, 1));
+    finish(&mut s, "dying");
+    settle(&mut s);
+    assert_eq!(phase(&s, "p"), LeasePhase::Admitted);
+}
+
+#[test]
+fn an_admitted_lease_holds_its_node_before_the_pod_shows_the_pin_and_is_driven_again() {
+    let mut s = world(vec![node("n1", 1)], vec![pod("p1", 1, 1), pod("p2", 1, 2)]);
+    let plan = decide(&s);
+    apply(&mut s, &plan);
+    let plan = decide(&s);
+    assert_eq!(plan.admissions.len(), 1);
+    // The lease status is written but the pod patch is lost (a restart).
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_statuses.get(&l.key) {
+            l.status = Some(st.clone());
+        }
+    }
+    let plan = decide(&s);
+    assert_eq!(plan.admissions.len(), 1, "driven again");
+    assert_eq!(plan.admissions[0].key, key("p1"));
+    assert_eq!(plan.admissions[0].node, "n1");
+    assert!(
+        !plan.admissions.iter().any(|a| a.key == key("p2")),
+        "slot still held"
+    );
+}
+
+#[test]
+fn class_status_counts_queue_head_and_per_gpu_slots() {
+    let mut s = world(
+        vec![node("n1", 2), node("n2", 2)],
+        vec![
+            pod("p1", 1, 1),
+            pod("p2", 2, 2),
+            pod("p3", 2, 3),
+            helper("h1", 1, 4),
+            helper("h2", 1, 5),
+        ],
+    );
+    s.classes[0].spec.snapshot.max_slots = 3;
+    settle(&mut s);
+    let st = s.classes[0].status.as_ref().expect("status");
+    assert_eq!(st.observed_generation, Some(1));
+    assert_eq!((st.capacity, st.free), (4, 1));
+    assert_eq!((st.admitted, st.queued), (2, 1));
+    assert_eq!(
+        (st.admitted_helpers, st.queued_helpers, st.preempting),
+        (0, 2, 0)
+    );
+    let head: Vec<(&str, Role, u32)> = st
+        .queue
+        .iter()
+        .map(|q| (q.lease.as_str(), q.role, q.position))
+        .collect();
+    assert_eq!(
+        head,
+        vec![
+            ("team/p3", Role::Primary, 1),
+            ("team/h1", Role::Helper, 1),
+            ("team/h2", Role::Helper, 2)
+        ]
+    );
+    assert_eq!(st.queue[0].queued_at, Some(Time(at(3))));
+    assert_eq!(st.slots.len(), 3);
+    assert!(st.slots_truncated);
+    assert_eq!(st.slots[0].node, "n1");
+    assert_eq!(st.slots[0].uuid.as_deref(), Some("GPU-n1-0"));
+    assert!(st.updated_at.is_none(), "the status writer stamps it");
+    let held: Vec<Option<&str>> = st.slots.iter().map(|e| e.lease.as_deref()).collect();
+    assert_eq!(held, vec![Some("team/p1"), None, Some("team/p2")]);
+}
+
+#[test]
+fn two_classes_over_shared_nodes_never_admit_into_the_same_slot() {
+    let mut narrow = class("narrow");
+    narrow.spec.default = false;
+    narrow.spec.node_selector = Some(LabelSelector {
+        match_labels: Some([("pool".to_owned(), "x".to_owned())].into()),
+        match_expressions: None,
+    });
+    let mut shared = node("shared", 2);
+    shared.labels.insert("pool".into(), "x".into());
+    let mut a = pod("a", 2, 1);
+    a.class_label = Some("narrow".into());
+    let mut s = world(vec![shared], vec![a, pod("b", 2, 2)]);
+    s.classes.push(narrow);
+    settle(&mut s);
+    let admitted: Vec<&str> = ["a", "b"]
+        .into_iter()
+        .filter(|n| phase(&s, n) == LeasePhase::Admitted)
+        .collect();
+    assert_eq!(
+        admitted.len(),
+        1,
+        "one 2-slot node, one admission: {admitted:?}"
+    );
+}
+
+#[test]
+fn same_snapshot_same_plan_and_a_settled_world_plans_nothing() {
+    let mut s = world(
+        vec![node("n1", 2), node("n2", 2)],
+        vec![
+            pod("p1", 1, 1),
+            pod("p2", 2, 2),
+            pod("p3", 2, 3),
+            helper("h1", 1, 4),
+        ],
+    );
+    let first = decide(&s);
+    let mut shuffled = s.clone();
+    shuffled.pods.reverse();
+    shuffled.nodes.reverse();
+    assert_eq!(first, decide(&s));
+    assert_eq!(first, decide(&shuffled), "input order does not matter");
+    let last = settle(&mut s);
+    assert!(last.lease_statuses.is_empty());
+    assert_eq!(decide(&s), last, "stable once applied");
+}
