@@ -1209,3 +1209,57 @@ fn strict_check_rejects_unknown_fields() {
         "{message}"
     );
 }
+
+/// Compares the values schema of `defaultClass.spec` with the CRD's schema of
+/// `GpuLeaseClass.spec`: same fields, types, enums and bounds, so the chart
+/// refuses at `helm install` what the API server would refuse later.
+fn assert_schema_mirrors_crd(path: &str, values: &Value, crd: &Value) {
+    assert_eq!(values["type"], crd["type"], "defaultClass.spec{path}: type");
+    assert_eq!(values["enum"], crd["enum"], "defaultClass.spec{path}: enum");
+    for bound in ["minimum", "maximum"] {
+        assert_eq!(
+            values[bound].as_f64(),
+            crd[bound].as_f64(),
+            "defaultClass.spec{path}: {bound}"
+        );
+    }
+    let (Some(have), Some(want)) = (
+        values["properties"].as_object(),
+        crd["properties"].as_object(),
+    ) else {
+        return;
+    };
+    let have_keys: BTreeSet<&String> = have.keys().collect();
+    let want_keys: BTreeSet<&String> = want.keys().collect();
+    assert_eq!(
+        have_keys, want_keys,
+        "defaultClass.spec{path}: values.schema.json and the GpuLeaseClass CRD list different fields"
+    );
+    for (key, value) in have {
+        assert_schema_mirrors_crd(&format!("{path}.{key}"), value, &want[key]);
+    }
+}
+
+#[test]
+fn default_class_values_schema_mirrors_the_crd() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).expect("schema"),
+    )
+    .expect("values.schema.json is JSON");
+    let crd: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("crds/gpuleaseclasses.yaml")).expect("crd"),
+    )
+    .expect("CRD is YAML");
+    let crd_spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert!(crd_spec.is_object(), "GpuLeaseClass CRD has a spec schema");
+    assert_schema_mirrors_crd(
+        "",
+        &schema["properties"]["defaultClass"]["properties"]["spec"],
+        crd_spec,
+    );
+    assert_eq!(
+        schema["additionalProperties"],
+        Value::Bool(false),
+        "values.schema.json must refuse unknown top-level keys"
+    );
+}
