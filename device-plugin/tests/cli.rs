@@ -1,0 +1,86 @@
+//! Exit codes and messages of the real binary for bad flags and missing NVML.
+
+mod common;
+
+use common::run_to_exit;
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("dir");
+    let missing = dir.path().join("missing.yaml");
+    let bad_yaml = dir.path().join("bad.yaml");
+    std::fs::write(&bad_yaml, "- {index: 0, uuid: GPU-a, colour: red}\n").expect("write");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--sessions-per-gpu".into(), "0".into()],
+            "--sessions-per-gpu",
+        ),
+        (vec!["--discovery".into(), "bogus".into()], "--discovery"),
+        (vec!["--static-gpus".into(), "many".into()], "--static-gpus"),
+        (
+            vec!["--discovery".into(), "static".into()],
+            "--static-gpus N or --static-config",
+        ),
+        (
+            vec!["--static-gpus".into(), "2".into()],
+            "--static-gpus needs --discovery static",
+        ),
+        (vec!["--devices".into(), "0,,1".into()], "--devices"),
+        (
+            vec!["--resource-name".into(), "slot".into()],
+            "--resource-name",
+        ),
+        (vec!["--no-such-flag".into()], "--no-such-flag"),
+        (
+            vec![
+                "--discovery".into(),
+                "static".into(),
+                "--static-config".into(),
+                missing.display().to_string(),
+            ],
+            "--static-config",
+        ),
+        (
+            vec![
+                "--discovery".into(),
+                "static".into(),
+                "--static-config".into(),
+                bad_yaml.display().to_string(),
+            ],
+            "colour",
+        ),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stderr) = run_to_exit(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?} should mention {needle}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn nvml_discovery_without_the_library_exits_1_saying_so() {
+    let (code, stderr) = run_to_exit(&["--discovery", "nvml"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("NVIDIA management library"), "{stderr}");
+    assert!(stderr.contains("libnvidia-ml"), "{stderr}");
+}
+
+#[test]
+fn metrics_port_in_use_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let (code, stderr) = run_to_exit(&[
+        "--discovery",
+        "static",
+        "--static-gpus",
+        "1",
+        "--metrics-port",
+        &port,
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--metrics-port"), "{stderr}");
+}
