@@ -7,10 +7,13 @@
 //! # Wiring it into `main`
 //!
 //! ```text
+//! let webhook_metrics = webhook::WebhookMetrics::register(&mut registry); // before Arc::new(registry)
 //! let config = WebhookConfig::new(args.webhook_port, &namespace, endpoint, args.gate_owner);
-//! let webhook = webhook::start(config, client.clone(), &mut registry).await?; // exit 1 on error
-//! // ...registry may now be shared with the /metrics server...
-//! tokio::spawn(webhook.serve(shutdown_token.cancelled_owned()));
+//! tasks.spawn(async move {
+//!     let webhook = webhook::start(config, client, webhook_metrics).await?; // fatal: exit 1
+//!     // the webhook answers from here on (readiness)
+//!     webhook.serve(shutdown).await
+//! });
 //! ```
 //!
 //! Flags `main` exposes (each with an env var):
@@ -43,15 +46,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, WebhookUrl};
 pub use review::GateOwners;
+pub use server::WebhookMetrics;
 
 use certs::{CertError, CertProblem, TlsBundle};
 use configurations::ConfigurationError;
-use server::{CertResolver, Handler, WebhookMetrics};
+use server::{CertResolver, Handler};
 use stores::{NotSynced, Stores};
 
 /// Why the webhook could not start or keep serving.
@@ -96,15 +99,15 @@ pub struct RunningWebhook {
     handler: Arc<Handler<Stores>>,
 }
 
-/// Prepares the webhook (see the module docs for the order of steps) and
-/// registers its latency histogram in `registry`. Errors are fatal for the
-/// operator (exit 1), except a bind failure, which names `--webhook-port`.
+/// Prepares the webhook (see the module docs for the order of steps),
+/// recording latencies in `metrics` (see [`WebhookMetrics::register`]).
+/// Errors are fatal for the operator (exit 1); a bind failure names
+/// `--webhook-port`.
 pub async fn start(
     config: WebhookConfig,
     client: kube::Client,
-    registry: &mut Registry,
+    metrics: WebhookMetrics,
 ) -> Result<RunningWebhook, WebhookError> {
-    let metrics = WebhookMetrics::register(registry);
     let names = config.endpoint.certificate_names();
     let bundle = certs::ensure_secret(
         client.clone(),
