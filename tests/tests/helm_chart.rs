@@ -1263,3 +1263,61 @@ fn default_class_values_schema_mirrors_the_crd() {
         "values.schema.json must refuse unknown top-level keys"
     );
 }
+
+/// The schema node describing `path` in values.yaml, if the schema declares it.
+fn schema_node<'a>(schema: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter()
+        .try_fold(schema, |node, key| node["properties"].get(key.as_str()))
+}
+
+#[test]
+fn every_declared_value_has_a_comment() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).expect("schema"),
+    )
+    .expect("values.schema.json is JSON");
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml");
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut previous_is_comment = false;
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.is_empty() {
+            previous_is_comment = false;
+            continue;
+        }
+        if trimmed.starts_with('#') {
+            previous_is_comment = true;
+            continue;
+        }
+        let key = trimmed.split_once(':').map(|(k, _)| k);
+        match key {
+            Some(key) if !trimmed.starts_with('-') && !key.contains(' ') => {
+                stack.retain(|(i, _)| *i < indent);
+                stack.push((indent, key.to_owned()));
+                let path: Vec<String> = stack.iter().map(|(_, k)| k.clone()).collect();
+                // Keys inside free-form maps (resources, strategy, ...) are not
+                // declared by the schema and are documented by their parent.
+                if schema_node(&schema, &path).is_some() {
+                    checked += 1;
+                    if !previous_is_comment {
+                        missing.push(format!("line {}: {}", number + 1, path.join(".")));
+                    }
+                }
+            }
+            _ => {}
+        }
+        previous_is_comment = false;
+    }
+    assert!(
+        checked > 50,
+        "only {checked} declared values found in values.yaml"
+    );
+    assert!(
+        missing.is_empty(),
+        "values.yaml values without a comment right above them:\n  {}",
+        missing.join("\n  ")
+    );
+}
