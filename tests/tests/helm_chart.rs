@@ -762,6 +762,16 @@ fn check_device_plugin(m: &Manifests, version: &str, want_args: &[&str], kubelet
         args.contains(&"--node-name=$(NODE_NAME)"),
         "device plugin args {args:?}"
     );
+    let liveness = container
+        .liveness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("device plugin liveness probe");
+    assert_eq!(liveness.path.as_deref(), Some("/healthz"));
+    assert_eq!(
+        liveness.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("metrics".into())
+    );
     let node_name = container
         .env
         .iter()
@@ -986,7 +996,7 @@ fn kind_profile_renders_static_gpus() {
         .unwrap_or_else(|e| panic!("static GPU list is not a list of GPUs: {e}\n{gpus_yaml}"));
     assert_eq!(gpus.len(), 2);
     let entries: Vec<BTreeMap<String, Value>> = serde_yaml::from_str(gpus_yaml).expect("a list");
-    let known = BTreeSet::from(["index", "uuid", "product", "vendor", "memoryMiB"]);
+    let known = BTreeSet::from(["index", "uuid", "product", "vendor", "memoryMiB", "healthy"]);
     for entry in &entries {
         for key in entry.keys() {
             assert!(
@@ -1091,6 +1101,10 @@ fn wrong_value_types_fail_through_the_schema() {
         (
             &["--set", "devicePlugin.sessionsPerGpu=true"],
             &["/devicePlugin/sessionsPerGpu", "want integer"],
+        ),
+        (
+            &["--set", "devicePlugin.sessionsPerGpu=101"],
+            &["/devicePlugin/sessionsPerGpu", "maximum"],
         ),
         (
             &["--set", "devicePlugin.sessionsPerGpu=0"],
