@@ -34,9 +34,9 @@ pub fn decide(snapshot: &Snapshot) -> Plan {
     let mut pass = pass::Pass::new(snapshot);
     pass.count_leases();
     pass.assign_sequences();
-    pass.readmit();
     pass.retry_evictions();
     pass.run_queues();
+    pass.readmit();
     pass.emit_lease_statuses();
     pass.emit_class_statuses();
     pass.plan

@@ -65,6 +65,9 @@ pub(crate) struct Ticket<'a> {
     pub candidate: bool,
     /// For a preempted helper: the waiting primary it makes room for.
     pub serves: Option<usize>,
+    /// Admitted in an earlier pass but the pod still shows its gate: the
+    /// admission patch is driven again.
+    pub redrive: bool,
 }
 
 /// A pod that still runs or may run (it holds its slots until it is gone).
@@ -236,6 +239,7 @@ impl<'a> Pass<'a> {
             message: Message::Unchanged,
             candidate: false,
             serves: None,
+            redrive: false,
         }
     }
 
@@ -360,6 +364,7 @@ impl<'a> Pass<'a> {
             // the admission patch was lost; it is driven again to the same node.
             t.phase = LeasePhase::Admitted;
             t.message = Message::Admitted(t.node);
+            t.redrive = true;
             self.hold(t);
             return;
         }

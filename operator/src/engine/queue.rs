@@ -74,8 +74,11 @@ impl Pass<'_> {
         }
         self.reserve_for_preemptions();
         self.queues = Vec::with_capacity(by_class.len());
-        for (c, q) in by_class.into_iter().enumerate() {
+        for (c, mut q) in by_class.into_iter().enumerate() {
             let (primaries, waiting) = self.run_role(c, Role::Primary, &q.primaries, 0);
+            if waiting > 0 && !self.classes.list[c].info.spec.helpers.admit_while_queued {
+                self.requeue_redriven_helpers(c, &mut q.helpers);
+            }
             let helpers = self.run_role(c, Role::Helper, &q.helpers, waiting).0;
             self.queues.push(ClassQueue { primaries, helpers });
         }
@@ -218,13 +221,33 @@ impl Pass<'_> {
         (queued, waiting)
     }
 
+    /// A helper whose admission never reached its pod (still gated) is not
+    /// started while a primary of its class waits: it goes back to its queue
+    /// and its slots back to the pool.
+    fn requeue_redriven_helpers(&mut self, c: usize, helpers: &mut Vec<usize>) {
+        for i in 0..self.tickets.len() {
+            let t = &mut self.tickets[i];
+            if !(t.redrive && t.class == Some(c) && t.role == Role::Helper) {
+                continue;
+            }
+            if let (Some(res), Some(node)) = (t.res, t.node_idx) {
+                self.nodes.give_back(res, node, t.slots);
+            }
+            t.redrive = false;
+            t.phase = LeasePhase::Queued;
+            t.node = None;
+            t.node_idx = None;
+            t.candidate = true;
+            helpers.push(i);
+        }
+        helpers.sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
+    }
+
     /// Drives again the admissions of leases admitted earlier whose pods
     /// still show the gate (the patch was lost, e.g. in a restart).
     pub fn readmit(&mut self) {
         for t in &self.tickets {
-            if t.phase == LeasePhase::Admitted
-                && t.lease.is_some()
-                && t.pod.is_some_and(|p| p.gated)
+            if t.redrive
                 && let Some(node) = t.node
             {
                 self.plan.admissions.push(Admission {

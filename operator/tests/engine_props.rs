@@ -1,0 +1,928 @@
+//! Property tests: the engine driven through random event sequences in a
+//! small in-test world that applies plans step by step as the controller
+//! does (and can lose the tail of a plan, as an operator restart does),
+//! checking DESIGN §5.8's invariants after every step, plus determinism,
+//! stability and liveness.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpupool_api::names::LABEL_HOSTNAME;
+use gpupool_api::{
+    GpuLeaseClassSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Ordering, Placement,
+    Preemption, Role,
+};
+use gpupool_operator::engine::{
+    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot, decide,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use proptest::prelude::*;
+
+const RES: &str = "gpupool/slot";
+const CASES: u32 = 256;
+
+fn at(sec: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + sec).expect("valid time")
+}
+
+/// Settings of one generated class.
+#[derive(Debug, Clone)]
+struct ClassCfg {
+    strict: bool,
+    spread: bool,
+    admit_while_queued: bool,
+    evict: bool,
+    min_runtime: u32,
+}
+
+fn class_cfg() -> impl Strategy<Value = ClassCfg> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop::bool::weighted(0.25),
+        prop::bool::weighted(0.75),
+        prop_oneof![3 => Just(0u32), 1 => Just(30u32)],
+    )
+        .prop_map(
+            |(strict, spread, admit_while_queued, evict, min_runtime)| ClassCfg {
+                strict,
+                spread,
+                admit_while_queued,
+                evict,
+                min_runtime,
+            },
+        )
+}
+
+fn class_info(name: &str, cfg: &ClassCfg, narrow: bool) -> ClassInfo {
+    let mut spec = GpuLeaseClassSpec {
+        default: !narrow,
+        ..GpuLeaseClassSpec::default()
+    };
+    spec.admission.ordering = if cfg.strict {
+        Ordering::StrictFIFO
+    } else {
+        Ordering::BestEffortFIFO
+    };
+    spec.admission.placement = if cfg.spread {
+        Placement::Spread
+    } else {
+        Placement::Pack
+    };
+    spec.helpers.admit_while_queued = cfg.admit_while_queued;
+    spec.helpers.preemption = if cfg.evict {
+        Preemption::Evict
+    } else {
+        Preemption::Never
+    };
+    spec.helpers.min_runtime_seconds = cfg.min_runtime;
+    spec.snapshot.max_slots = 12;
+    if narrow {
+        spec.node_selector = Some(LabelSelector {
+            match_labels: Some([("pool".to_owned(), "x".to_owned())].into()),
+            match_expressions: None,
+        });
+    }
+    ClassInfo {
+        name: name.into(),
+        generation: Some(1),
+        spec,
+        status: None,
+    }
+}
+
+/// What can happen in the world between and during passes.
+#[derive(Debug, Clone)]
+enum Event {
+    /// A pod arrives (class 0 = default, 1 = narrow, 2 = a class that does not exist).
+    AddPod {
+        name: u8,
+        class: u8,
+        helper: bool,
+        slots: u32,
+        ungated: bool,
+    },
+    /// One decision pass; `cut` loses the plan's tail (an operator restart).
+    Pass {
+        cut: Option<u16>,
+        statuses_first: bool,
+    },
+    /// The scheduler binds pinned or placeable ungated pods.
+    Bind,
+    /// Device plugins report the GPUs of running admitted pods.
+    Plugin,
+    /// A pod finishes (Succeeded or Failed).
+    Finish {
+        pick: u8,
+        fail: bool,
+    },
+    /// A pod is deleted (it terminates first when it runs).
+    Delete {
+        pick: u8,
+    },
+    /// Terminating pods are gone.
+    Terminated,
+    /// The garbage collector deletes leases whose pod is gone.
+    Gc,
+    AddNode {
+        alloc: u32,
+        pool: bool,
+    },
+    RemoveNode {
+        pick: u8,
+    },
+    Resize {
+        pick: u8,
+        alloc: u32,
+    },
+    Tick {
+        secs: u32,
+    },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        6 => (0u8..12, prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8)],
+              prop::bool::weighted(0.35), 1u32..=3, prop::bool::weighted(0.1))
+            .prop_map(|(name, class, helper, slots, ungated)| Event::AddPod { name, class, helper, slots, ungated }),
+        8 => (prop::option::weighted(0.2, any::<u16>()), any::<bool>())
+            .prop_map(|(cut, statuses_first)| Event::Pass { cut, statuses_first }),
+        3 => Just(Event::Bind),
+        2 => Just(Event::Plugin),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(pick, fail)| Event::Finish { pick, fail }),
+        1 => any::<u8>().prop_map(|pick| Event::Delete { pick }),
+        2 => Just(Event::Terminated),
+        1 => Just(Event::Gc),
+        1 => (1u32..=4, any::<bool>()).prop_map(|(alloc, pool)| Event::AddNode { alloc, pool }),
+        1 => any::<u8>().prop_map(|pick| Event::RemoveNode { pick }),
+        1 => (any::<u8>(), 0u32..=4).prop_map(|(pick, alloc)| Event::Resize { pick, alloc }),
+        2 => (1u32..=40).prop_map(|secs| Event::Tick { secs }),
+    ]
+}
+
+/// A generated scenario: classes, starting nodes and events.
+#[derive(Debug, Clone)]
+struct Scenario {
+    classes: Vec<ClassCfg>,
+    nodes: Vec<(u32, bool)>,
+    events: Vec<Event>,
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (
+        prop::collection::vec(class_cfg(), 1..=2),
+        prop::collection::vec((1u32..=4, any::<bool>()), 1..=4),
+        prop::collection::vec(event(), 1..40),
+    )
+        .prop_map(|(classes, nodes, events)| Scenario {
+            classes,
+            nodes,
+            events,
+        })
+}
+
+/// The simulated cluster: the API server's objects and a few counters.
+struct World {
+    s: Snapshot,
+    next_uid: u64,
+    next_node: u32,
+    /// Sequence first seen per pod UID: it must never change.
+    sequences: BTreeMap<String, u64>,
+}
+
+fn gpus(name: &str, n: u32) -> Vec<NodeGpu> {
+    (0..n)
+        .map(|i| NodeGpu {
+            index: i,
+            uuid: format!("GPU-{name}-{i}"),
+            product: "Sim".into(),
+            vendor: "NVIDIA".into(),
+            memory_mib: 0,
+            healthy: true,
+        })
+        .collect()
+}
+
+fn is_live(p: &PodInfo) -> bool {
+    !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
+}
+
+fn placed_on(p: &PodInfo) -> Option<&str> {
+    p.node_name
+        .as_deref()
+        .or_else(|| p.node_selector.get(LABEL_HOSTNAME).map(String::as_str))
+}
+
+impl World {
+    fn new(sc: &Scenario) -> Self {
+        let mut classes = vec![class_info("default", &sc.classes[0], false)];
+        if let Some(cfg) = sc.classes.get(1) {
+            classes.push(class_info("narrow", cfg, true));
+        }
+        let mut w = World {
+            s: Snapshot {
+                now: at(0),
+                classes,
+                nodes: vec![],
+                pods: vec![],
+                leases: vec![],
+            },
+            next_uid: 0,
+            next_node: 0,
+            sequences: BTreeMap::new(),
+        };
+        for &(alloc, pool) in &sc.nodes {
+            w.add_node(alloc, pool);
+        }
+        w
+    }
+
+    fn add_node(&mut self, alloc: u32, pool: bool) {
+        self.next_node += 1;
+        let name = format!("node-{}", self.next_node);
+        let mut labels = BTreeMap::new();
+        if pool {
+            labels.insert("pool".to_owned(), "x".to_owned());
+        }
+        self.s.nodes.push(NodeInfo {
+            gpus: gpus(&name, alloc),
+            name,
+            labels,
+            allocatable: [(RES.to_owned(), alloc)].into(),
+            ..NodeInfo::default()
+        });
+    }
+
+    /// Slots of the resource held per node by live pods bound or pinned there.
+    fn usage(&self) -> BTreeMap<String, u32> {
+        let mut used = BTreeMap::new();
+        for p in self.s.pods.iter().filter(|p| is_live(p)) {
+            if let Some(n) = placed_on(p) {
+                *used.entry(n.to_owned()).or_default() += p.requests.get(RES).copied().unwrap_or(0);
+            }
+        }
+        used
+    }
+
+    fn alloc(&self, node: &str) -> Option<u32> {
+        self.s
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .map(|n| n.allocatable.get(RES).copied().unwrap_or(0))
+    }
+
+    fn pick_pod(&self, pick: u8) -> Option<usize> {
+        (!self.s.pods.is_empty()).then(|| pick as usize % self.s.pods.len())
+    }
+
+    fn apply_event(&mut self, ev: &Event) -> Result<(), TestCaseError> {
+        match *ev {
+            Event::AddPod {
+                name,
+                class,
+                helper,
+                slots,
+                ungated,
+            } => {
+                let key = ObjectKey::new("team", format!("p{name}"));
+                if self.s.pods.iter().any(|p| p.key == key) {
+                    return Ok(()); // the API server refuses a second pod of that name
+                }
+                self.next_uid += 1;
+                let class_label = match class {
+                    0 => None,
+                    1 if self.s.classes.len() > 1 => Some("narrow".to_owned()),
+                    1 => None,
+                    _ => Some("ghost".to_owned()),
+                };
+                self.s.pods.push(PodInfo {
+                    key,
+                    uid: format!("uid-{}", self.next_uid),
+                    class_label,
+                    role: RoleLabel::Valid(if helper { Role::Helper } else { Role::Primary }),
+                    requests: [(RES.to_owned(), slots)].into(),
+                    enqueued_at: (!ungated).then_some(self.s.now),
+                    created_at: self.s.now,
+                    phase: PodPhase::Pending,
+                    terminating: false,
+                    gated: !ungated,
+                    node_name: None,
+                    node_selector: BTreeMap::new(),
+                    required_affinity: None,
+                    tolerations: vec![],
+                });
+            }
+            Event::Pass {
+                cut,
+                statuses_first,
+            } => {
+                self.pass(cut, statuses_first)?;
+            }
+            Event::Bind => self.bind(),
+            Event::Plugin => self.plugin(),
+            Event::Finish { pick, fail } => {
+                if let Some(i) = self.pick_pod(pick) {
+                    let p = &mut self.s.pods[i];
+                    if p.phase == PodPhase::Running {
+                        p.phase = if fail {
+                            PodPhase::Failed
+                        } else {
+                            PodPhase::Succeeded
+                        };
+                    }
+                }
+            }
+            Event::Delete { pick } => {
+                if let Some(i) = self.pick_pod(pick) {
+                    if self.s.pods[i].phase == PodPhase::Running {
+                        self.s.pods[i].terminating = true;
+                    } else {
+                        self.s.pods.remove(i);
+                    }
+                }
+            }
+            Event::Terminated => {
+                self.s.pods.retain(|p| !p.terminating);
+            }
+            Event::Gc => {
+                let pods: BTreeSet<(ObjectKey, String)> = self
+                    .s
+                    .pods
+                    .iter()
+                    .map(|p| (p.key.clone(), p.uid.clone()))
+                    .collect();
+                self.s
+                    .leases
+                    .retain(|l| pods.contains(&(l.key.clone(), l.spec.pod_uid.clone())));
+            }
+            Event::AddNode { alloc, pool } => self.add_node(alloc, pool),
+            Event::RemoveNode { pick } => {
+                if !self.s.nodes.is_empty() {
+                    let i = pick as usize % self.s.nodes.len();
+                    let gone = self.s.nodes.remove(i).name;
+                    // The pod garbage collector fails pods bound to a deleted node.
+                    for p in &mut self.s.pods {
+                        if p.node_name.as_deref() == Some(gone.as_str()) {
+                            p.phase = PodPhase::Failed;
+                        }
+                    }
+                }
+            }
+            Event::Resize { pick, alloc } => {
+                if !self.s.nodes.is_empty() {
+                    let i = pick as usize % self.s.nodes.len();
+                    let n = &mut self.s.nodes[i];
+                    n.allocatable.insert(RES.to_owned(), alloc);
+                    n.gpus = gpus(&n.name, alloc);
+                }
+            }
+            Event::Tick { secs } => {
+                self.s.now = self.s.now + jiff::SignedDuration::from_secs(i64::from(secs));
+            }
+        }
+        Ok(())
+    }
+
+    /// The scheduler: binds pinned ungated pods to their node, and places
+    /// unpinned ungated pods (created without the webhook) where they fit.
+    fn bind(&mut self) {
+        for i in 0..self.s.pods.len() {
+            let p = &self.s.pods[i];
+            if p.gated || p.node_name.is_some() || !is_live(p) {
+                continue;
+            }
+            let target = match p.node_selector.get(LABEL_HOSTNAME) {
+                Some(n) => self.alloc(n).map(|_| n.clone()),
+                None => {
+                    let used = self.usage();
+                    let need = p.requests.get(RES).copied().unwrap_or(0);
+                    self.s
+                        .nodes
+                        .iter()
+                        .find(|n| {
+                            n.allocatable.get(RES).copied().unwrap_or(0)
+                                >= used.get(&n.name).copied().unwrap_or(0) + need
+                        })
+                        .map(|n| n.name.clone())
+                }
+            };
+            if let Some(n) = target {
+                let p = &mut self.s.pods[i];
+                p.node_name = Some(n);
+                p.phase = PodPhase::Running;
+            }
+        }
+    }
+
+    /// Device plugins write the GPUs of running pods into their leases.
+    fn plugin(&mut self) {
+        for i in 0..self.s.leases.len() {
+            let l = &self.s.leases[i];
+            let Some(pod) = self
+                .s
+                .pods
+                .iter()
+                .find(|p| p.key == l.key && p.uid == l.spec.pod_uid)
+            else {
+                continue;
+            };
+            let Some(node) = pod
+                .node_name
+                .clone()
+                .filter(|_| pod.phase == PodPhase::Running)
+            else {
+                continue;
+            };
+            if l.status.as_ref().is_none_or(|s| !s.gpus.is_empty()) {
+                continue;
+            }
+            let taken: BTreeSet<u32> = self
+                .s
+                .leases
+                .iter()
+                .filter_map(|o| o.status.as_ref())
+                .filter(|s| s.node.as_deref() == Some(node.as_str()) && s.phase.holds_slots())
+                .flat_map(|s| s.gpus.iter().map(|g| g.index))
+                .collect();
+            let slots = self.s.leases[i].spec.slots;
+            let chosen: Vec<LeaseGpu> = (0..16u32)
+                .filter(|g| !taken.contains(g))
+                .take(slots as usize)
+                .map(|g| LeaseGpu {
+                    index: g,
+                    uuid: format!("GPU-{node}-{g}"),
+                    product: None,
+                })
+                .collect();
+            if let Some(st) = self.s.leases[i].status.as_mut() {
+                st.gpus = chosen;
+            }
+        }
+    }
+
+    /// Runs one pass, checks the plan, and applies a prefix of its steps.
+    fn pass(&mut self, cut: Option<u16>, statuses_first: bool) -> Result<Plan, TestCaseError> {
+        let plan = decide(&self.s);
+        self.check_plan(&plan)?;
+        let before = self.usage();
+        let steps = steps(&plan, statuses_first);
+        let keep = cut.map_or(steps.len(), |c| c as usize % (steps.len() + 1));
+        for step in &steps[..keep] {
+            self.apply_step(&plan, step)?;
+        }
+        for (name, st) in &plan.class_statuses {
+            if let Some(c) = self.s.classes.iter_mut().find(|c| &c.name == name) {
+                c.status = Some(st.clone());
+            }
+        }
+        self.check_world(&before)?;
+        Ok(plan)
+    }
+
+    fn apply_step(&mut self, plan: &Plan, step: &Step) -> Result<(), TestCaseError> {
+        match *step {
+            Step::Create(i) => {
+                let n = &plan.create_leases[i];
+                prop_assert!(
+                    !self.s.leases.iter().any(|l| l.key == n.key),
+                    "create of {} over an existing lease",
+                    n.key
+                );
+                self.s.leases.push(LeaseInfo {
+                    key: n.key.clone(),
+                    spec: n.spec.clone(),
+                    status: None,
+                });
+            }
+            Step::CreateStatus(i) => {
+                let n = &plan.create_leases[i];
+                if let Some(l) = self.s.leases.iter_mut().find(|l| l.key == n.key) {
+                    l.status = Some(n.status.clone());
+                }
+            }
+            Step::Delete(i) => {
+                let d = &plan.delete_leases[i];
+                self.s
+                    .leases
+                    .retain(|l| !(l.key == d.key && l.spec.pod_uid == d.pod_uid));
+            }
+            Step::Admit(i) => {
+                let a = &plan.admissions[i];
+                let Some(p) = self
+                    .s
+                    .pods
+                    .iter_mut()
+                    .find(|p| p.key == a.key && p.uid == a.pod_uid)
+                else {
+                    return Ok(());
+                };
+                prop_assert!(p.gated, "{} admitted twice", a.key);
+                p.gated = false;
+                p.node_selector
+                    .insert(LABEL_HOSTNAME.into(), a.node.clone());
+            }
+            Step::Evict(i) => {
+                let e = &plan.evictions[i];
+                if let Some(p) = self
+                    .s
+                    .pods
+                    .iter_mut()
+                    .find(|p| p.key == e.key && p.uid == e.pod_uid)
+                {
+                    if p.phase == PodPhase::Running || !p.gated {
+                        p.terminating = true;
+                    } else {
+                        p.phase = PodPhase::Failed;
+                    }
+                }
+            }
+            Step::Status(ref key) => {
+                let st = &plan.lease_statuses[key];
+                if let Some(l) = self.s.leases.iter_mut().find(|l| &l.key == key) {
+                    // The device plugin owns status.gpus; the operator's write keeps them.
+                    let gpus = l
+                        .status
+                        .as_ref()
+                        .map(|s| s.gpus.clone())
+                        .unwrap_or_default();
+                    let mut st = st.clone();
+                    if st.gpus.is_empty() {
+                        st.gpus = gpus;
+                    }
+                    l.status = Some(st);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lease_status<'a>(&'a self, plan: &'a Plan, key: &ObjectKey) -> Option<&'a GpuLeaseStatus> {
+        plan.lease_statuses.get(key).or_else(|| {
+            self.s
+                .leases
+                .iter()
+                .find(|l| &l.key == key)
+                .and_then(|l| l.status.as_ref())
+                .or_else(|| {
+                    plan.create_leases
+                        .iter()
+                        .find(|n| &n.key == key)
+                        .map(|n| &n.status)
+                })
+        })
+    }
+
+    /// True when a primary of `class` asking for `slots` could fit somewhere
+    /// by waiting (no constraints of its own in this world).
+    fn possible(&self, class: &str, slots: u32) -> bool {
+        let narrow = class == "narrow";
+        self.s
+            .nodes
+            .iter()
+            .filter(|n| !narrow || n.labels.get("pool").is_some_and(|v| v == "x"))
+            .any(|n| n.allocatable.get(RES).copied().unwrap_or(0) >= slots)
+    }
+
+    /// Invariants a plan must satisfy against the state it was computed from.
+    fn check_plan(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        // Deletions only ever target leases of replaced pods.
+        for d in &plan.delete_leases {
+            let pod = self.s.pods.iter().find(|p| p.key == d.key);
+            prop_assert!(
+                pod.is_some_and(|p| p.uid != d.pod_uid),
+                "lease {} deleted though its pod is not replaced",
+                d.key
+            );
+        }
+        // One lease per pod key, and new sequences above every existing one.
+        let highest = self
+            .s
+            .leases
+            .iter()
+            .filter_map(|l| l.status.as_ref()?.sequence)
+            .max()
+            .unwrap_or(0);
+        for n in &plan.create_leases {
+            prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
+            prop_assert!(n.status.sequence.is_some_and(|s| s > highest));
+        }
+        let mut admitted = BTreeSet::new();
+        for a in &plan.admissions {
+            prop_assert!(
+                admitted.insert(a.key.clone()),
+                "{} admitted twice in one plan",
+                a.key
+            );
+            let pod = self
+                .s
+                .pods
+                .iter()
+                .find(|p| p.key == a.key && p.uid == a.pod_uid);
+            prop_assert!(pod.is_some_and(|p| p.gated), "{} is not waiting", a.key);
+            let lease = self.s.leases.iter().find(|l| l.key == a.key);
+            let persisted = lease.and_then(|l| l.status.as_ref());
+            prop_assert!(
+                persisted.is_some_and(|s| s.sequence.is_some()),
+                "{} admitted before its sequence was persisted",
+                a.key
+            );
+            // An admission driven again goes to the node already chosen,
+            // unless that node is gone.
+            if let Some(st) = persisted.filter(|s| {
+                s.phase == LeasePhase::Admitted
+                    && s.node.as_deref().is_some_and(|n| self.alloc(n).is_some())
+            }) {
+                prop_assert_eq!(st.node.as_deref(), Some(a.node.as_str()));
+            }
+        }
+        // Sequences never change.
+        for l in &self.s.leases {
+            if let (Some(new), Some(old)) = (
+                plan.lease_statuses.get(&l.key).and_then(|s| s.sequence),
+                l.status.as_ref().and_then(|s| s.sequence),
+            ) {
+                prop_assert_eq!(new, old, "sequence of {} changed", l.key);
+            }
+        }
+        // FIFO order and helper gating, per class.
+        for class in &self.s.classes {
+            let leases: Vec<(&LeaseInfo, &GpuLeaseStatus)> = self
+                .s
+                .leases
+                .iter()
+                .filter(|l| l.spec.class_name == class.name)
+                .filter_map(|l| Some((l, self.lease_status(plan, &l.key)?)))
+                .collect();
+            let waiting_after = |role: Role, below: u64| {
+                leases.iter().any(|(l, st)| {
+                    l.spec.role == role
+                        && st.phase == LeasePhase::Queued
+                        && st.sequence.is_some_and(|s| s < below)
+                        && self.possible(&class.name, l.spec.slots)
+                        && self.s.pods.iter().any(|p| {
+                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
+                        })
+                })
+            };
+            let new_primary_waiting = plan.create_leases.iter().any(|n| {
+                n.spec.class_name == class.name
+                    && n.spec.role == Role::Primary
+                    && n.status.phase == LeasePhase::Queued
+                    && self.possible(&class.name, n.spec.slots)
+            });
+            for a in &plan.admissions {
+                let Some((l, st)) = leases.iter().find(|(l, _)| l.key == a.key) else {
+                    continue;
+                };
+                let seq = st.sequence.unwrap_or(0);
+                if l.spec.role == Role::Primary
+                    && class.spec.admission.ordering == Ordering::StrictFIFO
+                {
+                    prop_assert!(
+                        !waiting_after(Role::Primary, seq),
+                        "StrictFIFO: {} admitted while an earlier primary waits",
+                        a.key
+                    );
+                }
+                if l.spec.role == Role::Helper && !class.spec.helpers.admit_while_queued {
+                    prop_assert!(
+                        !waiting_after(Role::Primary, u64::MAX) && !new_primary_waiting,
+                        "helper {} admitted while a primary of {} waits",
+                        a.key,
+                        class.name
+                    );
+                }
+            }
+            // The per-GPU snapshot gives no lease more entries than slots.
+            if let Some(st) = plan.class_statuses.get(&class.name) {
+                let mut per_lease: BTreeMap<&str, u32> = BTreeMap::new();
+                for e in &st.slots {
+                    if let Some(l) = &e.lease {
+                        *per_lease.entry(l.as_str()).or_default() += 1;
+                    }
+                }
+                for (lease, n) in per_lease {
+                    let slots = self
+                        .s
+                        .leases
+                        .iter()
+                        .chain(std::iter::empty())
+                        .find(|l| l.key.to_string() == lease)
+                        .map(|l| l.spec.slots)
+                        .unwrap_or(u32::MAX);
+                    prop_assert!(n <= slots, "{lease} shown on {n} slots");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariants of the world after a (possibly partial) plan was applied.
+    fn check_world(&mut self, before: &BTreeMap<String, u32>) -> Result<(), TestCaseError> {
+        for (node, used) in self.usage() {
+            let Some(alloc) = self.alloc(&node) else {
+                continue;
+            };
+            // A node whose allocatable shrank may stay over-committed, but
+            // the engine never adds to it.
+            let prior = before.get(&node).copied().unwrap_or(0);
+            prop_assert!(
+                used <= alloc || used <= prior,
+                "node {node}: {used} slots held, {alloc} allocatable (was {prior})"
+            );
+        }
+        let mut keys = BTreeSet::new();
+        for l in &self.s.leases {
+            prop_assert!(keys.insert(&l.key), "two leases for {}", l.key);
+            if let Some(seq) = l.status.as_ref().and_then(|s| s.sequence) {
+                let first = *self.sequences.entry(l.spec.pod_uid.clone()).or_insert(seq);
+                prop_assert_eq!(first, seq, "sequence of {} changed", l.key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes (with the scheduler and device plugins running) until a plan
+    /// changes nothing; fails if that takes more than `bound` passes.
+    fn quiesce(&mut self, bound: usize) -> Result<Plan, TestCaseError> {
+        for _ in 0..bound {
+            self.bind();
+            self.plugin();
+            let plan = self.pass(None, false)?;
+            if plan.create_leases.is_empty()
+                && plan.delete_leases.is_empty()
+                && plan.admissions.is_empty()
+                && plan.evictions.is_empty()
+                && plan.lease_statuses.is_empty()
+            {
+                return Ok(plan);
+            }
+            // Evicted pods terminate; deleted pods' leases are collected.
+            self.apply_event(&Event::Terminated)?;
+        }
+        Err(TestCaseError::fail(format!(
+            "no quiet state after {bound} passes"
+        )))
+    }
+
+    /// Every live pod that requests the resource and names a class (or the
+    /// default) has exactly one lease, with its UID.
+    fn check_leases_cover_pods(&self) -> Result<(), TestCaseError> {
+        for p in self.s.pods.iter().filter(|p| is_live(p)) {
+            let n = self
+                .s
+                .leases
+                .iter()
+                .filter(|l| l.key == p.key && l.spec.pod_uid == p.uid)
+                .count();
+            prop_assert_eq!(n, 1, "live pod {} has {} leases", &p.key, n);
+        }
+        Ok(())
+    }
+}
+
+/// One write the controller makes while applying a plan.
+#[derive(Debug, Clone)]
+enum Step {
+    Create(usize),
+    CreateStatus(usize),
+    Delete(usize),
+    Admit(usize),
+    Evict(usize),
+    Status(ObjectKey),
+}
+
+fn steps(plan: &Plan, statuses_first: bool) -> Vec<Step> {
+    let mut out = Vec::new();
+    for i in 0..plan.create_leases.len() {
+        out.push(Step::Create(i));
+        out.push(Step::CreateStatus(i));
+    }
+    out.extend((0..plan.delete_leases.len()).map(Step::Delete));
+    let statuses: Vec<Step> = plan
+        .lease_statuses
+        .keys()
+        .cloned()
+        .map(Step::Status)
+        .collect();
+    let actions: Vec<Step> = (0..plan.admissions.len())
+        .map(Step::Admit)
+        .chain((0..plan.evictions.len()).map(Step::Evict))
+        .collect();
+    if statuses_first {
+        out.extend(statuses);
+        out.extend(actions);
+    } else {
+        out.extend(actions);
+        out.extend(statuses);
+    }
+    out
+}
+
+fn shuffled(s: &Snapshot) -> Snapshot {
+    let mut t = s.clone();
+    t.pods.reverse();
+    t.leases.reverse();
+    t.nodes.reverse();
+    t.classes.reverse();
+    t
+}
+
+fn run_events(w: &mut World, sc: &Scenario) -> Result<(), TestCaseError> {
+    for ev in &sc.events {
+        w.apply_event(ev)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        // Failures print their minimal input; nothing is written beside the sources.
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(CASES)
+    })]
+
+    /// DESIGN §5.8 after every step, through restarts that lose plan tails.
+    #[test]
+    fn invariants_hold_after_every_event(sc in scenario()) {
+        let mut w = World::new(&sc);
+        run_events(&mut w, &sc)?;
+        w.quiesce(12)?;
+        w.apply_event(&Event::Gc)?;
+        w.quiesce(12)?;
+        w.check_leases_cover_pods()?;
+    }
+
+    /// The same snapshot gives the same plan, whatever the input order.
+    #[test]
+    fn decisions_are_deterministic(sc in scenario()) {
+        let mut w = World::new(&sc);
+        for ev in &sc.events {
+            w.apply_event(ev)?;
+            let a = decide(&w.s);
+            prop_assert_eq!(&a, &decide(&w.s));
+            prop_assert_eq!(&a, &decide(&shuffled(&w.s)));
+        }
+    }
+
+    /// Once the world is quiet, applying a plan and re-running changes
+    /// nothing: no lease status, no class status, no action.
+    #[test]
+    fn a_quiet_world_is_stable(sc in scenario()) {
+        let mut w = World::new(&sc);
+        run_events(&mut w, &sc)?;
+        let last = w.quiesce(12)?;
+        let again = decide(&w.s);
+        prop_assert_eq!(&again, &last);
+        for c in &w.s.classes {
+            prop_assert_eq!(c.status.as_ref(), again.class_statuses.get(&c.name));
+        }
+    }
+
+    /// When running pods finish and no new ones come, every queued lease is
+    /// eventually admitted or reported impossible.
+    #[test]
+    fn every_queued_lease_is_eventually_admitted_or_impossible(sc in scenario()) {
+        let mut w = World::new(&sc);
+        run_events(&mut w, &sc)?;
+        let rounds = w.s.pods.len() * 2 + 4;
+        for _ in 0..rounds {
+            w.quiesce(12)?;
+            // Every admitted pod runs and finishes.
+            w.bind();
+            for p in &mut w.s.pods {
+                if p.phase == PodPhase::Running {
+                    p.phase = PodPhase::Succeeded;
+                }
+            }
+            w.apply_event(&Event::Terminated)?;
+            w.apply_event(&Event::Tick { secs: 60 })?;
+        }
+        w.quiesce(12)?;
+        for l in &w.s.leases {
+            let st = l.status.as_ref().expect("every lease has a status once quiet");
+            let pod_live = w.s.pods.iter().any(|p| p.key == l.key && p.uid == l.spec.pod_uid && is_live(p));
+            if !pod_live {
+                prop_assert_eq!(st.phase, LeasePhase::Released, "{}", &l.key);
+                continue;
+            }
+            let msg = st.message.clone().unwrap_or_default();
+            match st.phase {
+                LeasePhase::Queued => prop_assert!(
+                    !w.possible(&l.spec.class_name, l.spec.slots),
+                    "{} still queued though it could fit: {}", &l.key, msg
+                ),
+                LeasePhase::Rejected => prop_assert!(
+                    l.spec.class_name == "ghost", "{} rejected: {}", &l.key, msg
+                ),
+                // Pending ungated pods the scheduler cannot place yet.
+                LeasePhase::Admitted => prop_assert!(
+                    w.s.pods.iter().any(|p| p.key == l.key && !p.gated && p.node_name.is_none()),
+                    "{} admitted but not running", &l.key
+                ),
+                other => prop_assert!(false, "{} left {:?}: {}", &l.key, other, msg),
+            }
+        }
+    }
+}
