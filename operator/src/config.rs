@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::webhook::WebhookEndpoint;
+
 /// Namespace used when neither `--namespace`, `POD_NAMESPACE` nor the
 /// in-cluster service-account namespace file says otherwise.
 pub const FALLBACK_NAMESPACE: &str = "gpupool-system";
@@ -44,13 +46,18 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// Service (NAMESPACE/NAME) the API server calls the webhook through, in a cluster.
+    /// Service (NAMESPACE/NAME[:PORT]) the API server calls the webhook through, in a cluster.
     #[arg(long, env = "GPUPOOL_WEBHOOK_SERVICE", conflicts_with = "webhook_url")]
     pub webhook_service: Option<String>,
 
-    /// URL the API server calls the webhook at, outside a cluster (https://…).
+    /// URL the API server calls the webhook at, outside a cluster (https://HOST[:PORT][/PATH]).
     #[arg(long, env = "GPUPOOL_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
+
+    /// Users allowed to remove the scheduling gate (repeatable or comma-separated).
+    /// Default: the service account system:serviceaccount:<namespace>:gpupool-operator.
+    #[arg(long, env = "GPUPOOL_GATE_OWNERS", value_delimiter = ',')]
+    pub gate_owner: Vec<String>,
 
     /// Seconds between decision passes when nothing changes (a safety net;
     /// changes trigger passes at once).
@@ -71,32 +78,15 @@ pub enum ConfigError {
         "one of --webhook-service NAMESPACE/NAME (in a cluster) or --webhook-url URL (outside one) is required"
     )]
     NoWebhookEndpoint,
-    /// `--webhook-service` is not `NAMESPACE/NAME`.
-    #[error("--webhook-service must be NAMESPACE/NAME, got {0:?}")]
-    BadWebhookService(String),
-    /// `--webhook-url` is not an https URL.
-    #[error("--webhook-url must be an https:// URL with a host, got {0:?}")]
-    BadWebhookUrl(String),
+    /// `--webhook-service` or `--webhook-url` does not parse (the message names the flag).
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::ConfigError),
     /// `--namespace` is empty or not a DNS label.
     #[error("--namespace must be a DNS label (lowercase letters, digits, '-'), got {0:?}")]
     BadNamespace(String),
     /// Both listeners were asked for the same port.
     #[error("--metrics-port and --webhook-port must differ (both are {0})")]
     SamePort(u16),
-}
-
-/// How the API server reaches the webhook.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WebhookEndpoint {
-    /// Through a Service in the cluster.
-    Service {
-        /// Service namespace.
-        namespace: String,
-        /// Service name.
-        name: String,
-    },
-    /// At a URL (outside a cluster, e.g. the simulator).
-    Url(String),
 }
 
 /// The validated configuration the operator runs with.
@@ -112,6 +102,8 @@ pub struct Config {
     pub namespace: String,
     /// How the API server reaches the webhook.
     pub webhook_endpoint: WebhookEndpoint,
+    /// Users allowed to remove the gate (empty: the operator's service account).
+    pub gate_owners: Vec<String>,
     /// Period of the safety-net pass.
     pub resync: Duration,
     /// Leader-election identity.
@@ -122,8 +114,8 @@ impl Args {
     /// Checks the flags and fills in defaults from the environment.
     pub fn validate(self) -> Result<Config, ConfigError> {
         let webhook_endpoint = match (self.webhook_service, self.webhook_url) {
-            (Some(svc), None) => parse_service(&svc)?,
-            (None, Some(url)) => parse_url(&url)?,
+            (Some(svc), None) => WebhookEndpoint::Service(svc.parse()?),
+            (None, Some(url)) => WebhookEndpoint::Url(url.parse()?),
             // clap refuses both at once; keep the check total anyway.
             (Some(_), Some(_)) | (None, None) => return Err(ConfigError::NoWebhookEndpoint),
         };
@@ -144,33 +136,16 @@ impl Args {
             leader_elect: self.leader_elect,
             namespace,
             webhook_endpoint,
+            gate_owners: self
+                .gate_owner
+                .into_iter()
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
             resync: Duration::from_secs(self.resync_seconds),
             identity,
         })
     }
-}
-
-fn parse_service(value: &str) -> Result<WebhookEndpoint, ConfigError> {
-    let bad = || ConfigError::BadWebhookService(value.to_owned());
-    let (namespace, name) = value.split_once('/').ok_or_else(bad)?;
-    if !is_dns_label(namespace) || !is_dns_label(name) {
-        return Err(bad());
-    }
-    Ok(WebhookEndpoint::Service {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-    })
-}
-
-fn parse_url(value: &str) -> Result<WebhookEndpoint, ConfigError> {
-    let host_ok = value
-        .strip_prefix("https://")
-        .map(|rest| rest.split(['/', ':']).next().unwrap_or(""))
-        .is_some_and(|host| !host.is_empty());
-    if !host_ok || value.contains(char::is_whitespace) {
-        return Err(ConfigError::BadWebhookUrl(value.to_owned()));
-    }
-    Ok(WebhookEndpoint::Url(value.to_owned()))
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -230,21 +205,27 @@ mod tests {
         assert_eq!(cfg.namespace, "gp");
         assert_eq!(
             cfg.webhook_endpoint,
-            WebhookEndpoint::Url("https://127.0.0.1:9443".into())
+            WebhookEndpoint::Url("https://127.0.0.1:9443".parse().expect("url"))
         );
+        assert!(cfg.gate_owners.is_empty());
     }
 
     #[test]
     fn leader_elect_false_with_equals() {
-        let cfg = parse(&["--webhook-service", "ns/svc", "--leader-elect=false"]).expect("valid");
+        let cfg = parse(&[
+            "--webhook-service",
+            "ns/svc",
+            "--leader-elect=false",
+            "--gate-owner",
+            "a,b",
+        ])
+        .expect("valid");
         assert!(!cfg.leader_elect);
         assert_eq!(
             cfg.webhook_endpoint,
-            WebhookEndpoint::Service {
-                namespace: "ns".into(),
-                name: "svc".into()
-            }
+            WebhookEndpoint::Service("ns/svc".parse().expect("svc"))
         );
+        assert_eq!(cfg.gate_owners, vec!["a".to_owned(), "b".to_owned()]);
     }
 
     #[test]

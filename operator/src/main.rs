@@ -12,6 +12,7 @@ use gpupool_operator::config::{Args, Config};
 use gpupool_operator::controller::{self, Caches, LoopConfig};
 use gpupool_operator::leader::Leadership;
 use gpupool_operator::metrics::{self, Health, Metrics};
+use gpupool_operator::webhook;
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
@@ -65,6 +66,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let webhook_metrics = webhook::WebhookMetrics::register(&mut registry);
     let health = Arc::new(Health::default());
     let listener = metrics::bind(SocketAddr::from(([0, 0, 0, 0], config.metrics_port))).await?;
     let registry = Arc::new(registry);
@@ -74,6 +76,26 @@ async fn run(config: Config) -> anyhow::Result<()> {
         async move {
             metrics::serve(listener, registry, health).await;
             Ok(())
+        }
+    });
+
+    // Every replica serves the webhook, leader or not.
+    let webhook_config = webhook::WebhookConfig::new(
+        config.webhook_port,
+        config.namespace.clone(),
+        config.webhook_endpoint.clone(),
+        config.gate_owners.clone(),
+    );
+    tasks.spawn({
+        let client = client.clone();
+        async move {
+            let running = webhook::start(webhook_config, client, webhook_metrics)
+                .await
+                .context("webhook did not start")?;
+            running
+                .serve(std::future::pending())
+                .await
+                .context("webhook stopped")
         }
     });
 
@@ -89,6 +111,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let loop_config = LoopConfig {
             resync: config.resync,
             instance: config.identity.clone(),
+            decide: gpupool_operator::engine::decide,
         };
         async move {
             controller::run(

@@ -261,10 +261,10 @@ async fn pass(
     let input = snapshot(caches, overlay, now, started);
     let plan = decide(&input.snapshot);
     let outcome = applier.apply(plan, &input, overlay).await;
-    let protection = next_protection_expiry(&input.snapshot).and_then(|t| {
+    let protection = next_protection_expiry(&input.snapshot).map(|t| {
         let wait = t.duration_since(now).unsigned_abs();
         // A little past the end, so the pass sees the helper as unprotected.
-        Some(Instant::now() + wait + Duration::from_millis(50))
+        Instant::now() + wait + Duration::from_millis(50)
     });
     metrics
         .pass_duration
