@@ -100,7 +100,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     });
 
     let leadership = if config.leader_elect {
-        Leadership::elect(client.clone(), &config.namespace, &config.identity).await?
+        Leadership::elect(client.clone(), &config.namespace, &config.identity)
     } else {
         Leadership::always()
     };
@@ -132,7 +132,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         signal = shutdown_signal() => {
             signal?;
             tracing::info!("signal received; shutting down");
-            drop(leadership);
+            // Hand leadership over now rather than after the Lease expires.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), leadership.release()).await;
             Ok(())
         }
         Some(done) = tasks.join_next() => {
