@@ -9,8 +9,8 @@
 pub mod filter;
 pub mod plan;
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -58,6 +58,13 @@ impl Drop for RunningScheduler {
     }
 }
 
+/// The order in which the scheduler first saw each pod.
+#[derive(Default)]
+struct Arrivals {
+    order: HashMap<String, u64>,
+    next: u64,
+}
+
 async fn run(client: Client, cancel: CancellationToken) {
     let pods: Api<Pod> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
@@ -74,7 +81,24 @@ async fn run(client: Client, cancel: CancellationToken) {
     let node_events = reflector(node_writer, watcher(nodes, watcher::Config::default()))
         .default_backoff()
         .boxed();
-    let mut events = futures::stream::select(pod_events.map(|_| ()), node_events.map(|_| ()));
+    // Creation timestamps have one-second resolution; watch order breaks ties.
+    let arrivals: Arc<Mutex<Arrivals>> = Arc::default();
+    let seen = arrivals.clone();
+    let pod_events = pod_events.map(move |event| {
+        if let Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) = &event
+            && let Some(uid) = pod.uid()
+        {
+            let mut seen = seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = seen.next;
+            if let std::collections::hash_map::Entry::Vacant(v) = seen.order.entry(uid) {
+                v.insert(next);
+                seen.next += 1;
+            }
+        }
+    });
+    let mut events = futures::stream::select(pod_events, node_events.map(|_| ()));
     let notify = changed.clone();
     let pump_cancel = cancel.clone();
     let pump = tokio::spawn(async move {
@@ -98,21 +122,35 @@ async fn run(client: Client, cancel: CancellationToken) {
         _ = node_store.wait_until_ready() => {}
     }
 
-    let mut in_flight: HashSet<String> = HashSet::new();
+    // Pods bound in an earlier pass whose binding has not reached the store yet.
+    let mut in_flight: HashMap<String, String> = HashMap::new();
     loop {
-        let all_pods: Vec<Pod> = pod_store.state().iter().map(|p| (**p).clone()).collect();
+        let mut visible: Vec<Pod> = pod_store.state().iter().map(|p| (**p).clone()).collect();
         let all_nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();
-        // A pod bound in an earlier pass may not have reached the store yet.
-        in_flight.retain(|uid| {
-            all_pods
+        {
+            let mut arrivals = arrivals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let live: HashSet<String> = visible.iter().filter_map(|p| p.uid()).collect();
+            arrivals.order.retain(|uid, _| live.contains(uid));
+            visible.sort_by_key(|p| {
+                p.uid()
+                    .and_then(|u| arrivals.order.get(&u).copied())
+                    .unwrap_or(u64::MAX)
+            });
+        }
+        in_flight.retain(|uid, _| {
+            visible
                 .iter()
                 .any(|p| p.uid().as_deref() == Some(uid) && plan::is_pending(p))
         });
-        let visible: Vec<Pod> = all_pods
-            .iter()
-            .filter(|p| p.uid().is_none_or(|u| !in_flight.contains(&u)))
-            .cloned()
-            .collect();
+        for pod in &mut visible {
+            if let Some(node) = pod.uid().and_then(|u| in_flight.get(&u).cloned())
+                && let Some(spec) = pod.spec.as_mut()
+            {
+                spec.node_name = Some(node);
+            }
+        }
         for decision in plan(&all_nodes, &visible) {
             match decision {
                 Decision::Bind {
@@ -120,12 +158,10 @@ async fn run(client: Client, cancel: CancellationToken) {
                     name,
                     node,
                 } => {
-                    if let Some(uid) = bind(&client, &namespace, &name, &node)
-                        .await
-                        .then(|| find_uid(&visible, &namespace, &name))
-                        .flatten()
+                    if bind(&client, &namespace, &name, &node).await
+                        && let Some(uid) = find_uid(&visible, &namespace, &name)
                     {
-                        in_flight.insert(uid);
+                        in_flight.insert(uid, node);
                     }
                 }
                 Decision::Unschedulable {

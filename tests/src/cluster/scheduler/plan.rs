@@ -88,8 +88,9 @@ fn pod_requests(spec: &PodSpec) -> Result<BTreeMap<String, u64>, String> {
         .collect()
 }
 
-/// Decides every pending pod, oldest first (creation time, then
-/// namespace/name). Free amount on a node = allocatable − requests of the
+/// Decides every pending pod, oldest first (creation time; pods created in
+/// the same second keep their order in `pods`, which the caller gives in
+/// arrival order). Free amount on a node = allocatable − requests of the
 /// non-terminal pods bound to it, updated as this pass binds pods. Among the
 /// nodes that fit, the one with the most free of what the pod requests wins
 /// (ties by name), which spreads load as kube-scheduler's default scoring does.
@@ -111,16 +112,8 @@ pub fn plan(nodes: &[Node], pods: &[Pod]) -> Vec<Decision> {
     sorted_nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
     let mut pending: Vec<&Pod> = pods.iter().filter(|p| is_pending(p)).collect();
-    pending.sort_by(|a, b| {
-        let key = |p: &Pod| {
-            (
-                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                p.metadata.namespace.clone(),
-                p.metadata.name.clone(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
+    // Stable: pods created in the same second keep the caller's order.
+    pending.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
 
     let mut decisions = Vec::new();
     for pod in pending {

@@ -1,0 +1,781 @@
+//! [`SimCluster`]: the whole simulated cluster in one process — the
+//! in-memory API server, the scheduler and one kubelet per node — plus the
+//! real `gpupool-device-plugin` (one per node) and `gpupool-operator`
+//! binaries as supervised child processes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpupool_api::names::DEFAULT_RESOURCE_NAME;
+use gpupool_api::{GpuLease, GpuLeaseClass};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::{Client, CustomResourceExt};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::kubelet::{KubeletConfig, KubeletError, RunningKubelet};
+use super::processes::{ChildProcess, ProcessError, ProcessSpec, find_binary};
+use super::scheduler::RunningScheduler;
+use crate::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer};
+
+/// Namespace the operator runs in.
+pub const OPERATOR_NAMESPACE: &str = "gpupool-system";
+/// User the operator authenticates as (its service account, the default gate owner).
+pub const OPERATOR_USER: &str = "system:serviceaccount:gpupool-system:gpupool-operator";
+/// User the device plugins authenticate as.
+pub const DEVICE_PLUGIN_USER: &str = "system:serviceaccount:gpupool-system:gpupool-device-plugin";
+/// Name of the device-plugin binary.
+pub const DEVICE_PLUGIN_BIN: &str = "gpupool-device-plugin";
+/// Name of the operator binary.
+pub const OPERATOR_BIN: &str = "gpupool-operator";
+
+const OPERATOR_TOKEN: &str = "gpupool-sim-operator-token";
+const DEVICE_PLUGIN_TOKEN: &str = "gpupool-sim-device-plugin-token";
+const SCHEDULER_TOKEN: &str = "gpupool-sim-scheduler-token";
+const KUBELET_TOKEN_PREFIX: &str = "gpupool-sim-kubelet-token-";
+
+/// Whether the cluster runs the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorMode {
+    /// Never (plugin and scheduler side only).
+    Off,
+    /// When its binary is found and becomes ready; otherwise the cluster
+    /// runs without it and [`SimCluster::operator_note`] says why.
+    IfAvailable,
+    /// Always; the cluster fails to start without it.
+    Required,
+}
+
+/// How to build a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Number of nodes (`node-1` … `node-N`).
+    pub nodes: u32,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// Slots per GPU (`--sessions-per-gpu` of the plugins).
+    pub sessions_per_gpu: u32,
+    /// API server port; 0 picks a free one.
+    pub port: u16,
+    /// Run directory (kubelet dirs, logs, kubeconfigs); `None` creates a
+    /// fresh one under the system temp dir.
+    pub run_dir: Option<PathBuf>,
+    /// Remove the run directory when the cluster stops (only one it created).
+    pub remove_run_dir: bool,
+    /// Where to write the admin kubeconfig; default `<run dir>/kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The device-plugin binary; default: found next to the running executable.
+    pub device_plugin_bin: Option<PathBuf>,
+    /// The operator binary; default: found next to the running executable.
+    pub operator_bin: Option<PathBuf>,
+    /// Whether to run the operator.
+    pub operator: OperatorMode,
+    /// Longest simulated termination of a deleted pod.
+    pub max_termination: Duration,
+    /// How long start waits for the plugins and the operator to be ready.
+    pub ready_timeout: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            gpus_per_node: 2,
+            sessions_per_gpu: 1,
+            port: 0,
+            run_dir: None,
+            remove_run_dir: true,
+            kubeconfig: None,
+            device_plugin_bin: None,
+            operator_bin: None,
+            operator: OperatorMode::IfAvailable,
+            max_termination: Duration::from_secs(1),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the cluster could not start or a control failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Bad configuration; the message names the setting.
+    #[error("{0}")]
+    Config(String),
+    /// The API server failed.
+    #[error(transparent)]
+    ApiServer(#[from] ApiServerError),
+    /// An API request of the simulator failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A kubelet failed.
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
+    /// A child process failed.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// A file in the run directory could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something did not become ready in time; the message says what and
+    /// where its log is.
+    #[error("{0}")]
+    NotReady(String),
+    /// No node of that name.
+    #[error("no node named {0:?} in this cluster")]
+    UnknownNode(String),
+}
+
+/// One GPU in a node's `--static-config` file.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticGpu {
+    /// GPU index.
+    pub index: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Product name.
+    pub product: String,
+    /// Vendor.
+    pub vendor: String,
+    /// Memory.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Health (the plugin re-reads the file when it changes).
+    pub healthy: bool,
+}
+
+struct Node {
+    name: String,
+    dir: PathBuf,
+    static_config: PathBuf,
+    gpus: Vec<StaticGpu>,
+    kubelet: RunningKubelet,
+    plugin: Option<ChildProcess>,
+}
+
+/// A running simulated cluster. Stop it with [`SimCluster::shutdown`];
+/// dropping it also stops everything (children are killed).
+pub struct SimCluster {
+    config: ClusterConfig,
+    run_dir: PathBuf,
+    created_run_dir: bool,
+    kubeconfig: PathBuf,
+    apiserver: Option<RunningApiServer>,
+    client: Client,
+    scheduler: Option<RunningScheduler>,
+    nodes: Vec<Node>,
+    device_plugin_bin: PathBuf,
+    operator_bin: Option<PathBuf>,
+    operator: Option<ChildProcess>,
+    operator_ports: (u16, u16),
+    operator_note: Option<String>,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
+    move |source| ClusterError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Api { what, source }
+}
+
+/// A free TCP port on 127.0.0.1 (free now; the child binds it a moment later).
+fn free_port() -> Result<u16, ClusterError> {
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|source| ClusterError::Io {
+            path: PathBuf::from("127.0.0.1:0"),
+            source,
+        })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| ClusterError::Io {
+            path: PathBuf::from("127.0.0.1:0"),
+            source,
+        })
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl SimCluster {
+    /// Starts the API server, applies the CRDs, starts the scheduler, the
+    /// kubelets, a device plugin per node and (per [`OperatorMode`]) the
+    /// operator, and returns once every plugin has registered and
+    /// advertised its slots, and the operator (if running) is ready.
+    pub async fn start(config: ClusterConfig) -> Result<Self, ClusterError> {
+        if config.nodes == 0 {
+            return Err(ClusterError::Config("--nodes must be at least 1".into()));
+        }
+        if config.sessions_per_gpu == 0 {
+            return Err(ClusterError::Config(
+                "--sessions-per-gpu must be at least 1".into(),
+            ));
+        }
+        let device_plugin_bin = find_binary(
+            DEVICE_PLUGIN_BIN,
+            "--device-plugin-bin",
+            config.device_plugin_bin.as_deref(),
+        )?;
+        let (operator_bin, mut operator_note) = match config.operator {
+            OperatorMode::Off => (None, Some("the operator is off".to_owned())),
+            OperatorMode::Required => (
+                Some(find_binary(
+                    OPERATOR_BIN,
+                    "--operator-bin",
+                    config.operator_bin.as_deref(),
+                )?),
+                None,
+            ),
+            OperatorMode::IfAvailable => {
+                match find_binary(
+                    OPERATOR_BIN,
+                    "--operator-bin",
+                    config.operator_bin.as_deref(),
+                ) {
+                    Ok(p) => (Some(p), None),
+                    Err(e) => (None, Some(e.to_string())),
+                }
+            }
+        };
+
+        let (run_dir, created_run_dir) = match &config.run_dir {
+            Some(d) => (d.clone(), false),
+            None => {
+                let stamp = jiff::Timestamp::now().as_nanosecond() % 1_000_000_000;
+                (
+                    std::env::temp_dir()
+                        .join(format!("gpupool-sim-{}-{stamp}", std::process::id())),
+                    true,
+                )
+            }
+        };
+        std::fs::create_dir_all(run_dir.join("logs")).map_err(io_error(&run_dir))?;
+        std::fs::create_dir_all(run_dir.join("dev")).map_err(io_error(&run_dir))?;
+
+        let mut api_config = ApiServerConfig {
+            port: config.port,
+            ..Default::default()
+        }
+        .with_token(
+            OPERATOR_TOKEN,
+            OPERATOR_USER,
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:gpupool-system",
+            ],
+        )
+        .with_token(
+            DEVICE_PLUGIN_TOKEN,
+            DEVICE_PLUGIN_USER,
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:gpupool-system",
+            ],
+        )
+        .with_token(SCHEDULER_TOKEN, "system:kube-scheduler", &[]);
+        for i in 1..=config.nodes {
+            api_config = api_config.with_token(
+                &format!("{KUBELET_TOKEN_PREFIX}{i}"),
+                &format!("system:node:node-{i}"),
+                &["system:nodes"],
+            );
+        }
+        let apiserver = ApiServer::start(api_config).await?;
+        let kubeconfig = config
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| run_dir.join("kubeconfig"));
+        apiserver.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
+        apiserver.write_kubeconfig(&run_dir.join("operator.kubeconfig"), OPERATOR_TOKEN)?;
+        apiserver.write_kubeconfig(
+            &run_dir.join("device-plugin.kubeconfig"),
+            DEVICE_PLUGIN_TOKEN,
+        )?;
+        let client = apiserver.client().await?;
+
+        install_crds_and_namespace(&client).await?;
+        let scheduler =
+            RunningScheduler::start(apiserver.client_with_token(SCHEDULER_TOKEN).await?);
+
+        let mut cluster = SimCluster {
+            operator_ports: (0, 0),
+            config: config.clone(),
+            run_dir,
+            created_run_dir,
+            kubeconfig,
+            apiserver: Some(apiserver),
+            client,
+            scheduler: Some(scheduler),
+            nodes: Vec::new(),
+            device_plugin_bin,
+            operator_bin,
+            operator: None,
+            operator_note: None,
+        };
+        for i in 1..=config.nodes {
+            let name = format!("node-{i}");
+            let dir = cluster.run_dir.join(&name);
+            std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+            let gpus: Vec<StaticGpu> = (0..config.gpus_per_node)
+                .map(|g| StaticGpu {
+                    index: g,
+                    uuid: format!("GPU-sim-{i:04}-{g:04}"),
+                    product: "Simulated GPU".into(),
+                    vendor: "Simulated".into(),
+                    memory_mib: 16_384,
+                    healthy: true,
+                })
+                .collect();
+            let static_config = dir.join("gpus.yaml");
+            write_static_config(&static_config, &gpus)?;
+            let kubelet_client = cluster
+                .apiserver()?
+                .client_with_token(&format!("{KUBELET_TOKEN_PREFIX}{i}"))
+                .await?;
+            let kubelet = RunningKubelet::start(KubeletConfig {
+                node_name: name.clone(),
+                dir: dir.clone(),
+                client: kubelet_client,
+                max_termination: config.max_termination,
+                index: i,
+            })
+            .await?;
+            cluster.nodes.push(Node {
+                name,
+                dir,
+                static_config,
+                gpus,
+                kubelet,
+                plugin: None,
+            });
+        }
+        for node in &cluster
+            .nodes
+            .iter()
+            .map(|n| n.name.clone())
+            .collect::<Vec<_>>()
+        {
+            cluster.start_plugin(node).await?;
+        }
+        match cluster.start_operator().await {
+            Ok(()) => {}
+            Err(e) if config.operator == OperatorMode::IfAvailable => {
+                tracing::warn!(error = %e, "running without the operator");
+                operator_note = Some(e.to_string());
+            }
+            Err(e) => return Err(e),
+        }
+        if cluster.operator_note.is_none() {
+            cluster.operator_note = operator_note;
+        }
+        Ok(cluster)
+    }
+
+    fn apiserver(&self) -> Result<&RunningApiServer, ClusterError> {
+        self.apiserver
+            .as_ref()
+            .ok_or_else(|| ClusterError::Config("the cluster has been shut down".into()))
+    }
+
+    /// The in-memory API server (fault controls: `.faults()`, direct access: `.admin()`).
+    pub fn api_server(&self) -> Option<&RunningApiServer> {
+        self.apiserver.as_ref()
+    }
+
+    /// A client authenticated as the cluster admin.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The admin kubeconfig (token auth), usable by kubectl.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The run directory: kubelet dirs `node-i/`, logs in `logs/`, kubeconfigs.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// Node names, `node-1` … `node-N`.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// Slots each node should advertise while all its GPUs are healthy.
+    pub fn slots_per_node(&self) -> u64 {
+        u64::from(self.config.gpus_per_node) * u64::from(self.config.sessions_per_gpu)
+    }
+
+    /// Why the operator is not running, or `None` while it is.
+    pub fn operator_note(&self) -> Option<&str> {
+        self.operator_note.as_deref()
+    }
+
+    /// Whether the operator process is running.
+    pub fn operator_running(&mut self) -> bool {
+        self.operator
+            .as_mut()
+            .is_some_and(|p| p.exit_status().is_none())
+    }
+
+    /// PIDs of every child process still running.
+    pub fn child_pids(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for p in self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.plugin.as_mut())
+            .chain(self.operator.as_mut())
+        {
+            if p.exit_status().is_none()
+                && let Some(pid) = p.pid()
+            {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn node_index(&self, node: &str) -> Result<usize, ClusterError> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == node)
+            .ok_or_else(|| ClusterError::UnknownNode(node.to_owned()))
+    }
+
+    /// The node's kubelet directory.
+    pub fn node_dir(&self, node: &str) -> Result<&Path, ClusterError> {
+        Ok(&self.nodes[self.node_index(node)?].dir)
+    }
+
+    /// The node's kubelet (registration count, device bookkeeping).
+    pub fn kubelet(&self, node: &str) -> Result<&RunningKubelet, ClusterError> {
+        Ok(&self.nodes[self.node_index(node)?].kubelet)
+    }
+
+    /// The node's GPUs as its static config file has them.
+    pub fn gpus(&self, node: &str) -> Result<&[StaticGpu], ClusterError> {
+        Ok(&self.nodes[self.node_index(node)?].gpus)
+    }
+
+    /// Marks GPU `index` of `node` healthy or not in the node's static
+    /// config file; the device plugin notices and tells the kubelet.
+    pub fn set_gpu_health(
+        &mut self,
+        node: &str,
+        index: u32,
+        healthy: bool,
+    ) -> Result<(), ClusterError> {
+        let i = self.node_index(node)?;
+        let n = &mut self.nodes[i];
+        let gpu = n
+            .gpus
+            .iter_mut()
+            .find(|g| g.index == index)
+            .ok_or_else(|| ClusterError::Config(format!("{node} has no GPU with index {index}")))?;
+        gpu.healthy = healthy;
+        write_static_config(&n.static_config, &n.gpus)
+    }
+
+    /// Restarts the node's kubelet (sockets in `device-plugins/` are
+    /// removed; the plugin must register again).
+    pub async fn restart_kubelet(&mut self, node: &str) -> Result<(), ClusterError> {
+        let i = self.node_index(node)?;
+        self.nodes[i].kubelet.restart().await?;
+        Ok(())
+    }
+
+    /// Starts (or restarts) the node's device plugin and waits until it has
+    /// registered and its devices are advertised.
+    pub async fn start_plugin(&mut self, node: &str) -> Result<(), ClusterError> {
+        let i = self.node_index(node)?;
+        if let Some(mut old) = self.nodes[i].plugin.take() {
+            old.stop(Duration::from_secs(5)).await?;
+        }
+        let metrics_port = free_port()?;
+        let n = &self.nodes[i];
+        let seen = n.kubelet.registrations();
+        let spec = ProcessSpec {
+            name: format!("device-plugin-{}", n.name),
+            program: self.device_plugin_bin.clone(),
+            args: vec![
+                "--kubelet-dir".into(),
+                n.dir.clone().into(),
+                "--discovery".into(),
+                "static".into(),
+                "--static-config".into(),
+                n.static_config.clone().into(),
+                "--node-name".into(),
+                n.name.clone().into(),
+                "--sessions-per-gpu".into(),
+                self.config.sessions_per_gpu.to_string().into(),
+                "--metrics-port".into(),
+                metrics_port.to_string().into(),
+                "--metrics-address".into(),
+                "127.0.0.1".into(),
+                "--dev-dir".into(),
+                self.run_dir.join("dev").into(),
+            ],
+            env: vec![(
+                "KUBECONFIG".into(),
+                self.run_dir.join("device-plugin.kubeconfig").into(),
+            )],
+        };
+        let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
+        let expected = usize::try_from(self.slots_per_node()).unwrap_or(usize::MAX);
+        let deadline = Instant::now() + self.config.ready_timeout;
+        let registered = loop {
+            if n.kubelet.registrations() > seen
+                && n.kubelet.devices(DEFAULT_RESOURCE_NAME).0 >= expected
+            {
+                break true;
+            }
+            if let Some(status) = child.exit_status() {
+                return Err(ClusterError::NotReady(format!(
+                    "the device plugin of {} exited ({status}) before registering; its log {} ends with:\n{}",
+                    n.name,
+                    child.log().display(),
+                    log_tail(child.log(), 15)
+                )));
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if !registered {
+            let log = child.log().to_path_buf();
+            let _ = child.stop(Duration::from_secs(2)).await;
+            return Err(ClusterError::NotReady(format!(
+                "the device plugin of {} did not register {} slots with its kubelet within {:?}; its log {} ends with:\n{}",
+                n.name,
+                expected,
+                self.config.ready_timeout,
+                log.display(),
+                log_tail(&log, 15)
+            )));
+        }
+        self.nodes[i].plugin = Some(child);
+        Ok(())
+    }
+
+    /// Kills the node's device plugin with SIGKILL, as a crash would.
+    pub async fn kill_plugin(&mut self, node: &str) -> Result<(), ClusterError> {
+        let i = self.node_index(node)?;
+        if let Some(mut p) = self.nodes[i].plugin.take() {
+            p.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts (or restarts) the operator and waits until `/readyz` answers
+    /// 200 and its MutatingWebhookConfiguration exists.
+    pub async fn start_operator(&mut self) -> Result<(), ClusterError> {
+        let Some(bin) = self.operator_bin.clone() else {
+            return Ok(());
+        };
+        if let Some(mut old) = self.operator.take() {
+            old.stop(Duration::from_secs(5)).await?;
+        }
+        let (webhook_port, metrics_port) = (free_port()?, free_port()?);
+        self.operator_ports = (webhook_port, metrics_port);
+        let spec = ProcessSpec {
+            name: "operator".into(),
+            program: bin,
+            args: vec![
+                "--webhook-port".into(),
+                webhook_port.to_string().into(),
+                "--metrics-port".into(),
+                metrics_port.to_string().into(),
+                "--webhook-url".into(),
+                format!("https://127.0.0.1:{webhook_port}").into(),
+                "--leader-elect=false".into(),
+                "--namespace".into(),
+                OPERATOR_NAMESPACE.into(),
+                "--resync-seconds".into(),
+                "2".into(),
+            ],
+            env: vec![(
+                "KUBECONFIG".into(),
+                self.run_dir.join("operator.kubeconfig").into(),
+            )],
+        };
+        let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
+        let webhooks: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        let deadline = Instant::now() + self.config.ready_timeout;
+        loop {
+            if http_status(metrics_port, "/readyz").await == Some(200)
+                && webhooks
+                    .get_opt(gpupool_api::names::WEBHOOK_CONFIGURATION)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            {
+                break;
+            }
+            if let Some(status) = child.exit_status() {
+                return Err(ClusterError::NotReady(format!(
+                    "the operator exited ({status}) before becoming ready; its log {} ends with:\n{}",
+                    child.log().display(),
+                    log_tail(child.log(), 15)
+                )));
+            }
+            if Instant::now() >= deadline {
+                let log = child.log().to_path_buf();
+                let _ = child.stop(Duration::from_secs(2)).await;
+                return Err(ClusterError::NotReady(format!(
+                    "the operator did not become ready (/readyz and its webhook configuration) within {:?}; its log {} ends with:\n{}",
+                    self.config.ready_timeout,
+                    log.display(),
+                    log_tail(&log, 15)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.operator = Some(child);
+        self.operator_note = None;
+        Ok(())
+    }
+
+    /// Kills the operator with SIGKILL, as a crash would.
+    pub async fn kill_operator(&mut self) -> Result<(), ClusterError> {
+        if let Some(mut p) = self.operator.take() {
+            p.kill().await?;
+            self.operator_note = Some("the operator was killed".into());
+        }
+        Ok(())
+    }
+
+    /// Stops every child (SIGTERM, then SIGKILL after 5 s), the kubelets,
+    /// the scheduler and the API server, and removes a run directory it
+    /// created when so configured.
+    pub async fn shutdown(mut self) -> Result<(), ClusterError> {
+        let mut first_error = None;
+        if let Some(mut op) = self.operator.take()
+            && let Err(e) = op.stop(Duration::from_secs(5)).await
+        {
+            first_error.get_or_insert(e);
+        }
+        for node in &mut self.nodes {
+            if let Some(mut p) = node.plugin.take()
+                && let Err(e) = p.stop(Duration::from_secs(5)).await
+            {
+                first_error.get_or_insert(e);
+            }
+        }
+        for node in std::mem::take(&mut self.nodes) {
+            node.kubelet.stop().await;
+        }
+        if let Some(s) = self.scheduler.take() {
+            s.stop().await;
+        }
+        if let Some(a) = self.apiserver.take() {
+            a.shutdown().await;
+        }
+        if self.created_run_dir && self.config.remove_run_dir {
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        // Children are killed by their handles' drop; remove what we created.
+        if self.created_run_dir && self.config.remove_run_dir && self.apiserver.is_some() {
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
+    }
+}
+
+fn write_static_config(path: &Path, gpus: &[StaticGpu]) -> Result<(), ClusterError> {
+    let text = serde_yaml::to_string(gpus).map_err(|e| ClusterError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    // Write then rename, so the plugin never reads a half-written file.
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::write(&tmp, text).map_err(io_error(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_error(path))
+}
+
+async fn install_crds_and_namespace(client: &Client) -> Result<(), ClusterError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [GpuLeaseClass::crd(), GpuLease::crd()] {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(api_error(format!("creating CRD {name}"))(e)),
+        }
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(OPERATOR_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_owned(),
+                OPERATOR_NAMESPACE.to_owned(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(api_error(format!(
+            "creating namespace {OPERATOR_NAMESPACE}"
+        ))(e)),
+    }
+}
+
+/// Status code of `GET path` on 127.0.0.1:`port`, or `None` if it does not answer.
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 64];
+        let n = stream.read(&mut head).await.ok()?;
+        let text = std::str::from_utf8(&head[..n]).ok()?;
+        text.split_whitespace().nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
