@@ -1,0 +1,320 @@
+//! Shared helpers of the operator's end-to-end tests: a simulated cluster
+//! running the real `gpupool-operator` and `gpupool-device-plugin` binaries,
+//! and what a user would run against it (create classes and pods, read
+//! leases, pod gates and events through the Kubernetes API).
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use gpupool_tests::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// Namespace the tests' workload pods live in.
+pub const NS: &str = "ml";
+
+/// The operator binary built with this test.
+pub fn operator_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpupool-operator"))
+}
+
+/// A running simulated cluster and an admin client.
+pub struct Sim {
+    /// The cluster.
+    pub cluster: SimCluster,
+    /// Admin client.
+    pub client: Client,
+}
+
+impl Sim {
+    /// Starts `nodes` nodes with `gpus` GPUs each, the operator (required) and namespace `ml`.
+    pub async fn start(nodes: u32, gpus: u32) -> Sim {
+        Self::start_with(ClusterConfig {
+            nodes,
+            gpus_per_node: gpus,
+            operator: OperatorMode::Required,
+            operator_bin: Some(operator_bin()),
+            ready_timeout: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Starts a cluster with `config` and namespace `ml`.
+    pub async fn start_with(config: ClusterConfig) -> Sim {
+        let cluster = SimCluster::start(config)
+            .await
+            .expect("the simulated cluster starts (build gpupool-device-plugin first: cargo build -p gpupool-device-plugin)");
+        let client = cluster.client();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}})).expect("namespace"),
+            )
+            .await
+            .expect("namespace ml");
+        Sim { cluster, client }
+    }
+
+    /// Stops everything.
+    pub async fn stop(self) {
+        self.cluster
+            .shutdown()
+            .await
+            .expect("cluster stops cleanly");
+    }
+
+    /// Creates (or replaces) class `name` with `spec`.
+    pub async fn class(&self, name: &str, spec: Value) {
+        let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
+        let obj: GpuLeaseClass = serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("class");
+        if let Some(old) = api.get_opt(name).await.expect("get class") {
+            let mut obj = obj;
+            obj.metadata.resource_version = old.metadata.resource_version;
+            api.replace(name, &PostParams::default(), &obj)
+                .await
+                .expect("replace class");
+        } else {
+            api.create(&PostParams::default(), &obj)
+                .await
+                .expect("create class");
+        }
+        // The webhook caches classes: wait until a lease-less probe would see it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    /// Creates a pod; see [`PodSpec`].
+    pub async fn pod(&self, p: PodSpec<'_>) -> Pod {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        pods.create(&PostParams::default(), &p.build())
+            .await
+            .unwrap_or_else(|e| panic!("create pod {}: {e}", p.name))
+    }
+
+    /// Tries to create a pod; returns the API error message on denial.
+    pub async fn try_pod(&self, p: PodSpec<'_>) -> Result<Pod, String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        pods.create(&PostParams::default(), &p.build())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes a pod (default grace).
+    pub async fn delete_pod(&self, name: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        pods.delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
+    }
+
+    /// Reads a pod.
+    pub async fn get_pod(&self, name: &str) -> Option<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        pods.get_opt(name).await.expect("get pod")
+    }
+
+    /// Reads a lease.
+    pub async fn lease(&self, name: &str) -> Option<GpuLease> {
+        let api: Api<GpuLease> = Api::namespaced(self.client.clone(), NS);
+        api.get_opt(name).await.expect("get lease")
+    }
+
+    /// Every lease in `ml`, by name.
+    pub async fn leases(&self) -> BTreeMap<String, GpuLease> {
+        let api: Api<GpuLease> = Api::namespaced(self.client.clone(), NS);
+        api.list(&ListParams::default())
+            .await
+            .expect("list leases")
+            .items
+            .into_iter()
+            .map(|l| (l.metadata.name.clone().unwrap_or_default(), l))
+            .collect()
+    }
+
+    /// Reads a class.
+    pub async fn get_class(&self, name: &str) -> GpuLeaseClass {
+        let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
+        api.get(name).await.expect("get class")
+    }
+
+    /// Events about pod `name`, as (reason, note).
+    pub async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), NS);
+        let mut evs: Vec<Event> = api
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect();
+        evs.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        evs.into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Waits (up to `secs`) for a lease to reach `phase`.
+    pub async fn wait_phase(&self, name: &str, phase: LeasePhase, secs: u64) -> GpuLease {
+        wait_for(&format!("lease {name} {phase:?}"), secs, || async {
+            self.lease(name)
+                .await
+                .filter(|l| l.status.as_ref().is_some_and(|s| s.phase == phase))
+        })
+        .await
+    }
+
+    /// Waits for pod `name` to lose its gate; returns the node it is pinned to.
+    pub async fn wait_admitted(&self, name: &str, secs: u64) -> String {
+        wait_for(&format!("pod {name} admitted"), secs, || async {
+            let pod = self.get_pod(name).await?;
+            if gated(&pod) {
+                return None;
+            }
+            pinned_node(&pod)
+        })
+        .await
+    }
+}
+
+/// True while the pod carries the admission gate.
+pub fn gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == "gpupool.io/admission"))
+}
+
+/// The node the operator pinned the pod to.
+pub fn pinned_node(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .node_selector
+        .as_ref()?
+        .get("kubernetes.io/hostname")
+        .cloned()
+}
+
+/// Polls `f` every 50 ms until it yields, failing the test after `secs`.
+pub async fn wait_for<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A test pod.
+#[derive(Debug, Clone)]
+pub struct PodSpec<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Slots requested.
+    pub slots: u32,
+    /// `helper` or `primary` (None: no label).
+    pub role: Option<&'a str>,
+    /// Class label.
+    pub class: Option<&'a str>,
+    /// Seconds it runs before Succeeding (None: until deleted).
+    pub run_seconds: Option<f64>,
+    /// Extra labels.
+    pub labels: Vec<(&'a str, &'a str)>,
+    /// Node selector.
+    pub node_selector: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> PodSpec<'a> {
+    /// A primary asking for `slots`, running until deleted.
+    pub fn primary(name: &'a str, slots: u32) -> Self {
+        Self {
+            name,
+            slots,
+            role: None,
+            class: None,
+            run_seconds: None,
+            labels: vec![],
+            node_selector: vec![],
+        }
+    }
+
+    /// A helper asking for `slots`.
+    pub fn helper(name: &'a str, slots: u32) -> Self {
+        Self {
+            role: Some("helper"),
+            ..Self::primary(name, slots)
+        }
+    }
+
+    /// Runs for `secs` then Succeeds.
+    pub fn runs(mut self, secs: f64) -> Self {
+        self.run_seconds = Some(secs);
+        self
+    }
+
+    /// In class `class`.
+    pub fn class(mut self, class: &'a str) -> Self {
+        self.class = Some(class);
+        self
+    }
+
+    /// The pod object.
+    pub fn build(&self) -> Pod {
+        let mut labels: BTreeMap<String, String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        if let Some(r) = self.role {
+            labels.insert("gpupool.io/role".into(), r.into());
+        }
+        if let Some(c) = self.class {
+            labels.insert("gpupool.io/class".into(), c.into());
+        }
+        let mut annotations = BTreeMap::new();
+        if let Some(s) = self.run_seconds {
+            annotations.insert("sim.gpupool.io/run-seconds".to_owned(), s.to_string());
+        }
+        let mut v = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": NS, "labels": labels, "annotations": annotations},
+            "spec": {"containers": [{"name": "work", "image": "sim",
+                "resources": {"limits": {"gpupool/slot": self.slots.to_string()}}}]}
+        });
+        if !self.node_selector.is_empty() {
+            let sel: BTreeMap<&str, &str> = self.node_selector.iter().copied().collect();
+            v["spec"]["nodeSelector"] = json!(sel);
+        }
+        serde_json::from_value(v).expect("pod")
+    }
+}
+
+/// Phase and position of a lease, for assertions.
+pub fn phase_of(l: &GpuLease) -> (Option<LeasePhase>, Option<u32>) {
+    (
+        l.status.as_ref().map(|s| s.phase),
+        l.status.as_ref().and_then(|s| s.position),
+    )
+}
