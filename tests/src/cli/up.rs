@@ -1,10 +1,183 @@
-//! `gpupool-sim up`.
+//! `gpupool-sim up`: runs the simulated cluster until SIGTERM/SIGINT/SIGHUP.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::admin;
+use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
+
+/// Whether `up` runs the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OperatorFlag {
+    /// Run it when its binary is found and becomes ready; otherwise say so and go on.
+    Auto,
+    /// Run it; fail to start without it.
+    On,
+    /// Do not run it.
+    Off,
+}
 
 /// Arguments of `gpupool-sim up`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Number of nodes (node-1 … node-N).
+    #[arg(long, env = "GPUPOOL_SIM_NODES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
+
+    /// GPUs per node.
+    #[arg(long, env = "GPUPOOL_SIM_GPUS_PER_NODE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub gpus_per_node: u32,
+
+    /// Slots per GPU (the device plugins' --sessions-per-gpu).
+    #[arg(long, env = "GPUPOOL_SIM_SESSIONS_PER_GPU", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub sessions_per_gpu: u32,
+
+    /// API server port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, env = "GPUPOOL_SIM_PORT", default_value_t = 0)]
+    pub port: u16,
+
+    /// Where to write the admin kubeconfig (default: RUN_DIR/kubeconfig).
+    #[arg(long, env = "GPUPOOL_SIM_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Run directory for kubelet dirs, logs and kubeconfigs (default: a new
+    /// directory under the system temp dir; kept after exit).
+    #[arg(long, env = "GPUPOOL_SIM_RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// The gpupool-operator binary (default: next to gpupool-sim).
+    #[arg(long, env = "GPUPOOL_SIM_OPERATOR_BIN")]
+    pub operator_bin: Option<PathBuf>,
+
+    /// The gpupool-device-plugin binary (default: next to gpupool-sim).
+    #[arg(long, env = "GPUPOOL_SIM_DEVICE_PLUGIN_BIN")]
+    pub device_plugin_bin: Option<PathBuf>,
+
+    /// Whether to run the operator.
+    #[arg(long, env = "GPUPOOL_SIM_OPERATOR", value_enum, default_value_t = OperatorFlag::Auto)]
+    pub operator: OperatorFlag,
+
+    /// Port of the fault-control endpoint on 127.0.0.1 (0 picks a free one).
+    #[arg(long, env = "GPUPOOL_SIM_ADMIN_PORT", default_value_t = 0)]
+    pub admin_port: u16,
+
+    /// Seconds a deleted pod stays Terminating at most (its grace period, capped).
+    #[arg(
+        long,
+        env = "GPUPOOL_SIM_MAX_TERMINATION_SECONDS",
+        default_value_t = 1.0
+    )]
+    pub max_termination_seconds: f64,
+}
+
+impl Args {
+    /// The cluster these flags describe.
+    pub fn cluster_config(&self) -> anyhow::Result<ClusterConfig> {
+        if !(self.max_termination_seconds.is_finite() && self.max_termination_seconds >= 0.0) {
+            anyhow::bail!(
+                "--max-termination-seconds must be a non-negative number, got {}",
+                self.max_termination_seconds
+            );
+        }
+        Ok(ClusterConfig {
+            nodes: self.nodes,
+            gpus_per_node: self.gpus_per_node,
+            sessions_per_gpu: self.sessions_per_gpu,
+            port: self.port,
+            run_dir: self.run_dir.clone(),
+            remove_run_dir: false,
+            kubeconfig: self.kubeconfig.clone(),
+            device_plugin_bin: self.device_plugin_bin.clone(),
+            operator_bin: self.operator_bin.clone(),
+            operator: match self.operator {
+                OperatorFlag::Auto => OperatorMode::IfAvailable,
+                OperatorFlag::On => OperatorMode::Required,
+                OperatorFlag::Off => OperatorMode::Off,
+            },
+            max_termination: Duration::from_secs_f64(self.max_termination_seconds),
+            ready_timeout: Duration::from_secs(30),
+        })
+    }
+}
 
 /// Runs `gpupool-sim up`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("gpupool-sim up is not available in this build")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let config = args.cluster_config()?;
+    // Signals are caught from the start, so a SIGTERM during start-up still
+    // stops every child.
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut cluster = tokio::select! {
+        started = SimCluster::start(config) => started.context("starting the simulated cluster")?,
+        _ = term.recv() => return Ok(()),
+        _ = int.recv() => return Ok(()),
+        _ = hup.recv() => return Ok(()),
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.admin_port))
+        .await
+        .with_context(|| format!("--admin-port {}: cannot listen", args.admin_port))?;
+    let admin_url = format!("http://{}", listener.local_addr().context("admin address")?);
+    let admin_file = cluster.run_dir().join("admin-url");
+    std::fs::write(&admin_file, &admin_url)
+        .with_context(|| format!("writing {}", admin_file.display()))?;
+    let cancel = CancellationToken::new();
+    let (tx, mut commands) = mpsc::channel(8);
+    let server = tokio::spawn(admin::serve(listener, tx, cancel.clone()));
+
+    eprintln!(
+        "gpupool-sim: run directory {} (logs in logs/)",
+        cluster.run_dir().display()
+    );
+    if let Some(api) = cluster.api_server() {
+        eprintln!(
+            "gpupool-sim: API server {} (faults: {}/sim/faults)",
+            api.base_url(),
+            api.base_url()
+        );
+    }
+    eprintln!(
+        "gpupool-sim: fault controls {admin_url}/sim/... (also in {})",
+        admin_file.display()
+    );
+    match cluster.operator_note() {
+        None => eprintln!("gpupool-sim: operator running"),
+        Some(note) => eprintln!(
+            "gpupool-sim: the operator is NOT running ({note}); pods are scheduled without gpupool's queue"
+        ),
+    }
+    let mut stdout = std::io::stdout();
+    writeln!(
+        stdout,
+        "ready kubeconfig={}",
+        cluster.kubeconfig().display()
+    )
+    .context("writing to stdout")?;
+    stdout.flush().context("writing to stdout")?;
+
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => break,
+            Some(request) = commands.recv() => {
+                let answer = cluster.apply(request.command).await;
+                let _ = request.reply.send(answer);
+            }
+        }
+    }
+    eprintln!("gpupool-sim: stopping");
+    cancel.cancel();
+    let _ = server.await;
+    cluster
+        .shutdown()
+        .await
+        .context("stopping the simulated cluster")?;
+    Ok(())
 }

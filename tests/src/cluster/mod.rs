@@ -4,6 +4,7 @@
 //! `gpupool-operator` binaries. [`SimCluster`] puts them together.
 
 #[allow(clippy::module_inception)]
+pub mod admin;
 pub mod cluster;
 pub mod kubelet;
 pub mod processes;

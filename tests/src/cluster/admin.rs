@@ -1,0 +1,305 @@
+//! The simulated cluster's fault controls over HTTP on 127.0.0.1, for
+//! `gpupool-sim up` (API-level faults are delegated to the API server):
+//!
+//! | request | effect |
+//! |---|---|
+//! | `GET /sim/status` | nodes, child PIDs, whether the operator runs |
+//! | `POST /sim/operator/kill` · `/sim/operator/restart` | SIGKILL / (re)start the operator |
+//! | `POST /sim/nodes/NODE/plugin/kill` · `.../plugin/restart` | the same for a node's device plugin |
+//! | `POST /sim/nodes/NODE/kubelet/restart` | restart a kubelet (plugin must re-register) |
+//! | `POST /sim/nodes/NODE/gpus/INDEX/healthy` · `.../unhealthy` | flip a GPU in the static config |
+//! | `PUT /sim/faults` (JSON `{errorRate, errorCode, latencyMs, includeWatches}`) · `DELETE /sim/faults` · `POST /sim/faults/drop-watches` | API server faults |
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::SimCluster;
+use crate::apiserver::FaultConfig;
+
+/// One control request, answered through `reply` with (status, JSON body).
+pub struct AdminRequest {
+    /// What to do.
+    pub command: AdminCommand,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<(StatusCode, serde_json::Value)>,
+}
+
+/// A control the cluster applies.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdminCommand {
+    /// Report status.
+    Status,
+    /// SIGKILL the operator.
+    KillOperator,
+    /// (Re)start the operator.
+    RestartOperator,
+    /// SIGKILL a node's plugin.
+    KillPlugin(String),
+    /// (Re)start a node's plugin.
+    RestartPlugin(String),
+    /// Restart a node's kubelet.
+    RestartKubelet(String),
+    /// Flip a GPU's health.
+    GpuHealth(String, u32, bool),
+    /// Set API server faults.
+    SetFaults(FaultConfig),
+    /// Clear API server faults.
+    ClearFaults,
+    /// End every watch stream.
+    DropWatches,
+}
+
+/// Maps a request line to a command; `Err` is the 4xx answer.
+pub fn parse(
+    method: &Method,
+    path: &str,
+    body: &[u8],
+) -> Result<AdminCommand, (StatusCode, String)> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let not_found = || {
+        (
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown control {method} {path}; see GET /sim/status and the module docs of the admin API"
+            ),
+        )
+    };
+    let post = |cmd: AdminCommand| {
+        if method == Method::POST {
+            Ok(cmd)
+        } else {
+            Err((StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes POST")))
+        }
+    };
+    match parts.as_slice() {
+        ["sim", "status"] if method == Method::GET => Ok(AdminCommand::Status),
+        ["sim", "operator", "kill"] => post(AdminCommand::KillOperator),
+        ["sim", "operator", "restart"] => post(AdminCommand::RestartOperator),
+        ["sim", "nodes", node, "plugin", "kill"] => {
+            post(AdminCommand::KillPlugin((*node).to_owned()))
+        }
+        ["sim", "nodes", node, "plugin", "restart"] => {
+            post(AdminCommand::RestartPlugin((*node).to_owned()))
+        }
+        ["sim", "nodes", node, "kubelet", "restart"] => {
+            post(AdminCommand::RestartKubelet((*node).to_owned()))
+        }
+        [
+            "sim",
+            "nodes",
+            node,
+            "gpus",
+            index,
+            health @ ("healthy" | "unhealthy"),
+        ] => {
+            let index = index.parse().map_err(|_| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("GPU index {index:?} is not a number"),
+                )
+            })?;
+            post(AdminCommand::GpuHealth(
+                (*node).to_owned(),
+                index,
+                *health == "healthy",
+            ))
+        }
+        ["sim", "faults"] if method == Method::PUT => serde_json::from_slice(body)
+            .map(AdminCommand::SetFaults)
+            .map_err(|e| (StatusCode::BAD_REQUEST, format!("fault config: {e}"))),
+        ["sim", "faults"] if method == Method::DELETE => Ok(AdminCommand::ClearFaults),
+        ["sim", "faults", "drop-watches"] => post(AdminCommand::DropWatches),
+        _ => Err(not_found()),
+    }
+}
+
+/// Serves the controls on `listener` until `cancel`, passing each command
+/// to whoever owns the cluster through `commands`.
+pub async fn serve(
+    listener: TcpListener,
+    commands: mpsc::Sender<AdminRequest>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    continue;
+                }
+            },
+        };
+        let commands = commands.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(req, commands.clone()));
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "admin connection ended");
+            }
+        });
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    commands: mpsc::Sender<AdminRequest>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Ok(answer(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": e.to_string()}),
+            ));
+        }
+    };
+    let command = match parse(&method, &path, &body) {
+        Ok(c) => c,
+        Err((code, message)) => return Ok(answer(code, serde_json::json!({"error": message}))),
+    };
+    let (reply, answered) = oneshot::channel();
+    if commands
+        .send(AdminRequest { command, reply })
+        .await
+        .is_err()
+    {
+        return Ok(answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"error": "the cluster is shutting down"}),
+        ));
+    }
+    let (code, body) = answered.await.unwrap_or((
+        StatusCode::SERVICE_UNAVAILABLE,
+        serde_json::json!({"error": "the cluster is shutting down"}),
+    ));
+    Ok(answer(code, body))
+}
+
+fn answer(code: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl SimCluster {
+    /// Applies one control and says how it went.
+    pub async fn apply(&mut self, command: AdminCommand) -> (StatusCode, serde_json::Value) {
+        let result = match &command {
+            AdminCommand::Status => {
+                let pids = self.child_pids();
+                let running = self.operator_running();
+                return (
+                    StatusCode::OK,
+                    serde_json::json!({
+                        "nodes": self.node_names(),
+                        "operatorRunning": running,
+                        "operatorNote": self.operator_note(),
+                        "childPids": pids,
+                        "kubeconfig": self.kubeconfig(),
+                        "runDir": self.run_dir(),
+                    }),
+                );
+            }
+            AdminCommand::KillOperator => self.kill_operator().await,
+            AdminCommand::RestartOperator => self.start_operator().await,
+            AdminCommand::KillPlugin(node) => self.kill_plugin(node).await,
+            AdminCommand::RestartPlugin(node) => self.start_plugin(node).await,
+            AdminCommand::RestartKubelet(node) => self.restart_kubelet(node).await,
+            AdminCommand::GpuHealth(node, index, healthy) => {
+                self.set_gpu_health(node, *index, *healthy)
+            }
+            AdminCommand::SetFaults(config) => match self.api_server() {
+                Some(a) => a
+                    .faults()
+                    .set(config.clone())
+                    .map_err(|e| super::ClusterError::Config(e)),
+                None => Ok(()),
+            },
+            AdminCommand::ClearFaults => {
+                if let Some(a) = self.api_server() {
+                    a.faults().clear();
+                }
+                Ok(())
+            }
+            AdminCommand::DropWatches => {
+                if let Some(a) = self.api_server() {
+                    a.faults().drop_watches();
+                }
+                Ok(())
+            }
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(?command, "control applied");
+                (
+                    StatusCode::OK,
+                    serde_json::json!({"done": format!("{command:?}")}),
+                )
+            }
+            Err(e) => {
+                let code = match e {
+                    super::ClusterError::UnknownNode(_) => StatusCode::NOT_FOUND,
+                    super::ClusterError::Config(_) => StatusCode::BAD_REQUEST,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                (code, serde_json::json!({"error": e.to_string()}))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_control_and_names_bad_ones() {
+        let p = |m: Method, path: &str, body: &str| parse(&m, path, body.as_bytes());
+        assert_eq!(p(Method::GET, "/sim/status", ""), Ok(AdminCommand::Status));
+        assert_eq!(
+            p(Method::POST, "/sim/operator/kill", ""),
+            Ok(AdminCommand::KillOperator)
+        );
+        assert_eq!(
+            p(Method::POST, "/sim/nodes/node-2/plugin/restart", ""),
+            Ok(AdminCommand::RestartPlugin("node-2".into()))
+        );
+        assert_eq!(
+            p(Method::POST, "/sim/nodes/node-1/gpus/1/unhealthy", ""),
+            Ok(AdminCommand::GpuHealth("node-1".into(), 1, false))
+        );
+        assert!(matches!(
+            p(Method::PUT, "/sim/faults", r#"{"errorRate":0.5}"#),
+            Ok(AdminCommand::SetFaults(FaultConfig { error_rate, .. })) if error_rate == 0.5
+        ));
+        let (code, msg) = p(Method::GET, "/sim/operator/kill", "").expect_err("GET");
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED, "{msg}");
+        let (code, msg) =
+            p(Method::POST, "/sim/nodes/node-1/gpus/x/healthy", "").expect_err("index");
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(msg.contains("\"x\""), "{msg}");
+        let (code, _) = p(Method::POST, "/sim/nope", "").expect_err("unknown");
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        let (code, msg) = p(Method::PUT, "/sim/faults", "{").expect_err("bad json");
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(msg.contains("fault config"), "{msg}");
+    }
+}
