@@ -682,12 +682,29 @@ fn check_common(m: &Manifests, version: &str) {
             (
                 "coordination.k8s.io",
                 "leases",
-                &["get", "create", "update", "patch"],
-                &[]
+                &["get", "update", "patch"],
+                &["gpupool-operator"]
             ),
-            ("", "secrets", &["get", "create", "update", "patch"], &[]),
+            ("coordination.k8s.io", "leases", &["create"], &[]),
+            (
+                "",
+                "secrets",
+                &["get", "update", "patch"],
+                &["gpupool-webhook-tls"]
+            ),
+            ("", "secrets", &["create"], &[]),
         ]),
-        "operator Role: its leader-election Lease and its certificate Secret"
+        "operator Role: its leader-election Lease and its certificate Secret, by name"
+    );
+
+    // Only the operator's own ServiceAccount may lift the scheduling gate.
+    let gate_owner = format!(
+        "--gate-owner=system:serviceaccount:{NAMESPACE}:{}",
+        op_pod.service_account_name.as_deref().unwrap_or_default()
+    );
+    assert!(
+        args.contains(&gate_owner.as_str()),
+        "operator args {args:?} lack {gate_owner}"
     );
 
     // Every binding binds a role the chart renders to a ServiceAccount it renders.
@@ -1419,4 +1436,43 @@ fn the_static_gpu_list_is_what_the_device_plugin_reads() {
             });
     let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
     assert_eq!(indices, [0, 1]);
+}
+
+#[test]
+fn flags_name_the_objects_of_any_release() {
+    let Some(helm) = helm() else { return };
+    let text = run_helm(
+        &helm,
+        &["template", "team-a", ".", "--namespace", "ml-infra"],
+    )
+    .unwrap_or_else(|e| panic!("helm template team-a: {e}"));
+    let m = Manifests::parse(&text);
+    let op = m.operator();
+    let name = op.metadata.name.as_deref().expect("named");
+    assert_eq!(name, "team-a-gpupool-operator");
+    let pod = pod_spec_of_deployment(op);
+    let account = pod
+        .service_account_name
+        .as_deref()
+        .expect("service account");
+    assert!(
+        m.service_accounts
+            .iter()
+            .any(|a| a.metadata.name.as_deref() == Some(account)),
+        "the pod's ServiceAccount {account} is rendered"
+    );
+    let args = args_of(&pod.containers[0]);
+    let service = m.service(name);
+    let webhook_service = format!(
+        "--webhook-service=ml-infra/{}",
+        service.metadata.name.as_deref().expect("named")
+    );
+    let gate_owner = format!("--gate-owner=system:serviceaccount:ml-infra:{account}");
+    for want in [
+        webhook_service.as_str(),
+        gate_owner.as_str(),
+        "--namespace=ml-infra",
+    ] {
+        assert!(args.contains(&want), "operator args {args:?} lack {want}");
+    }
 }
