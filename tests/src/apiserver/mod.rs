@@ -1,1 +1,446 @@
-//! The in-memory Kubernetes API server.
+//! The in-memory Kubernetes API server of the simulated cluster (DESIGN §7).
+//!
+//! It speaks the real REST and watch protocol over HTTP/1.1 on 127.0.0.1 so
+//! that kube-rs clients, the real `gpupool-operator` / `gpupool-device-plugin`
+//! binaries and `kubectl` work against it unchanged. What it does:
+//!
+//! - JSON only. Core `v1` and `/apis/<group>/<version>` paths, namespaced and
+//!   cluster-scoped; get, list, watch, create, update, patch (JSON Patch,
+//!   merge patch, strategic merge patch for built-in types), delete and
+//!   deletecollection; `Status` error bodies as the real server sends them.
+//! - One global, monotonically increasing resourceVersion; watch streams with
+//!   bookmarks and `410 Gone` once a requested version has left the bounded
+//!   event window.
+//! - Object semantics: uid, generateName, generation, optimistic
+//!   concurrency, status subresources, finalizers, pod grace periods,
+//!   background garbage collection by ownerReferences, namespaces.
+//! - CustomResourceDefinitions make their resources servable, validated
+//!   against their `openAPIV3Schema`; admission webhooks are called over
+//!   HTTPS; PodDisruptionBudgets guard evictions.
+//! - Discovery and `meta.k8s.io/v1` Table output for kubectl. `/openapi/v2`
+//!   and `/openapi/v3` are not served, so `kubectl apply` and `create` need
+//!   `--validate=false`.
+//!
+//! Identity: bearer tokens map to users (token → username, uid, groups);
+//! requests without a known token get 401. **RBAC is not enforced**: every
+//! authenticated user may do everything. Server-side apply is refused with
+//! 415; protobuf is refused with 415/406; `pods/log`, `exec` and the like
+//! answer 501. Fault injection ([`Faults`]) is off by default.
+
+mod admission;
+mod discovery;
+pub mod error;
+mod faults;
+mod gc;
+mod http;
+mod kubeconfig;
+mod objects;
+pub mod patch;
+mod pods;
+pub mod registry;
+mod schema;
+pub mod selectors;
+pub mod store;
+mod table;
+mod util;
+mod watch;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+pub use faults::{FaultConfig, Faults};
+
+use registry::{Registry, ResourceId};
+use store::State;
+
+/// The token [`ApiServerConfig::default`] accepts, for user `admin` in group
+/// `system:masters`.
+pub const ADMIN_TOKEN: &str = "gpupool-sim-admin-token";
+
+/// A user a bearer token authenticates as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    /// `username` of the AdmissionReview's userInfo.
+    pub username: String,
+    /// `uid`.
+    pub uid: String,
+    /// `groups` (`system:authenticated` is added automatically).
+    pub groups: Vec<String>,
+}
+
+/// How to start the server.
+#[derive(Debug, Clone)]
+pub struct ApiServerConfig {
+    /// TCP port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+    /// Bearer token → user. Requests with any other token get 401.
+    pub tokens: HashMap<String, UserInfo>,
+    /// Where webhook `service` references go: `"namespace/name"` → a local
+    /// address (the port of the reference is ignored in favour of this one).
+    pub service_addresses: HashMap<String, SocketAddr>,
+    /// How many watch events are retained for watches that resume from an
+    /// older resourceVersion; older ones get 410 Gone.
+    pub event_window: usize,
+    /// Seed of the fault-injection random generator.
+    pub fault_seed: u64,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> Self {
+        let mut tokens = HashMap::new();
+        tokens.insert(
+            ADMIN_TOKEN.to_string(),
+            UserInfo {
+                username: "admin".into(),
+                uid: "admin-uid".into(),
+                groups: vec!["system:masters".into()],
+            },
+        );
+        ApiServerConfig {
+            port: 0,
+            tokens,
+            service_addresses: HashMap::new(),
+            event_window: 50_000,
+            fault_seed: 1,
+        }
+    }
+}
+
+impl ApiServerConfig {
+    /// Adds a token for a user (builder style).
+    pub fn with_token(mut self, token: &str, username: &str, groups: &[&str]) -> Self {
+        self.tokens.insert(
+            token.to_string(),
+            UserInfo {
+                username: username.to_string(),
+                uid: format!("{username}-uid"),
+                groups: groups.iter().map(|g| g.to_string()).collect(),
+            },
+        );
+        self
+    }
+
+    /// Routes webhook `service` references to `ns/name` to a local address.
+    pub fn with_service(mut self, namespace: &str, name: &str, addr: SocketAddr) -> Self {
+        self.service_addresses
+            .insert(format!("{namespace}/{name}"), addr);
+        self
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// Binding the port failed.
+    #[error("cannot listen on 127.0.0.1:{port}: {source}")]
+    Bind {
+        /// The port asked for.
+        port: u16,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Writing the kubeconfig failed.
+    #[error("cannot write kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Building a client failed.
+    #[error("cannot build a kube client: {0}")]
+    Client(String),
+}
+
+/// State shared by the HTTP handlers and background tasks.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    config: ApiServerConfig,
+    faults: Faults,
+    ids: util::SplitMix,
+    gc_wakeup: Notify,
+    cancel: CancellationToken,
+    http_client: admission::WebhookClient,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving anyway.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Starts servers.
+#[derive(Debug)]
+pub struct ApiServer;
+
+impl ApiServer {
+    /// Binds 127.0.0.1:`port`, creates the `default`, `kube-system`,
+    /// `kube-public` and `kube-node-lease` namespaces and serves until
+    /// [`RunningApiServer::shutdown`] (or drop).
+    pub async fn start(config: ApiServerConfig) -> Result<RunningApiServer, ApiServerError> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
+            .await
+            .map_err(|source| ApiServerError::Bind {
+                port: config.port,
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ApiServerError::Bind {
+                port: config.port,
+                source,
+            })?;
+        let (tx, _) = broadcast::channel(16_384);
+        let state = State::new(Registry::builtin(), config.event_window, tx);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            faults: Faults::new(config.fault_seed),
+            ids: util::SplitMix::new(
+                jiff::Timestamp::now().as_nanosecond() as u64 ^ u64::from(addr.port()),
+            ),
+            config,
+            gc_wakeup: Notify::new(),
+            cancel: CancellationToken::new(),
+            http_client: admission::WebhookClient::new(),
+        });
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            objects::bootstrap_namespace(&shared, ns);
+        }
+        let gc_task = tokio::spawn(gc::run(shared.clone()));
+        let serve_task = tokio::spawn(http::serve(shared.clone(), listener));
+        tracing::info!(%addr, "simulated API server listening");
+        Ok(RunningApiServer {
+            addr,
+            shared,
+            tasks: vec![gc_task, serve_task],
+        })
+    }
+}
+
+/// A server that is serving. Dropping it stops it.
+pub struct RunningApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunningApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningApiServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl RunningApiServer {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig (cluster `gpupool-sim`, namespace `default`) that
+    /// authenticates with `token`.
+    pub fn kubeconfig_yaml(&self, token: &str) -> String {
+        kubeconfig::render(&self.base_url(), token)
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600).
+    pub fn write_kubeconfig(&self, path: &Path, token: &str) -> Result<(), ApiServerError> {
+        kubeconfig::write(path, &self.kubeconfig_yaml(token)).map_err(|source| {
+            ApiServerError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            }
+        })
+    }
+
+    /// A kube client authenticated with [`ADMIN_TOKEN`] (or the first
+    /// configured token when that one is not configured).
+    pub async fn client(&self) -> Result<kube::Client, ApiServerError> {
+        let token = if self.shared.config.tokens.contains_key(ADMIN_TOKEN) {
+            ADMIN_TOKEN.to_string()
+        } else {
+            self.shared
+                .config
+                .tokens
+                .keys()
+                .next()
+                .cloned()
+                .unwrap_or_default()
+        };
+        self.client_with_token(&token).await
+    }
+
+    /// A kube client authenticated with `token`, built from the kubeconfig.
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, ApiServerError> {
+        let cfg = self.kube_config(token).await?;
+        kube::Client::try_from(cfg).map_err(|e| ApiServerError::Client(e.to_string()))
+    }
+
+    /// The kube client configuration for `token` (to adjust before building
+    /// a client, e.g. `default_retry = false` so a 429 surfaces at once
+    /// instead of being retried by kube's default policy).
+    pub async fn kube_config(&self, token: &str) -> Result<kube::Config, ApiServerError> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml(token))
+            .map_err(|e| ApiServerError::Client(e.to_string()))?;
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| ApiServerError::Client(e.to_string()))
+    }
+
+    /// Creates an object through the normal create path (defaults,
+    /// validation, admission webhooks) as user `admin`; CRDs created this way
+    /// become servable at once.
+    pub async fn create(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+        namespace: &str,
+        obj: Value,
+    ) -> Result<Value, error::ApiError> {
+        let def = self
+            .shared
+            .lock()
+            .registry
+            .get(group, version, plural)
+            .cloned()
+            .ok_or_else(|| error::ApiError::not_found(group, plural, ""))?;
+        let ctx = objects::WriteCtx {
+            user: UserInfo {
+                username: "admin".into(),
+                uid: "admin-uid".into(),
+                groups: vec!["system:masters".into()],
+            },
+            dry_run: false,
+            strict: false,
+        };
+        objects::create(&self.shared, &def, namespace, obj, &ctx)
+            .await
+            .map(|o| (*o).clone())
+    }
+
+    /// Creates every CustomResourceDefinition in a multi-document YAML
+    /// string (such as the files under `crds/`).
+    pub async fn create_crds_from_yaml(&self, yaml: &str) -> Result<usize, error::ApiError> {
+        let mut n = 0;
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let v = Value::deserialize(doc)
+                .map_err(|e| error::ApiError::bad_request(format!("invalid CRD YAML: {e}")))?;
+            if v.is_null() {
+                continue;
+            }
+            self.create(
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                "",
+                v,
+            )
+            .await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Direct access to the stored objects, bypassing HTTP, admission and
+    /// validation.
+    pub fn admin(&self) -> Admin {
+        Admin {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The fault-injection controls (all off by default).
+    pub fn faults(&self) -> Faults {
+        self.shared.faults.clone()
+    }
+
+    /// Stops serving: closes the listener and every watch stream.
+    pub async fn shutdown(mut self) {
+        self.shared.cancel.cancel();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for RunningApiServer {
+    fn drop(&mut self) {
+        self.shared.cancel.cancel();
+    }
+}
+
+/// Reads and writes stored objects directly, for tests and the simulator.
+#[derive(Clone)]
+pub struct Admin {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admin")
+    }
+}
+
+impl Admin {
+    /// One object by group (`""` for core), plural, namespace (`""` when
+    /// cluster-scoped) and name.
+    pub fn get(&self, group: &str, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .lock()
+            .get(&ResourceId::new(group, plural), namespace, name)
+            .map(|o| (*o).clone())
+    }
+
+    /// Every object of a resource, optionally in one namespace.
+    pub fn list(&self, group: &str, plural: &str, namespace: Option<&str>) -> Vec<Value> {
+        self.shared
+            .lock()
+            .list(&ResourceId::new(group, plural), namespace, None)
+            .map(|(_, o)| (**o).clone())
+            .collect()
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().current_rv()
+    }
+
+    /// Stores an object as given (metadata.name/namespace must be set; uid
+    /// and creationTimestamp are filled in when absent), emitting the watch
+    /// event. No admission, no validation.
+    pub fn put(&self, group: &str, plural: &str, obj: Value) -> Result<Value, error::ApiError> {
+        objects::admin_put(&self.shared, group, plural, obj)
+    }
+
+    /// Removes an object at once, ignoring finalizers and grace periods.
+    pub fn remove(&self, group: &str, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let removed = self
+            .shared
+            .lock()
+            .remove(&ResourceId::new(group, plural), namespace, name)
+            .map(|o| (*o).clone());
+        self.shared.gc_wakeup.notify_one();
+        removed
+    }
+
+    /// Forgets every retained watch event, so any watch resuming from an
+    /// older resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        self.shared.lock().compact_all();
+    }
+}

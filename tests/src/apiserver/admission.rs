@@ -1,0 +1,550 @@
+//! Admission webhooks: the registered Mutating/ValidatingWebhookConfigurations
+//! are called over HTTPS with an `admission.k8s.io/v1` AdmissionReview,
+//! verifying the server against the configuration's `caBundle`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+use super::Shared;
+use super::error::{ApiError, Reason};
+use super::objects::WriteCtx;
+use super::registry::{ResourceDef, ResourceId};
+use super::selectors::LabelSelector;
+use super::util::{base64_decode, meta_str};
+
+/// The operation being admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// CREATE.
+    Create,
+    /// UPDATE.
+    Update,
+    /// DELETE.
+    Delete,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+}
+
+/// Calls webhooks; caches TLS client configurations per CA bundle.
+#[derive(Default)]
+pub struct WebhookClient {
+    tls: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
+}
+
+impl WebhookClient {
+    /// A client with an empty cache.
+    pub fn new() -> Self {
+        WebhookClient::default()
+    }
+
+    fn tls_config(&self, ca_bundle_b64: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut cache = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(ca_bundle_b64) {
+            return Ok(c.clone());
+        }
+        let pem =
+            base64_decode(ca_bundle_b64).map_err(|e| format!("caBundle is not base64: {e}"))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| format!("caBundle holds no valid PEM certificate: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("caBundle certificate rejected: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("caBundle holds no certificate".into());
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let cfg = Arc::new(cfg);
+        cache.insert(ca_bundle_b64.to_string(), cfg.clone());
+        Ok(cfg)
+    }
+}
+
+/// Where to send a review.
+struct Target {
+    /// Host to connect to (IP or name), and port.
+    connect: String,
+    /// Name the server certificate must carry.
+    server_name: String,
+    /// Request path and query.
+    path: String,
+    /// Shown in error messages.
+    display_url: String,
+}
+
+fn resolve(sh: &Shared, client_config: &Value) -> Result<Target, String> {
+    if let Some(url) = client_config.get("url").and_then(Value::as_str) {
+        let rest = url
+            .strip_prefix("https://")
+            .ok_or_else(|| format!("webhook url {url} must use https"))?;
+        let (hostport, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| format!("bad port in webhook url {url}"))?,
+            ),
+            _ => (hostport, 443),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        return Ok(Target {
+            connect: if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            },
+            server_name: host.to_string(),
+            path: path.to_string(),
+            display_url: url.to_string(),
+        });
+    }
+    if let Some(svc) = client_config.get("service") {
+        let ns = svc
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let name = svc.get("name").and_then(Value::as_str).unwrap_or_default();
+        let path = svc.get("path").and_then(Value::as_str).unwrap_or("/");
+        let port = svc.get("port").and_then(Value::as_u64).unwrap_or(443);
+        let addr = sh
+            .config
+            .service_addresses
+            .get(&format!("{ns}/{name}"))
+            .ok_or_else(|| {
+                format!(
+                    "service \"{ns}/{name}\" has no address configured in the simulated API server"
+                )
+            })?;
+        return Ok(Target {
+            connect: addr.to_string(),
+            server_name: format!("{name}.{ns}.svc"),
+            path: path.to_string(),
+            display_url: format!("https://{name}.{ns}.svc:{port}{path}"),
+        });
+    }
+    Err("webhook clientConfig has neither url nor service".into())
+}
+
+fn list_contains(list: Option<&Value>, want: &str) -> bool {
+    list.and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == "*" || x == want))
+}
+
+fn rule_matches(rule: &Value, def: &ResourceDef, op: Operation, sub: &str) -> bool {
+    if !list_contains(rule.get("operations"), op.as_str()) {
+        return false;
+    }
+    if !list_contains(rule.get("apiGroups"), &def.group)
+        || !list_contains(rule.get("apiVersions"), &def.version)
+    {
+        return false;
+    }
+    let scope = rule.get("scope").and_then(Value::as_str).unwrap_or("*");
+    if (scope == "Namespaced" && !def.namespaced) || (scope == "Cluster" && def.namespaced) {
+        return false;
+    }
+    let wanted = if sub.is_empty() {
+        def.plural.clone()
+    } else {
+        format!("{}/{sub}", def.plural)
+    };
+    rule.get("resources")
+        .and_then(Value::as_array)
+        .is_some_and(|rs| {
+            rs.iter().filter_map(Value::as_str).any(|r| {
+                r == wanted
+                    || r == "*/*"
+                    || (r == "*" && sub.is_empty())
+                    || (sub.is_empty() && r == def.plural)
+                    || r.strip_suffix("/*")
+                        .is_some_and(|p| p == def.plural && !sub.is_empty())
+                    || r.strip_prefix("*/").is_some_and(|s| s == sub)
+            })
+        })
+}
+
+fn labels_match(selector: Option<&Value>, labels: Option<&Value>) -> Result<bool, String> {
+    let sel = LabelSelector::from_object(selector)?;
+    Ok(sel.matches_labels(labels))
+}
+
+/// Runs the mutating webhooks, applying their patches to `obj`.
+pub async fn mutate(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    op: Operation,
+    sub: &str,
+    obj: &mut Value,
+    old: Option<&Value>,
+    ctx: &WriteCtx,
+) -> Result<(), ApiError> {
+    run(
+        sh,
+        "mutatingwebhookconfigurations",
+        def,
+        op,
+        sub,
+        obj,
+        old,
+        ctx,
+    )
+    .await
+}
+
+/// Runs the validating webhooks.
+pub async fn validate(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    op: Operation,
+    sub: &str,
+    obj: &mut Value,
+    old: Option<&Value>,
+    ctx: &WriteCtx,
+) -> Result<(), ApiError> {
+    run(
+        sh,
+        "validatingwebhookconfigurations",
+        def,
+        op,
+        sub,
+        obj,
+        old,
+        ctx,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    sh: &Arc<Shared>,
+    plural: &str,
+    def: &ResourceDef,
+    op: Operation,
+    sub: &str,
+    obj: &mut Value,
+    old: Option<&Value>,
+    ctx: &WriteCtx,
+) -> Result<(), ApiError> {
+    if def.group == "admissionregistration.k8s.io" {
+        return Ok(());
+    }
+    let mutating = plural.starts_with("mutating");
+    let (hooks, ns_labels) = {
+        let st = sh.lock();
+        let id = ResourceId::new("admissionregistration.k8s.io", plural);
+        let mut hooks = Vec::new();
+        for (_, cfg) in st.list(&id, None, None) {
+            for h in cfg
+                .get("webhooks")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                hooks.push(h.clone());
+            }
+        }
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let ns = meta_str(obj, "namespace").or_else(|| old.and_then(|o| meta_str(o, "namespace")));
+        let ns_labels = if def.group.is_empty() && def.plural == "namespaces" {
+            obj.pointer("/metadata/labels").cloned()
+        } else {
+            ns.and_then(|n| st.get(&ResourceId::new("", "namespaces"), "", n))
+                .and_then(|n| n.pointer("/metadata/labels").cloned())
+        };
+        (hooks, ns_labels)
+    };
+    for hook in hooks {
+        let name = hook
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let rules_ok = hook
+            .get("rules")
+            .and_then(Value::as_array)
+            .is_some_and(|rs| rs.iter().any(|r| rule_matches(r, def, op, sub)));
+        if !rules_ok {
+            continue;
+        }
+        let scoped = def.namespaced || (def.group.is_empty() && def.plural == "namespaces");
+        if scoped {
+            match labels_match(hook.get("namespaceSelector"), ns_labels.as_ref()) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    return Err(ApiError::internal(format!(
+                        "webhook \"{name}\" has an invalid namespaceSelector: {e}"
+                    )));
+                }
+            }
+        }
+        let obj_labels = obj.pointer("/metadata/labels");
+        let old_labels = old.and_then(|o| o.pointer("/metadata/labels"));
+        let by_obj = labels_match(hook.get("objectSelector"), obj_labels).map_err(|e| {
+            ApiError::internal(format!(
+                "webhook \"{name}\" has an invalid objectSelector: {e}"
+            ))
+        })?;
+        let by_old =
+            old.is_some() && labels_match(hook.get("objectSelector"), old_labels).unwrap_or(false);
+        if !(by_obj || by_old) {
+            continue;
+        }
+        let side_effects = hook
+            .get("sideEffects")
+            .and_then(Value::as_str)
+            .unwrap_or("Unknown");
+        if ctx.dry_run && !matches!(side_effects, "None" | "NoneOnDryRun") {
+            return Err(ApiError::bad_request(format!(
+                "admission webhook \"{name}\" has side effects and does not support dry run"
+            )));
+        }
+        let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+        let timeout = hook
+            .get("timeoutSeconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(10)
+            .clamp(1, 30);
+        let review = build_review(sh, def, op, sub, obj, old, ctx);
+        let uid = review["request"]["uid"].clone();
+        let response = match call(sh, &hook, &review, timeout).await {
+            Ok(r) => r,
+            Err(e) if fail_open => {
+                tracing::warn!(webhook = %name, error = %e, "webhook failed; failurePolicy Ignore");
+                continue;
+            }
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: failed calling webhook \"{name}\": {e}"
+                )));
+            }
+        };
+        let resp = &response["response"];
+        if resp.get("uid") != Some(&uid) {
+            let e = format!(
+                "expected response.uid={uid}, got {}",
+                resp.get("uid").unwrap_or(&Value::Null)
+            );
+            if fail_open {
+                continue;
+            }
+            return Err(ApiError::internal(format!(
+                "Internal error occurred: failed calling webhook \"{name}\": {e}"
+            )));
+        }
+        if resp.get("allowed").and_then(Value::as_bool) != Some(true) {
+            let status = resp.get("status");
+            let code = status
+                .and_then(|s| s.get("code"))
+                .and_then(Value::as_u64)
+                .filter(|c| *c >= 400)
+                .unwrap_or(403) as u16;
+            let message = match status
+                .and_then(|s| s.get("message"))
+                .and_then(Value::as_str)
+                .filter(|m| !m.is_empty())
+            {
+                Some(m) => format!("admission webhook \"{name}\" denied the request: {m}"),
+                None => {
+                    format!("admission webhook \"{name}\" denied the request without explanation")
+                }
+            };
+            let reason = match code {
+                400 => Reason::BadRequest,
+                404 => Reason::NotFound,
+                409 => Reason::Conflict,
+                422 => Reason::Invalid,
+                429 => Reason::TooManyRequests,
+                500 => Reason::InternalError,
+                _ => Reason::Forbidden,
+            };
+            return Err(ApiError {
+                reason,
+                message,
+                details: None,
+                code: Some(code),
+            });
+        }
+        if let Some(p) = resp.get("patch").and_then(Value::as_str) {
+            if !mutating {
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: validating webhook \"{name}\" returned a patch"
+                )));
+            }
+            if resp.get("patchType").and_then(Value::as_str) != Some("JSONPatch") {
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: webhook \"{name}\" returned an unsupported patchType {}",
+                    resp.get("patchType").unwrap_or(&Value::Null)
+                )));
+            }
+            let bytes = base64_decode(p).map_err(|e| {
+                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned a patch that is not base64: {e}"))
+            })?;
+            let ops: json_patch::Patch = serde_json::from_slice(&bytes).map_err(|e| {
+                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned an invalid JSON patch: {e}"))
+            })?;
+            json_patch::patch(obj, &ops).map_err(|e| {
+                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned a patch that does not apply: {e}"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn build_review(
+    sh: &Shared,
+    def: &ResourceDef,
+    op: Operation,
+    sub: &str,
+    obj: &Value,
+    old: Option<&Value>,
+    ctx: &WriteCtx,
+) -> Value {
+    let kind = json!({"group": def.group, "version": def.version, "kind": def.kind});
+    let resource = json!({"group": def.group, "version": def.version, "resource": def.plural});
+    let name = meta_str(obj, "name").unwrap_or_default();
+    let mut groups = ctx.user.groups.clone();
+    if !groups.iter().any(|g| g == "system:authenticated") {
+        groups.push("system:authenticated".into());
+    }
+    let options_kind = match op {
+        Operation::Create => "CreateOptions",
+        Operation::Update => "UpdateOptions",
+        Operation::Delete => "DeleteOptions",
+    };
+    let mut req = json!({
+        "uid": sh.ids.uuid(),
+        "kind": kind,
+        "resource": resource,
+        "requestKind": kind,
+        "requestResource": resource,
+        "name": name,
+        "operation": op.as_str(),
+        "userInfo": {"username": ctx.user.username, "uid": ctx.user.uid, "groups": groups},
+        "object": if op == Operation::Delete { Value::Null } else { obj.clone() },
+        "oldObject": old.cloned().unwrap_or(Value::Null),
+        "dryRun": ctx.dry_run,
+        "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
+    });
+    if def.namespaced {
+        req["namespace"] = json!(meta_str(obj, "namespace").unwrap_or_default());
+    }
+    if !sub.is_empty() {
+        req["subResource"] = json!(sub);
+        req["requestSubResource"] = json!(sub);
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+}
+
+async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Result<Value, String> {
+    let cc = hook.get("clientConfig").cloned().unwrap_or(Value::Null);
+    let target = resolve(sh, &cc)?;
+    let ca = cc
+        .get("caBundle")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if ca.is_empty() {
+        return Err("failed to call webhook: clientConfig.caBundle is empty (the simulated API server has no other trust roots)".into());
+    }
+    let tls = sh.http_client.tls_config(ca)?;
+    let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
+    let sep = if target.path.contains('?') { '&' } else { '?' };
+    let path = format!("{}{sep}timeout={timeout_s}s", target.path);
+    let fut = async {
+        let tcp = tokio::net::TcpStream::connect(&target.connect)
+            .await
+            .map_err(|e| format!("dial tcp {}: {e}", target.connect))?;
+        let server_name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
+            .map_err(|e| format!("invalid server name {}: {e}", target.server_name))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(server_name, tcp)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::post(&path)
+            .header("host", target.server_name.as_str())
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!(
+                "received invalid webhook response: HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        serde_json::from_slice::<Value>(&bytes)
+            .map_err(|e| format!("received invalid webhook response: {e}"))
+    };
+    match tokio::time::timeout(Duration::from_secs(timeout_s), fut).await {
+        Ok(r) => r.map_err(|e| {
+            format!(
+                "failed to call webhook: Post \"{}\": {e}",
+                target.display_url
+            )
+        }),
+        Err(_) => Err(format!(
+            "failed to call webhook: Post \"{}?timeout={timeout_s}s\": context deadline exceeded",
+            target.display_url
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::registry::Registry;
+    use super::*;
+
+    #[test]
+    fn rules_match_resources_and_subresources() {
+        let reg = Registry::builtin();
+        let pods = reg.get("", "v1", "pods").expect("pods");
+        let rule = json!({"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]});
+        assert!(rule_matches(&rule, pods, Operation::Create, ""));
+        assert!(!rule_matches(&rule, pods, Operation::Update, ""));
+        assert!(!rule_matches(&rule, pods, Operation::Create, "status"));
+        let all = json!({"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"]});
+        assert!(rule_matches(&all, pods, Operation::Update, "status"));
+        let cluster = json!({"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "scope": "Cluster"});
+        assert!(!rule_matches(&cluster, pods, Operation::Create, ""));
+    }
+}

@@ -1,0 +1,160 @@
+//! Background clean-up, as the real controllers do it: garbage collection of
+//! dependents whose owners are all gone, namespace termination, and removal
+//! of custom resources whose CRD was deleted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::objects::{self, DeleteOpts, WriteCtx};
+use super::registry::ResourceId;
+use super::store::State;
+use super::{Shared, UserInfo};
+
+fn gc_user() -> UserInfo {
+    UserInfo {
+        username: "system:serviceaccount:kube-system:generic-garbage-collector".into(),
+        uid: "generic-garbage-collector".into(),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+        ],
+    }
+}
+
+/// Removes owner references to `uid` from every object (orphan deletion).
+pub fn orphan_dependents(st: &mut State, uid: &str) {
+    let mut changed = Vec::new();
+    for id in st.resources() {
+        for ((ns, name), obj) in st.list(&id, None, None) {
+            let refs = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array);
+            if refs.is_some_and(|r| r.iter().any(|o| o["uid"] == uid)) {
+                let mut o = (**obj).clone();
+                if let Some(list) = o
+                    .pointer_mut("/metadata/ownerReferences")
+                    .and_then(Value::as_array_mut)
+                {
+                    list.retain(|r| r["uid"] != uid);
+                }
+                changed.push((id.clone(), ns.clone(), name.clone(), o));
+            }
+        }
+    }
+    for (id, ns, name, o) in changed {
+        st.put(&id, &ns, &name, o);
+    }
+}
+
+/// What one sweep found to delete.
+struct Sweep {
+    deletes: Vec<(ResourceId, String, String)>,
+}
+
+fn find_work(st: &mut State) -> Sweep {
+    let mut deletes = Vec::new();
+    // Custom resources whose CRD is gone.
+    let crds = ResourceId::new("apiextensions.k8s.io", "customresourcedefinitions");
+    let orphaned_kinds: Vec<(String, String)> = st
+        .registry
+        .all()
+        .filter(|d| d.custom)
+        .filter(|d| {
+            st.get(&crds, "", &format!("{}.{}", d.plural, d.group))
+                .is_none()
+        })
+        .map(|d| (d.group.clone(), d.plural.clone()))
+        .collect();
+    for (group, plural) in orphaned_kinds {
+        let id = ResourceId::new(&group, &plural);
+        let keys: Vec<(String, String)> =
+            st.list(&id, None, None).map(|(k, _)| k.clone()).collect();
+        for (ns, name) in keys {
+            st.remove(&id, &ns, &name);
+        }
+        st.forget_resource(&id);
+        st.registry.remove_crd(&group, &plural);
+    }
+    // Dependents whose owners are all gone.
+    for id in st.resources() {
+        for ((ns, name), obj) in st.list(&id, None, None) {
+            let Some(refs) = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+            else {
+                continue;
+            };
+            if refs.is_empty() || obj.pointer("/metadata/deletionTimestamp").is_some() {
+                continue;
+            }
+            let all_gone = refs.iter().all(|r| {
+                r.get("uid")
+                    .and_then(Value::as_str)
+                    .is_none_or(|u| st.by_uid(u).is_none())
+            });
+            if all_gone {
+                deletes.push((id.clone(), ns.clone(), name.clone()));
+            }
+        }
+    }
+    // Terminating namespaces: delete their content; remove them once empty.
+    let ns_id = ResourceId::new("", "namespaces");
+    let terminating: Vec<String> = st
+        .list(&ns_id, None, None)
+        .filter(|(_, n)| n.pointer("/metadata/deletionTimestamp").is_some())
+        .map(|(k, _)| k.1.clone())
+        .collect();
+    for ns in terminating {
+        let mut remaining = 0;
+        for id in st.resources() {
+            for ((_, name), obj) in st.list(&id, Some(&ns), None) {
+                remaining += 1;
+                if obj.pointer("/metadata/deletionTimestamp").is_none() {
+                    deletes.push((id.clone(), ns.clone(), name.clone()));
+                }
+            }
+        }
+        if remaining == 0 {
+            st.remove(&ns_id, "", &ns);
+        }
+    }
+    Sweep { deletes }
+}
+
+/// Runs sweeps whenever something was removed, until the server stops.
+pub async fn run(sh: Arc<Shared>) {
+    loop {
+        tokio::select! {
+            _ = sh.gc_wakeup.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = sh.cancel.cancelled() => return,
+        }
+        // Let a burst of deletions settle into one sweep.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let work = {
+            let mut st = sh.lock();
+            find_work(&mut st)
+        };
+        let ctx = WriteCtx {
+            user: gc_user(),
+            dry_run: false,
+            strict: false,
+        };
+        let mut again = false;
+        for (id, ns, name) in work.deletes {
+            let def = sh.lock().registry.storage_def(&id).cloned();
+            let Some(def) = def else { continue };
+            match objects::delete(&sh, &def, &ns, &name, &DeleteOpts::default(), &ctx).await {
+                Ok(_) => again = true,
+                Err(e) => {
+                    tracing::debug!(resource = %id.plural, %ns, %name, error = %e, "garbage collection delete failed")
+                }
+            }
+        }
+        if again {
+            sh.gc_wakeup.notify_one();
+        }
+    }
+}

@@ -1,0 +1,882 @@
+//! HTTP/1.1 serving, authentication, path routing and the REST verbs.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use super::error::{ApiError, Reason, success_status};
+use super::objects::{self, Change, DeleteOpts, Part, WriteCtx};
+use super::patch::PatchType;
+use super::registry::ResourceDef;
+use super::selectors::{FieldSelector, LabelSelector};
+use super::util::{base64_decode, base64_encode, meta_str, parse_query};
+use super::{Shared, UserInfo, discovery, pods, table, watch};
+
+/// The response body type: whole JSON documents or watch streams.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// Accepts connections until the server is cancelled.
+pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = sh.cancel.cancelled() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let svc_sh = sh.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let sh = svc_sh.clone();
+                async move { Ok::<_, Infallible>(handle(sh, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = sh.cancel.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
+                }
+            }
+        });
+    }
+}
+
+/// A JSON response.
+pub fn json_response(code: u16, body: &Value) -> Response<Body> {
+    bytes_response(
+        code,
+        Bytes::from(serde_json::to_vec(body).unwrap_or_default()),
+    )
+}
+
+fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).boxed());
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The `Status` response of an error.
+pub fn error_response(e: &ApiError) -> Response<Body> {
+    let mut r = json_response(e.http_code(), &e.status_body());
+    if let Some(secs) = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// What the handlers need from a request.
+pub struct Req {
+    /// Method.
+    pub method: Method,
+    /// Path segments.
+    pub segments: Vec<String>,
+    /// Decoded query parameters.
+    pub query: HashMap<String, String>,
+    /// Accept header.
+    pub accept: String,
+    /// Content-Type header.
+    pub content_type: String,
+    /// The authenticated user.
+    pub user: UserInfo,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Req {
+    fn q(&self, k: &str) -> Option<&str> {
+        self.query
+            .get(k)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.q(k), Some("1" | "true" | "True"))
+    }
+
+    fn wants_table(&self) -> bool {
+        self.accept
+            .split(',')
+            .next()
+            .is_some_and(|first| first.contains("as=Table"))
+            || (self.accept.contains("as=Table") && !self.accept.starts_with("application/json,"))
+    }
+
+    fn write_ctx(&self) -> Result<WriteCtx, ApiError> {
+        let dry_run = match self.q("dryRun") {
+            None => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "Invalid dryRun: \"{other}\": supported values: \"All\""
+                )));
+            }
+        };
+        let strict = match self.q("fieldValidation") {
+            None | Some("Ignore" | "Warn") => false,
+            Some("Strict") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "fieldValidation: Invalid value: \"{other}\": fieldValidation must be one of \"Ignore\", \"Warn\", or \"Strict\""
+                )));
+            }
+        };
+        Ok(WriteCtx {
+            user: self.user.clone(),
+            dry_run,
+            strict,
+        })
+    }
+
+    fn json_body(&self) -> Result<Value, ApiError> {
+        let ct = self
+            .content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim();
+        if !ct.is_empty() && ct != "application/json" && ct != "*/*" {
+            return Err(ApiError::new(
+                Reason::UnsupportedMediaType,
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json (got \"{ct}\"; the simulated API server speaks JSON only)"
+                ),
+            ));
+        }
+        serde_json::from_slice(&self.body).map_err(|e| {
+            ApiError::bad_request(format!("json: cannot unmarshal the request body: {e}"))
+        })
+    }
+}
+
+fn authenticate(sh: &Shared, req: &Request<Incoming>) -> Result<UserInfo, ApiError> {
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| {
+            h.strip_prefix("Bearer ")
+                .or_else(|| h.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    token
+        .and_then(|t| sh.config.tokens.get(t).cloned())
+        .ok_or_else(|| ApiError::new(Reason::Unauthorized, "Unauthorized"))
+}
+
+async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
+        let mut r = Response::new(Full::new(Bytes::from_static(b"ok")).boxed());
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        return r;
+    }
+    let user = match authenticate(&sh, &req) {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
+    };
+    let method = req.method().clone();
+    let query = parse_query(req.uri().query());
+    let header_str = |h: header::HeaderName| {
+        req.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let accept = header_str(header::ACCEPT);
+    let content_type = header_str(header::CONTENT_TYPE);
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(&ApiError::new(
+                Reason::BadRequest,
+                format!("cannot read the request body: {e}"),
+            ));
+        }
+    };
+    let segments: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let r = Req {
+        method,
+        segments,
+        query,
+        accept,
+        content_type,
+        user,
+        body,
+    };
+    let started = std::time::Instant::now();
+    let resp = match route(&sh, &r).await {
+        Ok(resp) => resp,
+        Err(e) => error_response(&e),
+    };
+    tracing::debug!(method = %r.method, %path, status = resp.status().as_u16(), elapsed_us = started.elapsed().as_micros() as u64, "request");
+    resp
+}
+
+async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
+    let segs: Vec<&str> = r.segments.iter().map(String::as_str).collect();
+    if r.accept.contains("protobuf") && !r.accept.contains("json") && !r.accept.contains("*/*") {
+        return Err(ApiError::new(
+            Reason::NotAcceptable,
+            "only application/json is served by the simulated API server",
+        ));
+    }
+    match segs.as_slice() {
+        ["version"] => Ok(json_response(200, &discovery::version())),
+        ["api"] => Ok(json_response(200, &discovery::api_versions())),
+        ["apis"] => Ok(json_response(
+            200,
+            &discovery::api_groups(&sh.lock().registry),
+        )),
+        ["api", "v1"] => Ok(json_response(
+            200,
+            &discovery::resource_list(&sh.lock().registry, "", "v1"),
+        )),
+        ["apis", g] => discovery::api_group(&sh.lock().registry, g).map(|v| json_response(200, &v)),
+        ["apis", g, v] => {
+            let reg = &sh.lock().registry;
+            if reg.serves_group_version(g, v) {
+                Ok(json_response(200, &discovery::resource_list(reg, g, v)))
+            } else {
+                Err(ApiError::new(
+                    Reason::NotFound,
+                    "the server could not find the requested resource",
+                ))
+            }
+        }
+        ["openapi", ..] | ["swagger.json"] => Err(ApiError::new(
+            Reason::NotFound,
+            "the simulated API server does not publish OpenAPI documents; use kubectl --validate=false",
+        )),
+        ["sim", "faults", rest @ ..] => faults_admin(sh, r, rest),
+        ["api", "v1", rest @ ..] => resource(sh, r, "", "v1", rest).await,
+        ["apis", g, v, rest @ ..] => resource(sh, r, g, v, rest).await,
+        _ => Err(ApiError::new(
+            Reason::NotFound,
+            "the server could not find the requested resource",
+        )),
+    }
+}
+
+fn faults_admin(sh: &Shared, r: &Req, rest: &[&str]) -> Result<Response<Body>, ApiError> {
+    let to_json = |c: &super::FaultConfig| serde_json::to_value(c).unwrap_or_default();
+    match (r.method.clone(), rest) {
+        (Method::GET, []) => Ok(json_response(200, &to_json(&sh.faults.config()))),
+        (Method::PUT | Method::POST, []) => {
+            let cfg: super::FaultConfig = serde_json::from_slice(&r.body)
+                .map_err(|e| ApiError::bad_request(format!("invalid fault configuration: {e}")))?;
+            sh.faults.set(cfg.clone()).map_err(ApiError::bad_request)?;
+            Ok(json_response(200, &to_json(&cfg)))
+        }
+        (Method::DELETE, []) => {
+            sh.faults.clear();
+            Ok(json_response(200, &to_json(&sh.faults.config())))
+        }
+        (Method::POST, ["drop-watches"]) => {
+            sh.faults.drop_watches();
+            Ok(json_response(200, &success_status(200, None)))
+        }
+        _ => Err(ApiError::new(
+            Reason::MethodNotAllowed,
+            "the fault admin API takes GET, PUT or DELETE /sim/faults and POST /sim/faults/drop-watches",
+        )),
+    }
+}
+
+/// Where a resource request points.
+struct Target<'a> {
+    ns: Option<&'a str>,
+    plural: &'a str,
+    name: Option<&'a str>,
+    sub: Option<&'a str>,
+}
+
+fn parse_target<'a>(rest: &[&'a str]) -> Result<Target<'a>, ApiError> {
+    let not_found = || {
+        ApiError::new(
+            Reason::NotFound,
+            "the server could not find the requested resource",
+        )
+    };
+    let t = if rest.len() >= 3
+        && rest[0] == "namespaces"
+        && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize"))
+    {
+        if rest.len() > 5 {
+            return Err(not_found());
+        }
+        Target {
+            ns: Some(rest[1]),
+            plural: rest[2],
+            name: rest.get(3).copied(),
+            sub: rest.get(4).copied(),
+        }
+    } else {
+        if rest.is_empty() || rest.len() > 3 {
+            return Err(not_found());
+        }
+        Target {
+            ns: None,
+            plural: rest[0],
+            name: rest.get(1).copied(),
+            sub: rest.get(2).copied(),
+        }
+    };
+    Ok(t)
+}
+
+async fn resource(
+    sh: &Arc<Shared>,
+    r: &Req,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Response<Body>, ApiError> {
+    let t = parse_target(rest)?;
+    let is_watch = r.flag("watch");
+    sh.faults.before_request(is_watch).await?;
+    if group.is_empty() && t.plural == "bindings" && r.method == Method::POST {
+        let ns =
+            t.ns.ok_or_else(|| ApiError::new(Reason::NotFound, "bindings are namespaced"))?;
+        let body = r.json_body()?;
+        let name = meta_str(&body, "name").unwrap_or_default().to_string();
+        return binding(sh, r, ns, &name, &body);
+    }
+    let def = sh
+        .lock()
+        .registry
+        .get(group, version, t.plural)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::new(
+                Reason::NotFound,
+                "the server could not find the requested resource",
+            )
+        })?;
+    if def.namespaced && t.ns.is_none() && t.name.is_some() {
+        return Err(ApiError::new(
+            Reason::NotFound,
+            "the server could not find the requested resource",
+        ));
+    }
+    if !def.namespaced && t.ns.is_some() {
+        return Err(ApiError::new(
+            Reason::NotFound,
+            "the server could not find the requested resource",
+        ));
+    }
+    let ns = t.ns.unwrap_or_default();
+    let part = match t.sub {
+        None => Part::Main,
+        Some("status") if def.status_subresource => Part::Status,
+        Some("finalize") if def.group.is_empty() && def.plural == "namespaces" => Part::Main,
+        Some("eviction" | "binding") if def.group.is_empty() && def.plural == "pods" => Part::Main,
+        Some(
+            s @ ("log"
+            | "exec"
+            | "attach"
+            | "portforward"
+            | "proxy"
+            | "ephemeralcontainers"
+            | "resize"
+            | "scale"),
+        ) => {
+            return Err(ApiError::new(
+                Reason::NotImplemented,
+                format!(
+                    "the simulated API server does not support {}/{s}",
+                    def.plural
+                ),
+            ));
+        }
+        Some(_) => {
+            return Err(ApiError::new(
+                Reason::NotFound,
+                "the server could not find the requested resource",
+            ));
+        }
+    };
+    match (&r.method, t.name, t.sub) {
+        (&Method::GET, None, None) if is_watch => watch::start(sh, &def, t.ns, r, r.wants_table()),
+        (&Method::GET, None, None) => list(sh, &def, t.ns, r),
+        (&Method::GET, Some(name), _) => {
+            let obj = sh
+                .lock()
+                .get(&def.id(), ns, name)
+                .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+            if r.wants_table() && part == Part::Main {
+                let rv = meta_str(&obj, "resourceVersion")
+                    .unwrap_or_default()
+                    .to_string();
+                return Ok(json_response(
+                    200,
+                    &table::render(&def, &[obj], r.q("includeObject"), &rv, true),
+                ));
+            }
+            Ok(bytes_response(
+                200,
+                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            ))
+        }
+        (&Method::POST, None, None) => {
+            let ctx = r.write_ctx()?;
+            let obj = objects::create(sh, &def, ns, r.json_body()?, &ctx).await?;
+            Ok(bytes_response(
+                201,
+                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            ))
+        }
+        (&Method::POST, Some(name), Some("binding")) => binding(sh, r, ns, name, &r.json_body()?),
+        (&Method::POST, Some(name), Some("eviction")) => eviction(sh, r, &def, ns, name).await,
+        (&Method::PUT, Some(name), _) => {
+            let ctx = r.write_ctx()?;
+            let obj = objects::update(
+                sh,
+                &def,
+                ns,
+                name,
+                part,
+                Change::Replace(r.json_body()?),
+                &ctx,
+            )
+            .await?;
+            Ok(bytes_response(
+                200,
+                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            ))
+        }
+        (&Method::PATCH, Some(name), _) => {
+            let ctx = r.write_ctx()?;
+            let kind = PatchType::from_content_type(&r.content_type)?;
+            let obj = objects::update(
+                sh,
+                &def,
+                ns,
+                name,
+                part,
+                Change::Patch(kind, r.body.clone()),
+                &ctx,
+            )
+            .await?;
+            Ok(bytes_response(
+                200,
+                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            ))
+        }
+        (&Method::DELETE, Some(name), None) => {
+            let ctx = r.write_ctx()?;
+            let (opts, dry) = delete_options(r)?;
+            let ctx = WriteCtx {
+                dry_run: ctx.dry_run || dry,
+                ..ctx
+            };
+            let d = objects::delete(sh, &def, ns, name, &opts, &ctx).await?;
+            Ok(json_response(d.code, &d.body))
+        }
+        (&Method::DELETE, None, None) => delete_collection(sh, &def, t.ns, r).await,
+        _ => Err(ApiError::new(
+            Reason::MethodNotAllowed,
+            format!(
+                "the server does not allow this method on the requested resource ({} {})",
+                r.method, def.plural
+            ),
+        )),
+    }
+}
+
+fn delete_options(r: &Req) -> Result<(DeleteOpts, bool), ApiError> {
+    let mut opts = DeleteOpts::default();
+    let mut dry = false;
+    if !r.body.is_empty() {
+        let body: Value = serde_json::from_slice(&r.body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        opts.grace = body.get("gracePeriodSeconds").and_then(Value::as_i64);
+        opts.propagation = body
+            .get("propagationPolicy")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        opts.uid = body
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        opts.resource_version = body
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        dry = body
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "All"));
+        if body.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            opts.propagation = Some("Orphan".into());
+        }
+    }
+    if let Some(g) = r.q("gracePeriodSeconds") {
+        opts.grace = Some(g.parse().map_err(|_| {
+            ApiError::bad_request(format!("gracePeriodSeconds: invalid value {g:?}"))
+        })?);
+    }
+    if let Some(p) = r.q("propagationPolicy") {
+        opts.propagation = Some(p.to_string());
+    }
+    if let Some(p) = &opts.propagation
+        && !matches!(p.as_str(), "Orphan" | "Background" | "Foreground")
+    {
+        return Err(ApiError::bad_request(format!(
+            "propagationPolicy: Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+        )));
+    }
+    Ok((opts, dry))
+}
+
+fn binding(
+    sh: &Arc<Shared>,
+    r: &Req,
+    ns: &str,
+    name: &str,
+    body: &Value,
+) -> Result<Response<Body>, ApiError> {
+    let ctx = r.write_ctx()?;
+    if name.is_empty() {
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            "",
+            vec![super::error::FieldCause::required("metadata.name", "")],
+        ));
+    }
+    if ctx.dry_run {
+        return Ok(json_response(201, &success_status(201, None)));
+    }
+    pods::bind(&mut sh.lock(), ns, name, body)?;
+    Ok(json_response(201, &success_status(201, None)))
+}
+
+async fn eviction(
+    sh: &Arc<Shared>,
+    r: &Req,
+    def: &ResourceDef,
+    ns: &str,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let body = r.json_body()?;
+    if let Some(n) = meta_str(&body, "name")
+        && n != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "name in URL does not match name in Eviction object ({n} != {name})"
+        )));
+    }
+    let ctx = r.write_ctx()?;
+    let dry = ctx.dry_run
+        || body
+            .pointer("/deleteOptions/dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "All"));
+    {
+        let mut st = sh.lock();
+        let pod = st
+            .get(&def.id(), ns, name)
+            .ok_or_else(|| ApiError::not_found("", "pods", name))?;
+        let updates = pods::check_eviction(&st, ns, &pod)?;
+        if !dry {
+            pods::store_pdb_updates(&mut st, ns, updates);
+        }
+    }
+    let opts = DeleteOpts {
+        grace: body
+            .pointer("/deleteOptions/gracePeriodSeconds")
+            .and_then(Value::as_i64),
+        propagation: None,
+        uid: body
+            .pointer("/deleteOptions/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        resource_version: body
+            .pointer("/deleteOptions/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    };
+    let ctx = WriteCtx {
+        dry_run: dry,
+        ..ctx
+    };
+    objects::delete(sh, def, ns, name, &opts, &ctx).await?;
+    Ok(json_response(201, &success_status(201, None)))
+}
+
+/// Selectors of a list or watch.
+pub struct Filter {
+    /// Labels.
+    pub labels: LabelSelector,
+    /// Fields.
+    pub fields: FieldSelector,
+}
+
+impl Filter {
+    /// From `labelSelector` and `fieldSelector`.
+    pub fn from_req(def: &ResourceDef, r: &Req) -> Result<Self, ApiError> {
+        let labels = LabelSelector::parse(r.q("labelSelector").unwrap_or_default())
+            .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+        let fields = FieldSelector::parse(
+            r.q("fieldSelector").unwrap_or_default(),
+            &def.group,
+            &def.plural,
+        )
+        .map_err(ApiError::bad_request)?;
+        Ok(Filter { labels, fields })
+    }
+
+    /// Whether an object is selected.
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.labels.matches(obj) && self.fields.matches(obj)
+    }
+}
+
+/// Reads the resourceVersion list/watch parameter.
+pub fn parse_rv(r: &Req) -> Result<Option<u64>, ApiError> {
+    match r.q("resourceVersion") {
+        None => Ok(None),
+        Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!(
+                "resourceVersion: Invalid value: \"{s}\": must be a non-negative integer"
+            ))
+        }),
+    }
+}
+
+fn list(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    r: &Req,
+) -> Result<Response<Body>, ApiError> {
+    let filter = Filter::from_req(def, r)?;
+    let limit = match r.q("limit") {
+        None => None,
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("limit: invalid value {l:?}")))?,
+        )
+        .filter(|l| *l > 0),
+    };
+    let after = match r.q("continue") {
+        None => None,
+        Some(c) => Some(decode_continue(c)?),
+    };
+    let rv = parse_rv(r)?;
+    let st = sh.lock();
+    let current = st.current_rv();
+    match (r.q("resourceVersionMatch"), rv) {
+        (Some("Exact"), Some(v)) if v != current => {
+            return Err(ApiError::new(
+                Reason::Gone,
+                format!(
+                    "too old resource version: {v} ({current}); the simulated API server serves only the latest state"
+                ),
+            ));
+        }
+        (Some("Exact" | "NotOlderThan"), None) => {
+            return Err(ApiError::bad_request(
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        (Some(m), _) if !matches!(m, "Exact" | "NotOlderThan") => {
+            return Err(ApiError::bad_request(format!(
+                "resourceVersionMatch: Unsupported value: \"{m}\": supported values: \"Exact\", \"NotOlderThan\""
+            )));
+        }
+        _ => {}
+    }
+    if let Some(v) = rv
+        && v > current
+    {
+        return Err(ApiError::new(
+            Reason::Timeout,
+            format!("Too large resource version: {v}, current: {current}"),
+        ));
+    }
+    let mut items: Vec<Arc<Value>> = Vec::new();
+    let mut next: Option<(String, String)> = None;
+    let mut remaining = 0usize;
+    for (key, obj) in st.list(&def.id(), ns, after) {
+        if !filter.matches(obj) {
+            continue;
+        }
+        if limit.is_some_and(|l| items.len() >= l) {
+            remaining += 1;
+            continue;
+        }
+        items.push(obj.clone());
+        next = Some(key.clone());
+    }
+    drop(st);
+    let cont = if remaining > 0 {
+        next.map(|k| encode_continue(current, &k))
+    } else {
+        None
+    };
+    if r.wants_table() {
+        let mut t = table::render(
+            def,
+            &items,
+            r.q("includeObject"),
+            &current.to_string(),
+            true,
+        );
+        if let Some(c) = &cont {
+            t["metadata"]["continue"] = json!(c);
+        }
+        return Ok(json_response(200, &t));
+    }
+    let mut meta = json!({"resourceVersion": current.to_string()});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    let mut out = Vec::with_capacity(64 + items.len() * 512);
+    out.extend_from_slice(b"{\"kind\":");
+    let _ = serde_json::to_writer(&mut out, &format!("{}List", def.kind));
+    out.extend_from_slice(b",\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut out, &def.api_version());
+    out.extend_from_slice(b",\"metadata\":");
+    let _ = serde_json::to_writer(&mut out, &meta);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut out, &**item);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(bytes_response(200, Bytes::from(out)))
+}
+
+fn encode_continue(rv: u64, key: &(String, String)) -> String {
+    base64_encode(
+        json!({"rv": rv, "ns": key.0, "name": key.1})
+            .to_string()
+            .as_bytes(),
+    )
+}
+
+fn decode_continue(c: &str) -> Result<(String, String), ApiError> {
+    let bad = || ApiError::bad_request(format!("continue key is not valid: {c:?}"));
+    let bytes = base64_decode(c).map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    match (
+        v.get("ns").and_then(Value::as_str),
+        v.get("name").and_then(Value::as_str),
+    ) {
+        (Some(ns), Some(name)) => Ok((ns.to_string(), name.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+async fn delete_collection(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    r: &Req,
+) -> Result<Response<Body>, ApiError> {
+    let filter = Filter::from_req(def, r)?;
+    let ctx = r.write_ctx()?;
+    let (opts, dry) = delete_options(r)?;
+    let ctx = WriteCtx {
+        dry_run: ctx.dry_run || dry,
+        ..ctx
+    };
+    let targets: Vec<(String, String)> = sh
+        .lock()
+        .list(&def.id(), ns, None)
+        .filter(|(_, o)| filter.matches(o))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut items = Vec::new();
+    for (ons, name) in targets {
+        match objects::delete(sh, def, &ons, &name, &opts, &ctx).await {
+            Ok(d) => items.push(d.body),
+            Err(e) if e.reason == Reason::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let rv = sh.lock().current_rv();
+    Ok(json_response(
+        200,
+        &json!({
+            "kind": format!("{}List", def.kind),
+            "apiVersion": def.api_version(),
+            "metadata": {"resourceVersion": rv.to_string()},
+            "items": items,
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_into_namespace_resource_name_subresource() {
+        let t = parse_target(&["namespaces", "ns", "pods", "p", "status"]).expect("valid");
+        assert_eq!(
+            (t.ns, t.plural, t.name, t.sub),
+            (Some("ns"), "pods", Some("p"), Some("status"))
+        );
+        let t = parse_target(&["namespaces", "ns", "status"]).expect("valid");
+        assert_eq!(
+            (t.ns, t.plural, t.name, t.sub),
+            (None, "namespaces", Some("ns"), Some("status"))
+        );
+        let t = parse_target(&["nodes"]).expect("valid");
+        assert_eq!((t.plural, t.name), ("nodes", None));
+        assert!(parse_target(&[]).is_err());
+    }
+
+    #[test]
+    fn continue_tokens_round_trip_and_reject_garbage() {
+        let tok = encode_continue(5, &("ns".into(), "a".into()));
+        assert_eq!(
+            decode_continue(&tok).expect("valid"),
+            ("ns".into(), "a".into())
+        );
+        assert_eq!(decode_continue("!!").expect_err("garbage").http_code(), 400);
+    }
+}

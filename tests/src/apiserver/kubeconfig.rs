@@ -1,0 +1,46 @@
+//! Kubeconfig files for the simulated cluster (token authentication).
+
+use std::io::Write;
+use std::path::Path;
+
+/// A kubeconfig with one cluster, user and context, all named `gpupool-sim`.
+pub fn render(server: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: gpupool-sim\n  cluster:\n    server: {server}\nusers:\n- name: gpupool-sim\n  user:\n    token: {token}\ncontexts:\n- name: gpupool-sim\n  context:\n    cluster: gpupool-sim\n    user: gpupool-sim\n    namespace: default\ncurrent-context: gpupool-sim\npreferences: {{}}\n"
+    )
+}
+
+/// Writes a kubeconfig readable only by its owner.
+pub fn write(path: &Path, contents: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(contents.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_parses_with_kube() {
+        let y = render("http://127.0.0.1:1234", "tok");
+        let kc = kube::config::Kubeconfig::from_yaml(&y).expect("valid kubeconfig");
+        assert_eq!(kc.current_context.as_deref(), Some("gpupool-sim"));
+        assert_eq!(
+            kc.clusters[0]
+                .cluster
+                .as_ref()
+                .and_then(|c| c.server.as_deref()),
+            Some("http://127.0.0.1:1234")
+        );
+    }
+}
