@@ -1,1 +1,210 @@
-fn main() {}
+//! Decision-pass cost at cluster scale: 1,000 nodes × 8 GPUs, 6,000 admitted
+//! leases filling every slot, 10,000 queued (20% helpers).
+//!
+//! (a) `full_pass`: a pass over the settled state (nothing to change).
+//! (b) `pass_after_pod_finished`: the pass after one running pod is gone:
+//!     the head is admitted and every queued lease's position moves.
+//! (c) `full_pass_unsorted_input`: (a) with pods and leases in no order.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gpupool_api::{
+    GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Role,
+};
+use gpupool_operator::engine::{
+    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, PodInfo, PodPhase, RoleLabel, Snapshot, decide,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+const RES: &str = "gpupool/slot";
+const NODES: usize = 1_000;
+const GPUS: u32 = 8;
+const QUEUED: usize = 10_000;
+
+fn at(sec: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + sec).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn pod(name: String, uid: String, role: Role, slots: u32, enq: i64) -> PodInfo {
+    PodInfo {
+        key: ObjectKey::new("team", name),
+        uid,
+        class_label: None,
+        role: RoleLabel::Valid(role),
+        requests: [(RES.to_owned(), slots)].into(),
+        enqueued_at: Some(at(enq)),
+        created_at: at(enq),
+        phase: PodPhase::Pending,
+        terminating: false,
+        gated: true,
+        node_name: None,
+        node_selector: BTreeMap::new(),
+        required_affinity: None,
+        tolerations: vec![],
+    }
+}
+
+/// The settled cluster: statuses as the engine itself would write them.
+fn cluster() -> Snapshot {
+    let nodes: Vec<NodeInfo> = (0..NODES)
+        .map(|i| {
+            let name = format!("node-{i:04}");
+            NodeInfo {
+                gpus: (0..GPUS)
+                    .map(|g| NodeGpu {
+                        index: g,
+                        uuid: format!("GPU-{name}-{g}"),
+                        product: "H100".into(),
+                        vendor: "NVIDIA".into(),
+                        memory_mib: 81_559,
+                        healthy: true,
+                    })
+                    .collect(),
+                allocatable: [(RES.to_owned(), GPUS)].into(),
+                name,
+                ..NodeInfo::default()
+            }
+        })
+        .collect();
+    let mut pods = Vec::new();
+    let mut leases = Vec::new();
+    let mut seq = 0u64;
+    // Per node: two 2-slot and four 1-slot primaries, all running and bound.
+    for (n, node) in nodes.iter().enumerate() {
+        let mut gpu = 0u32;
+        for (j, slots) in [2u32, 2, 1, 1, 1, 1].into_iter().enumerate() {
+            seq += 1;
+            let name = format!("run-{n:04}-{j}");
+            let uid = format!("uid-{name}");
+            let mut p = pod(name.clone(), uid.clone(), Role::Primary, slots, seq as i64);
+            p.gated = false;
+            p.phase = PodPhase::Running;
+            p.node_name = Some(node.name.clone());
+            pods.push(p);
+            let gpus = (gpu..gpu + slots)
+                .map(|g| LeaseGpu {
+                    index: g,
+                    uuid: format!("GPU-{}-{g}", node.name),
+                    product: None,
+                })
+                .collect();
+            gpu += slots;
+            leases.push(LeaseInfo {
+                key: ObjectKey::new("team", name.clone()),
+                spec: GpuLeaseSpec {
+                    class_name: "default".into(),
+                    pod_name: name,
+                    pod_uid: uid,
+                    role: Role::Primary,
+                    slots,
+                },
+                status: Some(GpuLeaseStatus {
+                    phase: LeasePhase::Bound,
+                    sequence: Some(seq),
+                    node: Some(node.name.clone()),
+                    gpus,
+                    admitted_at: Some(Time(at(seq as i64))),
+                    ..GpuLeaseStatus::default()
+                }),
+            });
+        }
+    }
+    for i in 0..QUEUED {
+        seq += 1;
+        let role = if i % 5 == 4 {
+            Role::Helper
+        } else {
+            Role::Primary
+        };
+        let name = format!("wait-{i:05}");
+        let uid = format!("uid-{name}");
+        pods.push(pod(name.clone(), uid.clone(), role, 1, seq as i64));
+        leases.push(LeaseInfo {
+            key: ObjectKey::new("team", name.clone()),
+            spec: GpuLeaseSpec {
+                class_name: "default".into(),
+                pod_name: name,
+                pod_uid: uid,
+                role,
+                slots: 1,
+            },
+            status: Some(GpuLeaseStatus {
+                phase: LeasePhase::Queued,
+                sequence: Some(seq),
+                ..GpuLeaseStatus::default()
+            }),
+        });
+    }
+    let mut s = Snapshot {
+        now: at(100_000),
+        classes: vec![ClassInfo {
+            name: "default".into(),
+            generation: Some(1),
+            spec: GpuLeaseClassSpec {
+                default: true,
+                ..GpuLeaseClassSpec::default()
+            },
+            status: None,
+        }],
+        nodes,
+        pods,
+        leases,
+    };
+    settle(&mut s);
+    s
+}
+
+/// Writes the plan's statuses back, as the controller would.
+fn settle(s: &mut Snapshot) {
+    let plan = decide(s);
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_statuses.get(&l.key) {
+            l.status = Some(st.clone());
+        }
+    }
+    for c in &mut s.classes {
+        c.status = plan.class_statuses.get(&c.name).cloned();
+    }
+    let again = decide(s);
+    assert!(again.lease_statuses.is_empty(), "bench state is settled");
+    assert!(again.admissions.is_empty() && again.evictions.is_empty());
+}
+
+fn bench(c: &mut Criterion) {
+    let settled = cluster();
+    let mut g = c.benchmark_group("engine");
+    g.sample_size(30);
+    g.bench_function("full_pass", |b| b.iter(|| decide(black_box(&settled))));
+
+    let mut after = settled.clone();
+    let gone = ObjectKey::new("team", "run-0500-5");
+    after.pods.retain(|p| p.key != gone);
+    let plan = decide(&after);
+    assert_eq!(plan.admissions.len(), 1, "the head takes the freed slot");
+    assert!(plan.lease_statuses.len() > QUEUED / 2, "positions move");
+    g.bench_function("pass_after_pod_finished", |b| {
+        b.iter(|| decide(black_box(&after)))
+    });
+
+    let mut unsorted = settled.clone();
+    // A fixed permutation: interleave from both ends.
+    let reorder = |n: usize| -> Vec<usize> {
+        (0..n)
+            .map(|i| if i % 2 == 0 { i / 2 } else { n - 1 - i / 2 })
+            .collect()
+    };
+    let order = reorder(unsorted.pods.len());
+    unsorted.pods = order.iter().map(|&i| settled.pods[i].clone()).collect();
+    let order = reorder(unsorted.leases.len());
+    unsorted.leases = order.iter().map(|&i| settled.leases[i].clone()).collect();
+    g.bench_function("full_pass_unsorted_input", |b| {
+        b.iter(|| decide(black_box(&unsorted)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

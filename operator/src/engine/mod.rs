@@ -33,6 +33,7 @@ pub use status::QUEUE_HEAD;
 pub fn decide(snapshot: &Snapshot) -> Plan {
     let mut pass = pass::Pass::new(snapshot);
     pass.count_leases();
+    pass.requeue_overcommitted_redrives();
     pass.assign_sequences();
     pass.retry_evictions();
     pass.run_queues();

@@ -368,25 +368,36 @@ impl<'a> Pass<'a> {
             self.hold(t);
             return;
         }
-        t.node = None;
-        t.phase = LeasePhase::Queued;
-        match (t.class, t.bad_role) {
-            (_, Some(value)) => {
-                t.phase = LeasePhase::Rejected;
-                t.message = Message::BadRole(value);
-            }
-            (None, None) => {
-                t.phase = LeasePhase::Rejected;
-                t.message = Message::UnknownClass(t.class_name);
-            }
-            (Some(c), None) if self.classes.list[c].problem.is_some() => {
-                t.phase = LeasePhase::Rejected;
-                t.message = Message::InvalidClass(c);
-            }
-            (Some(_), None) => t.candidate = true,
-        }
+        queue_or_reject(&self.classes, t);
     }
+}
 
+/// Makes the ticket a queue candidate, or rejects it when its class or role
+/// cannot be admitted.
+fn queue_or_reject(classes: &Classes<'_>, t: &mut Ticket<'_>) {
+    // A rejected or queued lease holds nothing.
+    t.node = None;
+    t.node_idx = None;
+    t.redrive = false;
+    t.phase = LeasePhase::Queued;
+    match (t.class, t.bad_role) {
+        (_, Some(value)) => {
+            t.phase = LeasePhase::Rejected;
+            t.message = Message::BadRole(value);
+        }
+        (None, None) => {
+            t.phase = LeasePhase::Rejected;
+            t.message = Message::UnknownClass(t.class_name);
+        }
+        (Some(c), None) if classes.list[c].problem.is_some() => {
+            t.phase = LeasePhase::Rejected;
+            t.message = Message::InvalidClass(c);
+        }
+        (Some(_), None) => t.candidate = true,
+    }
+}
+
+impl<'a> Pass<'a> {
     /// Resolves the ticket's node index for accounting.
     fn hold(&self, t: &mut Ticket<'a>) {
         t.node_idx = t.node.and_then(|n| self.nodes.find(n));
@@ -401,6 +412,27 @@ impl<'a> Pass<'a> {
             {
                 self.nodes.take(res, node, t.slots);
             }
+        }
+    }
+
+    /// Admissions whose patch never reached the pod are driven again only
+    /// where they still fit: on a node whose allocatable shrank below what
+    /// is held, the newest go back to the queue (their pods never started).
+    pub fn requeue_overcommitted_redrives(&mut self) {
+        let mut redriven: Vec<usize> = (0..self.tickets.len())
+            .filter(|&i| self.tickets[i].redrive)
+            .collect();
+        redriven.sort_unstable_by_key(|&i| std::cmp::Reverse((self.tickets[i].sequence, i)));
+        for i in redriven {
+            let t = &self.tickets[i];
+            let (Some(res), Some(node)) = (t.res, t.node_idx) else {
+                continue;
+            };
+            if self.nodes.free(res, node) >= 0 {
+                continue;
+            }
+            self.nodes.give_back(res, node, t.slots);
+            queue_or_reject(&self.classes, &mut self.tickets[i]);
         }
     }
 
