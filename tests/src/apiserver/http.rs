@@ -26,8 +26,10 @@ pub type Body = BoxBody<Bytes, Infallible>;
 
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
-/// Accepts connections until the server is cancelled.
-pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
+/// Accepts connections until the server is cancelled; with `tls`, each
+/// connection is wrapped in TLS first.
+pub async fn serve(sh: Arc<Shared>, listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (stream, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -41,24 +43,38 @@ pub async fn serve(sh: Arc<Shared>, listener: TcpListener) {
         };
         let _ = stream.set_nodelay(true);
         let sh = sh.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let svc_sh = sh.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let sh = svc_sh.clone();
-                async move { Ok::<_, Infallible>(handle(sh, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = sh.cancel.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
-                }
+            match acceptor {
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(tls) => serve_connection(sh, TokioIo::new(tls)).await,
+                    Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+                },
+                None => serve_connection(sh, TokioIo::new(stream)).await,
             }
         });
+    }
+}
+
+async fn serve_connection<IO>(sh: Arc<Shared>, io: IO)
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let svc_sh = sh.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let sh = svc_sh.clone();
+        async move { Ok::<_, Infallible>(handle(sh, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = sh.cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
+        }
     }
 }
 

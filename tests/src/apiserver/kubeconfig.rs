@@ -3,10 +3,19 @@
 use std::io::Write;
 use std::path::Path;
 
-/// A kubeconfig with one cluster, user and context, all named `gpupool-sim`.
-pub fn render(server: &str, token: &str) -> String {
+/// A kubeconfig with one cluster, user and context, all named `gpupool-sim`;
+/// `ca_pem` is embedded as `certificate-authority-data` when serving TLS.
+pub fn render(server: &str, ca_pem: Option<&str>, token: &str) -> String {
+    let ca = ca_pem
+        .map(|pem| {
+            format!(
+                "    certificate-authority-data: {}\n",
+                super::util::base64_encode(pem.as_bytes())
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: gpupool-sim\n  cluster:\n    server: {server}\nusers:\n- name: gpupool-sim\n  user:\n    token: {token}\ncontexts:\n- name: gpupool-sim\n  context:\n    cluster: gpupool-sim\n    user: gpupool-sim\n    namespace: default\ncurrent-context: gpupool-sim\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: gpupool-sim\n  cluster:\n    server: {server}\n{ca}users:\n- name: gpupool-sim\n  user:\n    token: {token}\ncontexts:\n- name: gpupool-sim\n  context:\n    cluster: gpupool-sim\n    user: gpupool-sim\n    namespace: default\ncurrent-context: gpupool-sim\npreferences: {{}}\n"
     )
 }
 
@@ -32,9 +41,14 @@ mod tests {
 
     #[test]
     fn kubeconfig_parses_with_kube() {
-        let y = render("http://127.0.0.1:1234", "tok");
+        let y = render("http://127.0.0.1:1234", Some("PEM"), "tok");
         let kc = kube::config::Kubeconfig::from_yaml(&y).expect("valid kubeconfig");
         assert_eq!(kc.current_context.as_deref(), Some("gpupool-sim"));
+        let cluster = kc.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(
+            cluster.certificate_authority_data.as_deref(),
+            Some(super::super::util::base64_encode(b"PEM").as_str())
+        );
         assert_eq!(
             kc.clusters[0]
                 .cluster

@@ -42,6 +42,7 @@ mod schema;
 pub mod selectors;
 pub mod store;
 mod table;
+mod tls;
 mod util;
 mod watch;
 
@@ -90,6 +91,9 @@ pub struct ApiServerConfig {
     pub event_window: usize,
     /// Seed of the fault-injection random generator.
     pub fault_seed: u64,
+    /// Serve HTTPS with a fresh self-signed CA (the default). kubectl sends
+    /// bearer tokens only over TLS; kube-rs clients work either way.
+    pub tls: bool,
 }
 
 impl Default for ApiServerConfig {
@@ -109,6 +113,7 @@ impl Default for ApiServerConfig {
             service_addresses: HashMap::new(),
             event_window: 50_000,
             fault_seed: 1,
+            tls: true,
         }
     }
 }
@@ -146,6 +151,9 @@ pub enum ApiServerError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Generating the serving certificate failed.
+    #[error("{0}")]
+    Tls(String),
     /// Writing the kubeconfig failed.
     #[error("cannot write kubeconfig {path}: {source}")]
     Kubeconfig {
@@ -198,6 +206,11 @@ impl ApiServer {
                 port: config.port,
                 source,
             })?;
+        let serving = if config.tls {
+            Some(tls::generate().map_err(ApiServerError::Tls)?)
+        } else {
+            None
+        };
         let (tx, _) = broadcast::channel(16_384);
         let state = State::new(Registry::builtin(), config.event_window, tx);
         let shared = Arc::new(Shared {
@@ -215,10 +228,15 @@ impl ApiServer {
             objects::bootstrap_namespace(&shared, ns);
         }
         let gc_task = tokio::spawn(gc::run(shared.clone()));
-        let serve_task = tokio::spawn(http::serve(shared.clone(), listener));
+        let serve_task = tokio::spawn(http::serve(
+            shared.clone(),
+            listener,
+            serving.as_ref().map(|s| s.config.clone()),
+        ));
         tracing::info!(%addr, "simulated API server listening");
         Ok(RunningApiServer {
             addr,
+            ca_pem: serving.map(|s| s.ca_pem),
             shared,
             tasks: vec![gc_task, serve_task],
         })
@@ -228,6 +246,7 @@ impl ApiServer {
 /// A server that is serving. Dropping it stops it.
 pub struct RunningApiServer {
     addr: SocketAddr,
+    ca_pem: Option<String>,
     shared: Arc<Shared>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -246,15 +265,25 @@ impl RunningApiServer {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT` (or `http://` when TLS is off).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// PEM of the CA that signed the serving certificate (None without TLS).
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
     }
 
     /// A kubeconfig (cluster `gpupool-sim`, namespace `default`) that
-    /// authenticates with `token`.
+    /// authenticates with `token` and trusts the server's CA.
     pub fn kubeconfig_yaml(&self, token: &str) -> String {
-        kubeconfig::render(&self.base_url(), token)
+        kubeconfig::render(&self.base_url(), self.ca_pem.as_deref(), token)
     }
 
     /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600).
