@@ -10,6 +10,8 @@ use crate::names::DEFAULT_RESOURCE_NAME;
 
 /// Desired behaviour of a class of GPU slots. Every field has the default
 /// DESIGN §3 gives, so `spec: {}` is a valid class.
+// Each printcolumn(...) repeats the same keys; clippy reads them as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[kube(
     group = "gpupool.io",

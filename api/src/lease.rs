@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What the pod asked for. Written once by the operator when it creates the lease.
+// Each printcolumn(...) repeats the same keys; clippy reads them as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[kube(
     group = "gpupool.io",
