@@ -15,13 +15,11 @@ const SIM: &str = env!("CARGO_BIN_EXE_gpupool-sim");
 
 fn require_binaries() {
     let dir = Path::new(SIM).parent().expect("target dir");
-    for bin in ["gpupool-device-plugin"] {
-        assert!(
-            dir.join(bin).is_file(),
-            "{bin} is not built in {}; run `cargo build --workspace --bins` first",
-            dir.display()
-        );
-    }
+    assert!(
+        dir.join("gpupool-device-plugin").is_file(),
+        "gpupool-device-plugin is not built in {}; run `cargo build --workspace --bins` first",
+        dir.display()
+    );
 }
 
 struct Sim {
@@ -109,7 +107,7 @@ fn alive(pid: u32) -> bool {
         .and_then(|s| {
             s.rsplit(')')
                 .next()
-                .map(|rest| rest.trim_start().chars().next() != Some('Z'))
+                .map(|rest| !rest.trim_start().starts_with('Z'))
         })
         .unwrap_or(false)
 }

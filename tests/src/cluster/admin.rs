@@ -230,7 +230,7 @@ impl SimCluster {
                 Some(a) => a
                     .faults()
                     .set(config.clone())
-                    .map_err(|e| super::ClusterError::Config(e)),
+                    .map_err(super::ClusterError::Config),
                 None => Ok(()),
             },
             AdminCommand::ClearFaults => {

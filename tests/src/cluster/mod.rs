@@ -3,12 +3,11 @@
 //! protocols, and supervision of the real `gpupool-device-plugin` and
 //! `gpupool-operator` binaries. [`SimCluster`] puts them together.
 
-#[allow(clippy::module_inception)]
 pub mod admin;
-pub mod cluster;
 pub mod kubelet;
 pub mod processes;
 pub mod scheduler;
+pub mod sim;
 pub mod workload;
 
-pub use cluster::{ClusterConfig, ClusterError, OperatorMode, SimCluster};
+pub use sim::{ClusterConfig, ClusterError, OperatorMode, SimCluster};
