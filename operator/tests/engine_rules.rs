@@ -936,3 +936,64 @@ fn same_snapshot_same_plan_and_a_settled_world_plans_nothing() {
     assert!(last.lease_statuses.is_empty());
     assert_eq!(decide(&s), last, "stable once applied");
 }
+
+#[test]
+fn a_refused_eviction_is_asked_for_again_without_choosing_new_victims() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![helper("h1", 1, 1), helper("h2", 1, 2)],
+    );
+    settle(&mut s);
+    s.pods.push(pod("p1", 1, 10));
+    let plan = settle_until_eviction(&mut s);
+    assert_eq!(plan.evictions.len(), 1);
+    let victim = plan.evictions[0].key.clone();
+    // A PodDisruptionBudget refused it: the pod is not terminating.
+    for p in &mut s.pods {
+        p.terminating = false;
+    }
+    let plan = decide(&s);
+    assert_eq!(plan.evictions.len(), 1, "retried, not widened");
+    assert_eq!(plan.evictions[0].key, victim);
+    assert_eq!(plan.evictions[0].for_primary, key("p1"));
+}
+
+#[test]
+fn a_helper_whose_admission_was_lost_is_not_started_while_a_primary_queues() {
+    let mut s = world(vec![node("n1", 1)], vec![helper("h1", 1, 1)]);
+    let plan = decide(&s);
+    apply(&mut s, &plan);
+    let plan = decide(&s);
+    assert_eq!(plan.admissions.len(), 1);
+    // Only the lease status landed; then a primary arrives and gets its lease.
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_statuses.get(&l.key) {
+            l.status = Some(st.clone());
+        }
+    }
+    assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
+    s.pods.push(pod("p1", 1, 5));
+    let plan = settle(&mut s);
+    assert!(plan.admissions.is_empty());
+    assert_eq!(
+        phase(&s, "p1"),
+        LeasePhase::Admitted,
+        "the primary gets the slot"
+    );
+    assert_eq!(phase(&s, "h1"), LeasePhase::Queued);
+}
+
+#[test]
+fn best_effort_only_the_first_blocked_primary_preempts() {
+    let mut s = world(
+        vec![node("n1", 2), node("n2", 2)],
+        vec![helper("h1", 2, 1), helper("h2", 2, 2)],
+    );
+    s.classes[0].spec.admission.ordering = Ordering::BestEffortFIFO;
+    settle(&mut s);
+    s.pods.push(pod("p1", 2, 10));
+    s.pods.push(pod("p2", 2, 11));
+    let plan = settle_until_eviction(&mut s);
+    assert_eq!(plan.evictions.len(), 1, "one helper, for the head only");
+    assert_eq!(plan.evictions[0].for_primary, key("p1"));
+}

@@ -89,8 +89,12 @@ impl<'a> Pass<'a> {
                     e.0 += u64::from(t.slots);
                     e.1.push(i);
                 }
+                // A helper whose pod has not started (admission driven
+                // again) is not a victim: it frees nothing by being evicted.
                 LeasePhase::Admitted | LeasePhase::Bound
-                    if t.class == Some(c) && t.pod.is_some_and(|pod| !pod.terminating) =>
+                    if t.class == Some(c)
+                        && !t.redrive
+                        && t.pod.is_some_and(|pod| !pod.terminating) =>
                 {
                     evictable.entry(node).or_default().push(i);
                 }

@@ -75,12 +75,23 @@ impl Pass<'_> {
         self.reserve_for_preemptions();
         self.queues = Vec::with_capacity(by_class.len());
         for (c, mut q) in by_class.into_iter().enumerate() {
-            let (primaries, waiting) = self.run_role(c, Role::Primary, &q.primaries, 0);
-            if waiting > 0 && !self.classes.list[c].info.spec.helpers.admit_while_queued {
+            if !q.primaries.is_empty() && !self.classes.list[c].info.spec.helpers.admit_while_queued
+            {
                 self.requeue_redriven_helpers(c, &mut q.helpers);
             }
+            let (primaries, waiting) = self.run_role(c, Role::Primary, &q.primaries, 0);
             let helpers = self.run_role(c, Role::Helper, &q.helpers, waiting).0;
             self.queues.push(ClassQueue { primaries, helpers });
+        }
+        // What is still held back for waiting primaries is not in use: the
+        // class status reports it as free.
+        for (p, held) in std::mem::take(&mut self.reservations) {
+            let Some(res) = self.tickets[p].res else {
+                continue;
+            };
+            for (node, amount) in held {
+                self.nodes.give_back(res, node, amount);
+            }
         }
     }
 
@@ -187,6 +198,7 @@ impl Pass<'_> {
                         res,
                         node,
                     );
+                    self.reservations.remove(&t);
                     class_free = None;
                     continue;
                 }
@@ -222,8 +234,8 @@ impl Pass<'_> {
     }
 
     /// A helper whose admission never reached its pod (still gated) is not
-    /// started while a primary of its class waits: it goes back to its queue
-    /// and its slots back to the pool.
+    /// started while primaries of its class queue: it goes back to its
+    /// queue, and its slots to the pool, before the primaries are decided.
     fn requeue_redriven_helpers(&mut self, c: usize, helpers: &mut Vec<usize>) {
         for i in 0..self.tickets.len() {
             let t = &mut self.tickets[i];
