@@ -69,6 +69,11 @@ async fn start_sim(extra: &[&str]) -> Sim {
 
 /// One HTTP/1.1 request to the admin endpoint; returns (status, body).
 async fn admin(sim: &Sim, method: &str, path: &str) -> (u16, String) {
+    admin_with_body(sim, method, path, "").await
+}
+
+/// Like [`admin`], with a request body.
+async fn admin_with_body(sim: &Sim, method: &str, path: &str, body: &str) -> (u16, String) {
     let url =
         std::fs::read_to_string(sim.run_dir.path().join("admin-url")).expect("admin-url file");
     let addr = url.trim().trim_start_matches("http://").to_owned();
@@ -76,7 +81,8 @@ async fn admin(sim: &Sim, method: &str, path: &str) -> (u16, String) {
         .await
         .expect("connect admin");
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     );
     stream.write_all(request.as_bytes()).await.expect("send");
     let mut response = String::new();
@@ -167,6 +173,20 @@ async fn sigterm_stops_every_child_and_exits_zero_and_controls_work() {
     assert!(body.contains("node-9"), "{body}");
     let (code, body) = admin(&sim, "POST", "/sim/operator/explode").await;
     assert_eq!(code, 404, "{body}");
+    // API faults are delegated to the API server's controls.
+    let (code, body) = admin_with_body(&sim, "PUT", "/sim/faults", r#"{"errorRate":2.0}"#).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("errorRate"), "{body}");
+    let (code, body) = admin_with_body(
+        &sim,
+        "PUT",
+        "/sim/faults",
+        r#"{"errorRate":0.0,"latencyMs":1}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = admin(&sim, "DELETE", "/sim/faults").await;
+    assert_eq!(code, 200, "{body}");
     let now = child_pids(&sim).await;
     assert_eq!(now.len(), 2, "{now:?}");
     assert!(!now.contains(&pids[0]), "node-1's plugin is a new process");
