@@ -32,6 +32,9 @@ use crate::transport;
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// Longest time between report rounds while something fails.
 pub const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often reported state is written again even if nothing changed here,
+/// in case someone else overwrote it.
+pub const REASSERT_INTERVAL: Duration = Duration::from_secs(300);
 /// Longest a single PodResources or API call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -202,6 +205,7 @@ impl Reporter {
         let mut node_written: Option<String> = None;
         let mut leases_written: HashMap<(String, String), Vec<LeaseGpu>> = HashMap::new();
         let mut delay = Duration::ZERO;
+        let mut reasserted = tokio::time::Instant::now();
         if self.node_name.is_none() {
             tracing::warn!("no --node-name (NODE_NAME): the node's GPU annotation is not written");
         }
@@ -217,6 +221,11 @@ impl Reporter {
             }
             let table = self.table.borrow_and_update().clone();
             let mut failed = false;
+            if reasserted.elapsed() >= REASSERT_INTERVAL {
+                node_written = None;
+                leases_written.clear();
+                reasserted = tokio::time::Instant::now();
+            }
 
             if client.is_none() {
                 match kube::Client::try_default().await {

@@ -270,6 +270,11 @@ impl Plugin {
     /// Starts the plugin against `kubelet_dir` with `args` (metrics on a free
     /// loopback port, an unreachable API server).
     pub fn start(kubelet_dir: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(kubelet_dir, args, &[])
+    }
+
+    /// Like [`Plugin::start`], with extra environment variables.
+    pub fn start_with_env(kubelet_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let log_dir = tempfile::tempdir().expect("log dir");
         let log = log_dir.path().join("plugin.log");
         let kubeconfig = unreachable_kubeconfig(log_dir.path());
@@ -281,6 +286,7 @@ impl Plugin {
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .env_remove("NODE_NAME")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

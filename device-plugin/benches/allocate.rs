@@ -1,0 +1,105 @@
+//! Allocate latency over the unix socket (10,000 calls: p50/p99) against the
+//! real release binary with 8 static GPUs, its idle RSS, and a criterion
+//! measurement of one Allocate round trip.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Plugin, TestKubelet};
+use criterion::Criterion;
+use gpupool_device_plugin::proto::deviceplugin::v1beta1 as dp;
+
+const CALLS: usize = 10_000;
+
+fn request(id: &str) -> dp::AllocateRequest {
+    dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest {
+            devices_ids: vec![id.to_owned()],
+        }],
+    }
+}
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `RssAnon`, `RssFile`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect(field)
+}
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((sorted.len() as f64) * p).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (kubelet, plugin, ids) = runtime.block_on(async {
+        let kubelet = TestKubelet::start().await;
+        let plugin = Plugin::start(
+            kubelet.path(),
+            &["--discovery", "static", "--static-gpus", "8"],
+        );
+        let devices = kubelet.wait_devices("8 devices", |d| d.len() == 8).await;
+        let ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
+        (kubelet, plugin, ids)
+    });
+
+    // Idle RSS: registered, ListAndWatch open, nothing happening.
+    std::thread::sleep(Duration::from_secs(3));
+    let idle_rss = vm_rss_kib(plugin.pid());
+    println!(
+        "idle RSS with 8 GPUs: {idle_rss} KiB ({:.2} MiB): {} KiB anonymous, {} KiB file-backed (code)",
+        idle_rss as f64 / 1024.0,
+        status_kib(plugin.pid(), "RssAnon"),
+        status_kib(plugin.pid(), "RssFile"),
+    );
+
+    let mut client = runtime.block_on(kubelet.plugin());
+    let mut latencies = Vec::with_capacity(CALLS);
+    runtime.block_on(async {
+        for i in 0..CALLS {
+            let req = request(&ids[i % ids.len()]);
+            let start = Instant::now();
+            client.allocate(req).await.expect("allocate");
+            latencies.push(start.elapsed());
+        }
+    });
+    latencies.sort();
+    println!(
+        "Allocate over the unix socket, {CALLS} calls: p50 {:?}, p99 {:?}, max {:?}",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1]
+    );
+    println!(
+        "RSS after {CALLS} Allocate calls: {} KiB",
+        vm_rss_kib(plugin.pid())
+    );
+
+    let mut criterion = Criterion::default().configure_from_args();
+    criterion.bench_function("allocate_one_slot_unix_socket", |b| {
+        b.iter(|| {
+            runtime
+                .block_on(client.allocate(request(&ids[0])))
+                .expect("allocate")
+        })
+    });
+    criterion.final_summary();
+    drop(plugin);
+    drop(kubelet);
+}

@@ -1,0 +1,259 @@
+//! Reporting against a small loopback HTTP server that speaks the three
+//! Kubernetes REST calls the plugin makes (GET a GpuLease, merge-patch its
+//! status, merge-patch the Node), recording what it is sent.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use common::{Plugin, TestKubelet, wait_for, write_config};
+use gpupool_device_plugin::proto::podresources::v1 as pr;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    content_type: String,
+    body: Value,
+}
+
+#[derive(Default)]
+struct ApiState {
+    leases: HashMap<String, Value>,
+    requests: Vec<Seen>,
+}
+
+type Shared = Arc<Mutex<ApiState>>;
+
+fn lease(name: &str) -> Value {
+    json!({
+        "apiVersion": "gpupool.io/v1alpha1",
+        "kind": "GpuLease",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"className": "default", "podName": name, "podUID": "uid", "role": "primary", "slots": 1},
+        "status": {"phase": "Admitted", "node": "node-1"}
+    })
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    response
+}
+
+async fn handle(state: Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let bytes = request.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let mut state = state.lock().unwrap();
+    state.requests.push(Seen {
+        method: method.clone(),
+        path: path.clone(),
+        content_type,
+        body: body.clone(),
+    });
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "reason": "NotFound", "code": 404, "message": format!("{path} not found")});
+    let lease_prefix = "/apis/gpupool.io/v1alpha1/namespaces/default/gpuleases/";
+    if let Some(rest) = path.strip_prefix(lease_prefix) {
+        let (name, status) = match rest.strip_suffix("/status") {
+            Some(name) => (name, true),
+            None => (rest, false),
+        };
+        let Some(stored) = state.leases.get_mut(name) else {
+            return reply(StatusCode::NOT_FOUND, &not_found);
+        };
+        if method == "PATCH" && status {
+            for (k, v) in body["status"].as_object().cloned().unwrap_or_default() {
+                stored["status"][k] = v;
+            }
+        }
+        return reply(StatusCode::OK, stored);
+    }
+    if let Some(node) = path.strip_prefix("/api/v1/nodes/") {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "annotations": body["metadata"]["annotations"].clone()}});
+        return reply(StatusCode::OK, &node);
+    }
+    reply(StatusCode::NOT_FOUND, &not_found)
+}
+
+async fn start_api_server() -> (String, Shared) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let state: Shared = Arc::default();
+    let shared = state.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let state = shared.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(handle(state, request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, state)
+}
+
+fn pod(name: &str, ids: &[&str]) -> pr::PodResources {
+    pr::PodResources {
+        name: name.into(),
+        namespace: "default".into(),
+        containers: vec![pr::ContainerResources {
+            name: "main".into(),
+            devices: vec![pr::ContainerDevices {
+                resource_name: "gpupool/slot".into(),
+                device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+fn requests(state: &Shared, method: &str, path_end: &str) -> Vec<Seen> {
+    state
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|r| r.method == method && r.path.ends_with(path_end))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_node_gpus_and_lease_gpus() {
+    let (url, state) = start_api_server().await;
+    state.lock().unwrap().leases.insert("p".into(), lease("p"));
+    let kubelet = TestKubelet::start().await;
+    let config = kubelet.path().join("gpus.yaml");
+    write_config(&config, &[(0, "GPU-a", true), (2, "GPU-c", true)]);
+    kubelet
+        .pods
+        .lock()
+        .unwrap()
+        .extend([pod("p", &["GPU-c-s0", "GPU-a-s0"]), pod("q", &["GPU-a-s1"])]);
+    let kubeconfig = kubelet.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{url}'}}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    let plugin = Plugin::start_with_env(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-config",
+            config.to_str().unwrap(),
+            "--sessions-per-gpu",
+            "2",
+            "--node-name",
+            "node-1",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+
+    // The Node annotation: a merge patch with the GPU list.
+    let node_patch = wait_for("node patch", || {
+        requests(&state, "PATCH", "/api/v1/nodes/node-1").pop()
+    })
+    .await;
+    assert_eq!(node_patch.content_type, "application/merge-patch+json");
+    let value = node_patch.body["metadata"]["annotations"]["gpupool.io/gpus"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let gpus = gpupool_api::node_gpus::parse(&value).unwrap();
+    assert_eq!(gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0, 2]);
+    assert_eq!(gpus[1].uuid, "GPU-c");
+    assert_eq!(gpus[1].product, "Test GPU");
+    assert!(gpus.iter().all(|g| g.healthy));
+
+    // The lease of pod p: status.gpus and boundAt, on the status subresource.
+    let lease_patch = wait_for("lease patch", || {
+        requests(&state, "PATCH", "/gpuleases/p/status").pop()
+    })
+    .await;
+    assert_eq!(lease_patch.content_type, "application/merge-patch+json");
+    assert_eq!(
+        lease_patch.body["status"]["gpus"],
+        json!([
+            {"index": 0, "uuid": "GPU-a", "product": "Test GPU"},
+            {"index": 2, "uuid": "GPU-c", "product": "Test GPU"}
+        ])
+    );
+    let bound_at = lease_patch.body["status"]["boundAt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(bound_at.ends_with('Z'), "{bound_at}");
+
+    // Pod q has no lease yet: looked up, not patched, and retried later.
+    wait_for("q looked up twice", || {
+        (requests(&state, "GET", "/gpuleases/q").len() >= 2).then_some(())
+    })
+    .await;
+    assert!(requests(&state, "PATCH", "/gpuleases/q/status").is_empty());
+    state.lock().unwrap().leases.insert("q".into(), lease("q"));
+    let q_patch = wait_for("q patched once its lease exists", || {
+        requests(&state, "PATCH", "/gpuleases/q/status").pop()
+    })
+    .await;
+    assert_eq!(q_patch.body["status"]["gpus"][0]["uuid"], "GPU-a");
+
+    // p was patched once: boundAt is not rewritten every round.
+    assert_eq!(requests(&state, "PATCH", "/gpuleases/p/status").len(), 1);
+
+    // A health change rewrites the Node annotation.
+    write_config(&config, &[(0, "GPU-a", true), (2, "GPU-c", false)]);
+    let unhealthy = wait_for("node patch with GPU 2 unhealthy", || {
+        requests(&state, "PATCH", "/api/v1/nodes/node-1")
+            .into_iter()
+            .find_map(|r| {
+                let value = r.body["metadata"]["annotations"]["gpupool.io/gpus"]
+                    .as_str()?
+                    .to_owned();
+                let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
+                (!gpus[1].healthy).then_some(gpus)
+            })
+    })
+    .await;
+    assert!(unhealthy[0].healthy);
+    let (_, metrics) = plugin.http_get("/metrics").await;
+    assert!(
+        metrics.contains("gpupool_device_plugin_lease_reports_total 2"),
+        "{metrics}"
+    );
+}
