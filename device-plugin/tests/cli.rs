@@ -31,6 +31,18 @@ fn bad_flags_exit_2_naming_the_flag() {
             "--resource-name",
         ),
         (vec!["--no-such-flag".into()], "--no-such-flag"),
+        (vec!["--node-name".into(), " ".into()], "--node-name"),
+        (
+            vec![
+                "--discovery".into(),
+                "static".into(),
+                "--static-gpus".into(),
+                "1".into(),
+                "--static-config".into(),
+                "f.yaml".into(),
+            ],
+            "--static-config",
+        ),
         (
             vec![
                 "--discovery".into(),
@@ -83,4 +95,21 @@ fn metrics_port_in_use_exits_1() {
     ]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("--metrics-port"), "{stderr}");
+}
+
+#[test]
+fn unusable_kubelet_dir_exits_1_naming_the_socket() {
+    let dir = tempfile::tempdir().expect("dir");
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, "").expect("write");
+    let (code, stderr) = common::run_to_exit(&[
+        "--kubelet-dir",
+        not_a_dir.to_str().expect("utf-8"),
+        "--discovery",
+        "static",
+        "--static-gpus",
+        "1",
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("gpupool.sock"), "{stderr}");
 }

@@ -624,3 +624,40 @@ async fn kubelet_side_works_without_an_api_server() {
         .expect("allocates without an API server");
     assert_eq!(kubelet.registrations(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_kube_config_is_reported_and_retried() {
+    let kubelet = TestKubelet::start().await;
+    let missing = kubelet.path().join("no-such-kubeconfig");
+    let plugin = Plugin::start_with_env(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-gpus",
+            "1",
+            "--node-name",
+            "node-1",
+        ],
+        &[("KUBECONFIG", missing.to_str().unwrap())],
+    );
+    let devices = kubelet.wait_devices("list", |d| d.len() == 1).await;
+    common::wait_for("a client error in the log", || {
+        plugin
+            .logs()
+            .contains("no Kubernetes client configuration")
+            .then_some(())
+    })
+    .await;
+    let (_, metrics) = plugin.http_get("/metrics").await;
+    assert!(
+        metrics.contains(r#"gpupool_device_plugin_report_errors_total{target="client"}"#),
+        "{metrics}"
+    );
+    kubelet
+        .plugin()
+        .await
+        .allocate(allocate_request(&[&[&devices[0].id]]))
+        .await
+        .expect("allocates without a kube config");
+}

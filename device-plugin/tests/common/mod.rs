@@ -369,7 +369,9 @@ impl Drop for Plugin {
 pub fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("dir");
     let mut command = Command::new(binary());
-    command.arg("--kubelet-dir").arg(dir.path());
+    if !args.contains(&"--kubelet-dir") {
+        command.arg("--kubelet-dir").arg(dir.path());
+    }
     command.args(["--metrics-address", "127.0.0.1"]);
     if !args.contains(&"--metrics-port") {
         command.args(["--metrics-port", "0"]);
