@@ -22,7 +22,7 @@ use gpupool_device_plugin::proto::podresources::v1::{
     pod_resources_lister_client::PodResourcesListerClient,
 };
 use gpupool_device_plugin::transport::{connect_unix, serve_unix};
-use gpupool_tests::apiserver::{ApiServer, ApiServerConfig, RunningApiServer};
+use gpupool_tests::apiserver::{ApiServer, ApiServerConfig, FaultConfig, RunningApiServer};
 use gpupool_tests::cluster::kubelet::{KubeletConfig, RunningKubelet};
 use gpupool_tests::cluster::workload::{phase, wait_pod};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
@@ -109,7 +109,7 @@ impl DevicePlugin for TestPlugin {
 }
 
 struct Node {
-    _api: RunningApiServer,
+    api: RunningApiServer,
     kubelet: RunningKubelet,
     client: kube::Client,
     _dir: tempfile::TempDir,
@@ -131,7 +131,7 @@ async fn node() -> Node {
     .await
     .expect("kubelet starts");
     Node {
-        _api: api,
+        api,
         kubelet,
         client,
         _dir: dir,
@@ -165,6 +165,20 @@ async fn register(
         })
         .await
         .map(|_| ())
+}
+
+/// Waits until the kubelet counts `want` allocatable devices of `resource`.
+async fn wait_devices(node: &Node, resource: &str, want: usize) {
+    for _ in 0..200 {
+        if node.kubelet.devices(resource).1 == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "the kubelet never counted {want} {resource}: {:?}",
+        node.kubelet.devices(resource)
+    );
 }
 
 fn widget_pod(name: &str, widgets: u32, resource: &str) -> Pod {
@@ -281,12 +295,8 @@ async fn allocation_failures_fail_the_pod_and_pod_resources_answers() {
     register(&n, "v1beta1", "example.com/broken", "bad.sock")
         .await
         .expect("bad registers");
-    for _ in 0..100 {
-        if n.kubelet.devices(RESOURCE).1 == 2 && n.kubelet.devices("example.com/broken").1 == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_devices(&n, RESOURCE, 2).await;
+    wait_devices(&n, "example.com/broken", 1).await;
 
     let pods: Api<Pod> = Api::namespaced(n.client.clone(), "default");
     let pp = PostParams::default();
@@ -397,4 +407,78 @@ async fn allocation_failures_fail_the_pod_and_pod_resources_answers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(freed, "the deleted pod is removed and its devices freed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_while_the_watch_was_down_frees_its_devices_on_relist() {
+    let n = node().await;
+    let _ok = serve_plugin(
+        &n,
+        "ok.sock",
+        TestPlugin {
+            devices: vec!["w0"],
+            fail_allocate: false,
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    register(&n, "v1beta1", RESOURCE, "ok.sock")
+        .await
+        .expect("registers");
+    wait_devices(&n, RESOURCE, 1).await;
+    let pods: Api<Pod> = Api::namespaced(n.client.clone(), "default");
+    pods.create(&PostParams::default(), &widget_pod("lost", 1, RESOURCE))
+        .await
+        .expect("create");
+    wait_pod(&pods, "lost", WAIT, |p| phase(p) == "Running")
+        .await
+        .expect("runs");
+    let channel = connect_unix(n.kubelet.dir().join("pod-resources/kubelet.sock"))
+        .await
+        .expect("dial pod-resources");
+    let mut pr = PodResourcesListerClient::new(channel);
+    let held = pr
+        .list(ListPodResourcesRequest {})
+        .await
+        .expect("List")
+        .into_inner();
+    assert_eq!(held.pod_resources.len(), 1);
+
+    // Cut the kubelet's watch, remove the pod behind its back, and forget the
+    // event history so that its watch must list again.
+    let faults = n.api.faults();
+    faults
+        .set(FaultConfig {
+            error_rate: 1.0,
+            include_watches: true,
+            ..Default::default()
+        })
+        .expect("faults");
+    faults.drop_watches();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        n.api
+            .admin()
+            .remove("", "pods", "default", "lost")
+            .is_some()
+    );
+    n.api.admin().compact();
+    faults.clear();
+
+    let mut freed = false;
+    for _ in 0..300 {
+        let list = pr
+            .list(ListPodResourcesRequest {})
+            .await
+            .expect("List")
+            .into_inner();
+        if list.pod_resources.is_empty() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        freed,
+        "the kubelet forgot the vanished pod after listing again"
+    );
 }

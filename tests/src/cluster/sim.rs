@@ -711,9 +711,17 @@ impl SimCluster {
 
 impl Drop for SimCluster {
     fn drop(&mut self) {
-        // Children are killed by their handles' drop; remove what we created.
+        // Children are killed by their handles' drop; remove what we created,
+        // unless a test is failing: then its logs are worth keeping.
         if self.created_run_dir && self.config.remove_run_dir && self.apiserver.is_some() {
-            let _ = std::fs::remove_dir_all(&self.run_dir);
+            if std::thread::panicking() {
+                eprintln!(
+                    "simulated cluster run directory kept for its logs: {}",
+                    self.run_dir.display()
+                );
+            } else {
+                let _ = std::fs::remove_dir_all(&self.run_dir);
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `sim.gpupool.io/run-seconds` then Succeeded, deletion after the (capped)
 //! grace period, and devices freed whenever a pod ends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,20 +46,40 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
     let mut events = watcher(api, config).default_backoff().boxed();
     let (timer_tx, mut timers) = mpsc::unbounded_channel::<Timer>();
     let mut tracked: HashMap<String, Tracked> = HashMap::new();
+    let mut relisted: Option<HashSet<String>> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             Some(timer) = timers.recv() => on_timer(&shared, &mut tracked, timer).await,
             event = events.next() => match event {
-                Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                Some(Ok(watcher::Event::Apply(pod))) => {
                     on_pod(&shared, &mut tracked, &timer_tx, &pod).await;
+                }
+                Some(Ok(watcher::Event::InitApply(pod))) => {
+                    if let (Some(listed), Some(uid)) = (relisted.as_mut(), pod.uid()) {
+                        listed.insert(uid);
+                    }
+                    on_pod(&shared, &mut tracked, &timer_tx, &pod).await;
+                }
+                Some(Ok(watcher::Event::Init)) => relisted = Some(HashSet::new()),
+                Some(Ok(watcher::Event::InitDone)) => {
+                    // Pods deleted while the watch was down send no Delete event.
+                    if let Some(listed) = relisted.take() {
+                        let gone: Vec<String> = tracked
+                            .keys()
+                            .filter(|uid| !listed.contains(*uid))
+                            .cloned()
+                            .collect();
+                        for uid in gone {
+                            forget(&shared, &mut tracked, &uid);
+                        }
+                    }
                 }
                 Some(Ok(watcher::Event::Delete(pod))) => {
                     if let Some(uid) = pod.uid() {
                         forget(&shared, &mut tracked, &uid);
                     }
                 }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
                 Some(Err(e)) => tracing::warn!(node = %shared.node_name, error = %e, "pod watch failed; retrying"),
                 None => return,
             },
