@@ -94,6 +94,21 @@ pub fn bind_unix(path: impl AsRef<Path>) -> Result<UnixListenerStream, Transport
     Ok(UnixListenerStream::new(listener))
 }
 
+/// Serves `router` on the unix socket at `path` (see [`bind_unix`]) until
+/// `shutdown` completes, then stops accepting and returns.
+pub async fn serve_unix<F>(
+    router: Router,
+    path: impl AsRef<Path>,
+    shutdown: F,
+) -> Result<(), TransportError>
+where
+    F: Future<Output = ()> + Send,
+{
+    let path = path.as_ref();
+    let incoming = bind_unix(path)?;
+    serve_incoming(router, path, incoming, shutdown).await
+}
+
 /// Serves `router` on an already bound socket (see [`bind_unix`]) until
 /// `shutdown` completes; `path` only names the socket in errors.
 pub async fn serve_incoming<F>(
