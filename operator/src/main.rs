@@ -60,8 +60,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
+        .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+    // The decision loop retries on its own schedule; a 429 from a
+    // PodDisruptionBudget must come back at once, not after minutes of
+    // client-side retries that would stall every admission behind it.
+    kube_config.default_retry = false;
+    let client = kube::Client::try_from(kube_config)
         .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
 
     let mut registry = Registry::default();

@@ -137,3 +137,331 @@ async fn succeeded_pod_frees_its_slot_and_pod_is_pinned() {
     assert_eq!(st.gpus.len(), 1, "GPU column filled by the device plugin");
     sim.stop().await;
 }
+
+/// Holds `ms` milliseconds and then checks `cond` still holds: used to show
+/// that something does NOT happen while a rule forbids it.
+async fn stays<F, Fut>(what: &str, ms: u64, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+    while std::time::Instant::now() < end {
+        assert!(cond().await, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn is_queued(sim: &Sim, name: &str) -> bool {
+    let pod = sim.get_pod(name).await;
+    let lease = sim.lease(name).await;
+    pod.as_ref().is_some_and(gated)
+        && lease
+            .and_then(|l| l.status)
+            .is_some_and(|s| s.phase == LeasePhase::Queued)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_fifo_blocks_behind_the_head_best_effort_passes_it() {
+    let sim = Sim::start(1, 2).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("busy", 1)).await;
+    sim.wait_admitted("busy", 20).await;
+    sim.pod(PodSpec::primary("big", 2)).await;
+    sim.pod(PodSpec::primary("small", 1)).await;
+    sim.wait_phase("small", LeasePhase::Queued, 10).await;
+    stays("StrictFIFO: small waits behind big", 1500, || async {
+        is_queued(&sim, "small").await && is_queued(&sim, "big").await
+    })
+    .await;
+    let small = sim
+        .lease("small")
+        .await
+        .and_then(|l| l.status)
+        .expect("status");
+    assert_eq!(small.position, Some(2));
+
+    sim.class(
+        "default",
+        json!({"default": true, "admission": {"ordering": "BestEffortFIFO"}}),
+    )
+    .await;
+    sim.wait_admitted("small", 20).await;
+    assert!(
+        is_queued(&sim, "big").await,
+        "big still waits for 2 free slots"
+    );
+    // When busy and small end, big gets both GPUs.
+    sim.delete_pod("busy").await;
+    sim.delete_pod("small").await;
+    sim.wait_admitted("big", 30).await;
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helpers_fill_idle_gpus_but_never_while_a_primary_waits() {
+    let sim = Sim::start(2, 1).await;
+    sim.class(
+        "default",
+        json!({"default": true, "helpers": {"preemption": "Never"}}),
+    )
+    .await;
+    sim.pod(PodSpec::helper("h1", 1)).await;
+    sim.pod(PodSpec::helper("h2", 1)).await;
+    let n1 = sim.wait_admitted("h1", 20).await;
+    let n2 = sim.wait_admitted("h2", 20).await;
+    assert_ne!(n1, n2, "helpers use both idle GPUs");
+
+    // A primary now waits (no preemption in this class); a new helper must not pass it.
+    sim.pod(PodSpec::primary("p", 1)).await;
+    sim.wait_phase("p", LeasePhase::Queued, 10).await;
+    sim.pod(PodSpec::helper("h3", 1)).await;
+    sim.wait_phase("h3", LeasePhase::Queued, 10).await;
+    // Free one GPU: the primary gets it, not the helper that is also waiting.
+    sim.delete_pod("h1").await;
+    let np = sim.wait_admitted("p", 30).await;
+    assert_eq!(np, n1);
+    assert!(is_queued(&sim, "h3").await, "h3 still waits");
+    let class = wait_for("class status shows the waiting helper", 10, || async {
+        let c = sim.get_class("default").await;
+        c.status
+            .filter(|s| s.queued_helpers == 1 && s.admitted == 1 && s.admitted_helpers == 1)
+    })
+    .await;
+    assert_eq!(class.queued, 0);
+    assert_eq!(class.capacity, 2);
+    assert_eq!(class.free, 0);
+    // With no primary waiting, the next free GPU goes to the helper.
+    sim.delete_pod("h2").await;
+    assert_eq!(sim.wait_admitted("h3", 30).await, n2);
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_evicts_the_youngest_helper_and_waits_for_it_to_end() {
+    let sim = Sim::start(1, 2).await;
+    sim.class(
+        "default",
+        json!({"default": true, "helpers": {"gracePeriodSeconds": 1}}),
+    )
+    .await;
+    sim.pod(PodSpec::helper("old", 1)).await;
+    sim.wait_admitted("old", 20).await;
+    // admittedAt has one-second resolution: make "younger" unambiguous.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    sim.pod(PodSpec::helper("young", 1)).await;
+    sim.wait_admitted("young", 20).await;
+    sim.wait_phase("young", LeasePhase::Bound, 20).await;
+
+    sim.pod(PodSpec::primary("p", 1)).await;
+    wait_for("the youngest helper is preempted for p", 20, || async {
+        let events = sim.events("young").await;
+        events
+            .iter()
+            .any(|(r, n)| r == "Preempted" && n.contains("ml/p"))
+            .then_some(())
+    })
+    .await;
+    // Whenever p is seen admitted, the helper's pod has already ended.
+    wait_for("p admitted after the helper ended", 30, || async {
+        let p = sim.get_pod("p").await?;
+        if gated(&p) {
+            return None;
+        }
+        let young = sim.get_pod("young").await;
+        assert!(
+            young.as_ref().is_none_or(|y| matches!(
+                y.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )),
+            "p was admitted while the helper still held its GPU: {:?}",
+            young.map(|y| y.status)
+        );
+        Some(())
+    })
+    .await;
+    // Exactly the youngest: the old helper still holds its GPU.
+    let old = sim.lease("old").await.and_then(|l| l.status).expect("old");
+    assert!(
+        matches!(old.phase, LeasePhase::Admitted | LeasePhase::Bound),
+        "{old:?}"
+    );
+    assert!(
+        sim.get_pod("old")
+            .await
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+    );
+    assert!(
+        sim.events("old")
+            .await
+            .iter()
+            .all(|(r, _)| r != "Preempted"),
+        "the older helper is not preempted"
+    );
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_runtime_protects_a_young_helper() {
+    let sim = Sim::start(1, 1).await;
+    sim.class(
+        "default",
+        json!({"default": true, "helpers": {"minRuntimeSeconds": 4, "gracePeriodSeconds": 1}}),
+    )
+    .await;
+    sim.pod(PodSpec::helper("h", 1)).await;
+    sim.wait_admitted("h", 20).await;
+    let h = sim.wait_phase("h", LeasePhase::Bound, 20).await;
+    let h_admitted = h.status.and_then(|s| s.admitted_at).expect("h admitted").0;
+    sim.pod(PodSpec::primary("p", 1)).await;
+    sim.wait_phase("p", LeasePhase::Queued, 10).await;
+    sim.wait_admitted("p", 30).await;
+    let p = sim.lease("p").await.and_then(|l| l.status).expect("p");
+    let ran = p
+        .admitted_at
+        .expect("p admitted")
+        .0
+        .duration_since(h_admitted);
+    assert!(
+        ran >= jiff::SignedDuration::from_secs(4),
+        "the helper kept its GPU for its minimum runtime, got {ran:?}"
+    );
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_disruption_budget_blocks_eviction_until_it_allows_it() {
+    let sim = Sim::start(1, 1).await;
+    sim.class(
+        "default",
+        json!({"default": true, "helpers": {"gracePeriodSeconds": 1}}),
+    )
+    .await;
+    let mut h = PodSpec::helper("h", 1);
+    h.labels.push(("app", "guarded"));
+    sim.pod(h).await;
+    sim.wait_admitted("h", 20).await;
+    sim.wait_phase("h", LeasePhase::Bound, 20).await;
+    let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(sim.client.clone(), operator_support::NS);
+    let pdb = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guard", "namespace": operator_support::NS},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .expect("pdb");
+    pdbs.create(&Default::default(), &pdb)
+        .await
+        .expect("create pdb");
+
+    sim.pod(PodSpec::primary("p", 1)).await;
+    let blocked = wait_for("lease says the PDB blocks eviction", 20, || async {
+        let l = sim.lease("h").await?;
+        let msg = l.status?.message?;
+        msg.contains("PodDisruptionBudget").then_some(msg)
+    })
+    .await;
+    assert!(blocked.contains("retrying"), "{blocked}");
+    stays("the guarded helper keeps running", 1500, || async {
+        sim.get_pod("h")
+            .await
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+            && is_queued(&sim, "p").await
+    })
+    .await;
+    pdbs.delete("guard", &Default::default())
+        .await
+        .expect("delete pdb");
+    sim.wait_admitted("p", 30).await;
+    assert!(sim.get_pod("h").await.is_none(), "the helper was evicted");
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_queued_pod_renumbers_the_queue() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("busy", 1)).await;
+    sim.wait_admitted("busy", 20).await;
+    for n in ["q1", "q2", "q3"] {
+        sim.pod(PodSpec::primary(n, 1)).await;
+    }
+    wait_for("positions 1,2,3", 10, || async {
+        let ls = sim.leases().await;
+        let pos: Vec<_> = ["q1", "q2", "q3"]
+            .iter()
+            .map(|n| ls.get(*n).and_then(|l| l.status.as_ref()?.position))
+            .collect();
+        (pos == vec![Some(1), Some(2), Some(3)]).then_some(())
+    })
+    .await;
+    sim.delete_pod("q2").await;
+    wait_for("q3 moves up to 2 and q2's lease goes", 10, || async {
+        let ls = sim.leases().await;
+        let q3 = ls.get("q3").and_then(|l| l.status.as_ref()?.position);
+        let q1 = ls.get("q1").and_then(|l| l.status.as_ref()?.position);
+        let q2_gone = ls.get("q2").is_none_or(|l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.phase == LeasePhase::Released)
+        });
+        (q3 == Some(2) && q1 == Some(1) && q2_gone).then_some(())
+    })
+    .await;
+    sim.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_selector_confines_a_class() {
+    let sim = Sim::start(2, 1).await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(sim.client.clone());
+    nodes
+        .patch(
+            "node-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"pool": "b"}}})),
+        )
+        .await
+        .expect("label node-2");
+    sim.class("default", json!({"default": true})).await;
+    sim.class(
+        "pool-b",
+        json!({"nodeSelector": {"matchLabels": {"pool": "b"}}}),
+    )
+    .await;
+    sim.pod(PodSpec::primary("b1", 1).class("pool-b")).await;
+    sim.pod(PodSpec::primary("b2", 1).class("pool-b")).await;
+    assert_eq!(sim.wait_admitted("b1", 20).await, "node-2");
+    sim.wait_phase("b2", LeasePhase::Queued, 10).await;
+    stays("b2 never goes to node-1, which is free", 1000, || async {
+        is_queued(&sim, "b2").await
+    })
+    .await;
+    // The default class spans both nodes and takes node-1.
+    sim.pod(PodSpec::primary("d", 1)).await;
+    assert_eq!(sim.wait_admitted("d", 20).await, "node-1");
+    let b = wait_for("pool-b status", 10, || async {
+        sim.get_class("pool-b")
+            .await
+            .status
+            .filter(|s| s.queued == 1 && s.admitted == 1)
+    })
+    .await;
+    assert_eq!(b.capacity, 1);
+    assert_eq!(b.free, 0);
+    assert!(
+        b.queue
+            .iter()
+            .any(|q| q.lease == "ml/b2" && q.position == 1),
+        "{:?}",
+        b.queue
+    );
+    assert!(
+        b.slots
+            .iter()
+            .any(|s| s.node == "node-2" && s.lease.as_deref() == Some("ml/b1")),
+        "{:?}",
+        b.slots
+    );
+    sim.stop().await;
+}

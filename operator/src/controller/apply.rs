@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use gpupool_api::names::FIELD_MANAGER_OPERATOR;
+use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, FIELD_MANAGER_OPERATOR};
 use gpupool_api::{GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseStatus, LeasePhase, Role};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -34,6 +34,9 @@ use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
 /// API writes in flight at once within a pass.
 const CONCURRENCY: usize = 64;
+/// Longest one object's chain of writes may take before it is abandoned
+/// (and retried by a later pass), so one stuck request never stalls admission.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A class's status is written at most this often.
 const CLASS_STATUS_PERIOD: Duration = Duration::from_secs(1);
 /// Lease message while a PodDisruptionBudget refuses a helper's eviction.
@@ -111,6 +114,18 @@ impl Applier {
         // 2. Everything else, one chain per object, chains concurrently.
         let mut chains: Vec<Chain> = Vec::new();
         let mut statuses = plan.lease_statuses;
+        // A blocked eviction is retried as long as the engine still wants it;
+        // its lease says so even when the engine's own status is unchanged.
+        self.blocked_evictions
+            .retain(|key, _| plan.evictions.iter().any(|e| &e.key == key));
+        for key in self.blocked_evictions.keys() {
+            if !statuses.contains_key(key)
+                && let Some(current) = input.leases.get(key).and_then(|l| l.status.clone())
+                && current.phase == LeasePhase::Preempting
+            {
+                statuses.insert(key.clone(), current);
+            }
+        }
         for new in plan.create_leases {
             statuses.remove(&new.key);
             chains.push(self.create_chain(new));
@@ -188,6 +203,7 @@ impl Applier {
         if chains.is_empty() {
             return;
         }
+        let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
         let mut stream = futures::stream::iter(chains).buffer_unordered(CONCURRENCY);
         while let Some((done, errs)) = stream.next().await {
             errors.extend(errs);
@@ -377,10 +393,19 @@ impl Applier {
         let pod = input.pods.get(&a.key).cloned();
         let lease = input.leases.get(&a.key).cloned();
         let class = lease.as_ref().map(|l| l.spec.class_name.clone());
-        let queued_at = lease
+        // The enqueue stamp has microseconds; the lease's queuedAt only seconds.
+        let queued_at = pod
             .as_ref()
-            .and_then(|l| l.status.as_ref())
-            .and_then(|s| s.queued_at.clone());
+            .and_then(|p| p.metadata.annotations.as_ref())
+            .and_then(|a| a.get(ANNOTATION_ENQUEUED_AT))
+            .and_then(|v| gpupool_api::time::parse_stamp(v).ok())
+            .or_else(|| {
+                lease
+                    .as_ref()
+                    .and_then(|l| l.status.as_ref())
+                    .and_then(|s| s.queued_at.as_ref())
+                    .map(|t| t.0)
+            });
         let metrics = self.metrics.clone();
         let events = self.events.clone();
         Box::pin(async move {
@@ -423,7 +448,7 @@ impl Applier {
                         })
                         .inc();
                     if let Some(q) = queued_at {
-                        let wait = Timestamp::now().duration_since(q.0).as_secs_f64().max(0.0);
+                        let wait = Timestamp::now().duration_since(q).as_secs_f64().max(0.0);
                         metrics
                             .admission_wait
                             .get_or_create(&ClassRole {
@@ -580,6 +605,15 @@ fn without_stamp(s: &GpuLeaseClassStatus) -> GpuLeaseClassStatus {
     let mut s = s.clone();
     s.updated_at = None;
     s
+}
+
+fn with_timeout(chain: Chain) -> Chain {
+    Box::pin(async move {
+        match tokio::time::timeout(WRITE_TIMEOUT, chain).await {
+            Ok(done) => done,
+            Err(_) => (vec![], vec![Error::Timeout]),
+        }
+    })
 }
 
 fn patch_params() -> PatchParams {

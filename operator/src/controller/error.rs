@@ -73,6 +73,9 @@ pub enum Error {
         /// The helper pod.
         pod: ObjectKey,
     },
+    /// A chain of writes took longer than its timeout; a later pass retries.
+    #[error("API writes for one object timed out; retrying on a later pass")]
+    Timeout,
     /// Writing a class's status failed.
     #[error("writing the status of class {class}: {source}")]
     ClassStatus {
@@ -97,6 +100,7 @@ impl Error {
             Error::Evict { .. } => "evict",
             Error::EvictionBlocked { .. } => "eviction_blocked",
             Error::ClassStatus { .. } => "class_status",
+            Error::Timeout => "timeout",
         }
     }
 
@@ -166,6 +170,7 @@ mod tests {
                 source: api_err(500),
             },
         ];
+        assert_eq!(Error::Timeout.metric_label(), "timeout");
         let labels: std::collections::BTreeSet<_> = all.iter().map(Error::metric_label).collect();
         assert_eq!(labels.len(), all.len());
         for e in &all {

@@ -14,7 +14,7 @@ pub mod overlay;
 pub mod patch;
 pub mod translate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,7 +90,14 @@ pub fn snapshot(
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let lease_objs = overlay.leases(caches.leases.state(), at);
+    let pod_objs = overlay.pods(caches.pods.state(), at);
+    let pod_uids: HashSet<&str> = pod_objs
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .collect();
+    let mut lease_objs = overlay.leases(caches.leases.state(), at);
+    overlay.hold_vanished(&mut lease_objs, &pod_uids, at);
+    drop(pod_uids);
     let mut leases = Vec::with_capacity(lease_objs.len());
     let mut lease_map = HashMap::with_capacity(lease_objs.len());
     for l in lease_objs {
@@ -101,7 +108,6 @@ pub fn snapshot(
     }
     leases.sort_by(|a, b| a.key.cmp(&b.key));
 
-    let pod_objs = overlay.pods(caches.pods.state(), at);
     let mut pods = Vec::new();
     let mut pod_map = HashMap::new();
     for p in pod_objs {
@@ -260,6 +266,16 @@ async fn pass(
     let now = Timestamp::now();
     let input = snapshot(caches, overlay, now, started);
     let plan = decide(&input.snapshot);
+    tracing::debug!(
+        pods = input.snapshot.pods.len(),
+        leases = input.snapshot.leases.len(),
+        creates = plan.create_leases.len(),
+        deletes = plan.delete_leases.len(),
+        admissions = plan.admissions.len(),
+        evictions = plan.evictions.len(),
+        lease_statuses = plan.lease_statuses.len(),
+        "decided"
+    );
     let outcome = applier.apply(plan, &input, overlay).await;
     let protection = next_protection_expiry(&input.snapshot).map(|t| {
         let wait = t.duration_since(now).unsigned_abs();

@@ -22,6 +22,8 @@ use crate::engine::ObjectKey;
 const CREATED_TTL: Duration = Duration::from_secs(30);
 /// How long a deletion or eviction is remembered without the cache confirming it.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(120);
+/// How long a lease that vanished while its pod is still cached is held.
+const VANISHED_TTL: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Written<K> {
@@ -43,6 +45,8 @@ pub struct Overlay {
     deleted_leases: HashMap<ObjectKey, Gone>,
     pods: HashMap<ObjectKey, Written<Pod>>,
     evicted: HashMap<ObjectKey, Gone>,
+    last_leases: HashMap<ObjectKey, Arc<GpuLease>>,
+    vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
 }
 
 /// True when `cached` is at least as new as `written`. resourceVersions are
@@ -206,6 +210,40 @@ impl Overlay {
         pods
     }
 
+    /// Keeps the snapshot consistent across the two watches: when the
+    /// garbage collector deletes a lease because its pod is gone, the lease
+    /// watch may report it before the pod watch does. Until the pod leaves the
+    /// cache too (or [`VANISHED_TTL`] passes), the last seen lease stays in
+    /// `leases`, so a departing pod is never taken for a new one without a lease.
+    pub fn hold_vanished(
+        &mut self,
+        leases: &mut Vec<Arc<GpuLease>>,
+        cached_pod_uids: &HashSet<&str>,
+        now: Instant,
+    ) {
+        let present: HashSet<ObjectKey> =
+            leases.iter().filter_map(|l| key_of(l.as_ref())).collect();
+        let pod_cached = |l: &GpuLease| cached_pod_uids.contains(l.spec.pod_uid.as_str());
+        self.vanished.retain(|key, (lease, at)| {
+            !present.contains(key) && pod_cached(lease) && now.duration_since(*at) < VANISHED_TTL
+        });
+        for (key, lease) in self.last_leases.drain() {
+            if !present.contains(&key)
+                && !self.deleted_leases.contains_key(&key)
+                && !self.vanished.contains_key(&key)
+                && pod_cached(&lease)
+            {
+                self.vanished.insert(key, (lease, now));
+            }
+        }
+        // Only what the cache showed: a held lease must not be held again.
+        self.last_leases = leases
+            .iter()
+            .filter_map(|l| Some((key_of(l.as_ref())?, l.clone())))
+            .collect();
+        leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
+    }
+
     /// True while `key`'s eviction is not yet visible in the cache: treat the pod as terminating.
     pub fn is_evicted(&self, key: &ObjectKey) -> bool {
         self.evicted.contains_key(key)
@@ -213,7 +251,11 @@ impl Overlay {
 
     /// Number of remembered writes (for tests and logs).
     pub fn len(&self) -> usize {
-        self.leases.len() + self.deleted_leases.len() + self.pods.len() + self.evicted.len()
+        self.leases.len()
+            + self.deleted_leases.len()
+            + self.pods.len()
+            + self.evicted.len()
+            + self.vanished.len()
     }
 
     /// True when nothing is remembered.
@@ -322,6 +364,37 @@ mod tests {
         let renewed = vec![Arc::new(lease("a", "u2", "9", "Queued"))];
         assert_eq!(o.leases(renewed, t0).len(), 1);
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn a_lease_gone_before_its_pod_is_held_until_the_pod_goes() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        let pods = HashSet::from(["p"]);
+        let mut leases = vec![Arc::new(lease("a", "u", "1", "Preempting"))];
+        o.hold_vanished(&mut leases, &pods, t0);
+        assert_eq!(leases.len(), 1);
+        // The lease watch drops it; the pod (uid "p") is still cached.
+        let mut leases = vec![];
+        o.hold_vanished(&mut leases, &pods, t0);
+        assert_eq!(
+            phases(&leases),
+            vec![("a".into(), "Some(Preempting)".into())]
+        );
+        // The pod leaves the cache: so does the held lease.
+        let mut leases = vec![];
+        o.hold_vanished(&mut leases, &HashSet::new(), t0);
+        assert!(leases.is_empty());
+        assert!(o.is_empty());
+        // Held at most VANISHED_TTL when the pod stays.
+        let mut leases = vec![Arc::new(lease("b", "v", "1", "Bound"))];
+        o.hold_vanished(&mut leases, &pods, t0);
+        let mut leases = vec![];
+        o.hold_vanished(&mut leases, &pods, t0);
+        assert_eq!(leases.len(), 1);
+        let mut leases = vec![];
+        o.hold_vanished(&mut leases, &pods, t0 + VANISHED_TTL);
+        assert!(leases.is_empty());
     }
 
     #[test]

@@ -49,11 +49,17 @@ impl Sim {
     }
 
     /// Starts a cluster with `config` and namespace `ml`.
-    pub async fn start_with(config: ClusterConfig) -> Sim {
+    pub async fn start_with(mut config: ClusterConfig) -> Sim {
+        // GPUPOOL_KEEP_RUN=1 keeps the run directory (logs) for a failing test.
+        config.remove_run_dir = std::env::var_os("GPUPOOL_KEEP_RUN").is_none();
         let cluster = SimCluster::start(config)
             .await
             .expect("the simulated cluster starts (build gpupool-device-plugin first: cargo build -p gpupool-device-plugin)");
         let client = cluster.client();
+        eprintln!(
+            "simulated cluster run directory: {}",
+            cluster.run_dir().display()
+        );
         let namespaces: Api<Namespace> = Api::all(client.clone());
         namespaces
             .create(
