@@ -632,3 +632,102 @@ async fn the_operator_binary_serves_the_webhook() {
         .expect("exit status");
     assert_eq!(status.code(), Some(0), "clean shutdown on SIGTERM");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_replicas_pick_up_renewals_and_repair_configurations() {
+    let api = cluster().await;
+    let admin = api.client().await.expect("admin");
+    let port = free_port();
+    let mut config = webhook_config(port);
+    config.refresh_interval = Duration::from_millis(200);
+    let operator = api
+        .client_with_token(OPERATOR_TOKEN)
+        .await
+        .expect("operator");
+    let running = webhook::start(config, operator, WebhookMetrics::default())
+        .await
+        .expect("webhook starts");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(running.serve(async {
+        let _ = stopped.await;
+    }));
+
+    // Another replica renewed the certificate: this one serves it soon after.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), OPERATOR_NS);
+    let renewed =
+        certs::generate(&["127.0.0.1".to_owned()], jiff::Timestamp::now(), None).expect("renewal");
+    let mut replacement = renewed.to_secret(OPERATOR_NS, SECRET_NAME);
+    replacement.metadata.resource_version = secrets
+        .get(SECRET_NAME)
+        .await
+        .expect("get")
+        .metadata
+        .resource_version;
+    secrets
+        .replace(SECRET_NAME, &PostParams::default(), &replacement)
+        .await
+        .expect("renewed Secret stored");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(renewed.ca_pem.as_bytes()) {
+        roots.add(cert.expect("PEM")).expect("CA");
+    }
+    let client_config = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let mut presented = false;
+    for _ in 0..50 {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("listening");
+        let server_name =
+            rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+        if tokio_rustls::TlsConnector::from(client_config.clone())
+            .connect(server_name, tcp)
+            .await
+            .is_ok()
+        {
+            presented = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        presented,
+        "the renewed certificate was not served within 5 s"
+    );
+
+    // Its CA reaches the configurations, and a deleted configuration returns.
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin);
+    mutating
+        .delete("gpupool", &Default::default())
+        .await
+        .expect("deleted");
+    let mut restored = None;
+    for _ in 0..50 {
+        if let Some(m) = mutating.get_opt("gpupool").await.expect("get") {
+            restored = Some(m);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let restored = restored.expect("configuration rewritten within 5 s");
+    let ca = restored.webhooks.expect("webhooks")[0]
+        .client_config
+        .ca_bundle
+        .clone()
+        .expect("caBundle");
+    assert_eq!(ca.0, renewed.ca_pem.as_bytes());
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("stops in time")
+        .expect("no panic")
+        .expect("served cleanly");
+}
