@@ -102,6 +102,7 @@ impl Args {
             },
             max_termination: Duration::from_secs_f64(self.max_termination_seconds),
             ready_timeout: Duration::from_secs(30),
+            ..ClusterConfig::default()
         })
     }
 }

@@ -74,6 +74,10 @@ pub struct ClusterConfig {
     pub operator_bin: Option<PathBuf>,
     /// Whether to run the operator.
     pub operator: OperatorMode,
+    /// Flags given to the operator after the ones the cluster sets
+    /// (`--webhook-port`, `--metrics-port`, `--webhook-url`,
+    /// `--leader-elect=false`, `--namespace`). Default: `--resync-seconds 2`.
+    pub operator_args: Vec<String>,
     /// Longest simulated termination of a deleted pod.
     pub max_termination: Duration,
     /// How long start waits for the plugins and the operator to be ready.
@@ -93,6 +97,7 @@ impl Default for ClusterConfig {
             device_plugin_bin: None,
             operator_bin: None,
             operator: OperatorMode::IfAvailable,
+            operator_args: vec!["--resync-seconds".into(), "2".into()],
             max_termination: Duration::from_secs(1),
             ready_timeout: Duration::from_secs(30),
         }
@@ -605,7 +610,7 @@ impl SimCluster {
         }
         let (webhook_port, metrics_port) = (free_port()?, free_port()?);
         self.operator_ports = (webhook_port, metrics_port);
-        let spec = ProcessSpec {
+        let mut spec = ProcessSpec {
             name: "operator".into(),
             program: bin,
             args: vec![
@@ -618,14 +623,14 @@ impl SimCluster {
                 "--leader-elect=false".into(),
                 "--namespace".into(),
                 OPERATOR_NAMESPACE.into(),
-                "--resync-seconds".into(),
-                "2".into(),
             ],
             env: vec![(
                 "KUBECONFIG".into(),
                 self.run_dir.join("operator.kubeconfig").into(),
             )],
         };
+        spec.args
+            .extend(self.config.operator_args.iter().map(Into::into));
         let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
         let webhooks: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
         let deadline = Instant::now() + self.config.ready_timeout;
