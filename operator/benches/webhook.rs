@@ -211,6 +211,8 @@ impl Https {
             .body(Full::new(body.clone()))
             .unwrap();
         self.runtime.block_on(async {
+            // The connection is reused: wait until it can take the next request.
+            self.sender.ready().await.unwrap();
             let started = Instant::now();
             let response = self.sender.send_request(request).await.unwrap();
             assert_eq!(response.status(), 200);
