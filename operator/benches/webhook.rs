@@ -131,16 +131,26 @@ fn owners() -> GateOwners {
 
 fn pure_review(c: &mut Criterion) {
     let view = view();
+    // The common case: no queue bound, so the lease cache is never scanned.
+    let mut unbounded = view.clone();
+    unbounded.classes = vec![Arc::new(GpuLeaseClass::new(
+        "default",
+        GpuLeaseClassSpec {
+            default: true,
+            ..Default::default()
+        },
+    ))];
     let owners = owners();
     let now = jiff::Timestamp::now();
     let mut group = c.benchmark_group("webhook_review");
-    for (name, body) in [
-        ("gpupool_pod", gpupool_review()),
-        ("plain_pod", plain_review()),
+    for (name, body, view) in [
+        ("gpupool_pod", gpupool_review(), &view),
+        ("gpupool_pod_unbounded_queue", gpupool_review(), &unbounded),
+        ("plain_pod", plain_review(), &view),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
-                review_body(WebhookKind::Mutate, black_box(&body), &view, &owners, now).unwrap()
+                review_body(WebhookKind::Mutate, black_box(&body), view, &owners, now).unwrap()
             })
         });
     }
