@@ -1,10 +1,335 @@
-//! `gpupool-sim bench`.
+//! `gpupool-sim bench`: pushes many short pods through a simulated cluster
+//! running the real operator and device plugins, and prints JSON figures:
+//! admission throughput, slot-free → ungate latency, webhook latency, the
+//! operator's peak RSS, and the API server's raw patch rate for comparison.
+//!
+//! Method. The class first selects no node, so every pod queues (webhook
+//! latency is measured on these creates). Then the class is widened to all
+//! nodes and the burst of admissions that fills every slot is timed
+//! (admissions/s). The rest of the pods are admitted as running pods finish:
+//! for each node, the time from a pod there being seen Succeeded to the next
+//! pod pinned there being seen ungated is one slot-free → ungate sample. All
+//! times come from one pod watch in this process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use gpupool_api::GpuLeaseClass;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
 
 /// Arguments of `gpupool-sim bench`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Number of nodes.
+    #[arg(long, env = "GPUPOOL_BENCH_NODES", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub nodes: u32,
+    /// GPUs per node.
+    #[arg(long, env = "GPUPOOL_BENCH_GPUS_PER_NODE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus_per_node: u32,
+    /// Pods pushed through.
+    #[arg(long, env = "GPUPOOL_BENCH_PODS", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub pods: u32,
+    /// Seconds each pod runs before it Succeeds.
+    #[arg(long, env = "GPUPOOL_BENCH_RUN_SECONDS", default_value_t = 1.0)]
+    pub run_seconds: f64,
+    /// Pods created concurrently.
+    #[arg(long, env = "GPUPOOL_BENCH_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Give up after this many seconds.
+    #[arg(long, env = "GPUPOOL_BENCH_TIMEOUT_SECONDS", default_value_t = 600)]
+    pub timeout_seconds: u64,
+    /// The gpupool-operator binary (default: next to gpupool-sim).
+    #[arg(long, env = "GPUPOOL_SIM_OPERATOR_BIN")]
+    pub operator_bin: Option<PathBuf>,
+    /// The gpupool-device-plugin binary (default: next to gpupool-sim).
+    #[arg(long, env = "GPUPOOL_SIM_DEVICE_PLUGIN_BIN")]
+    pub device_plugin_bin: Option<PathBuf>,
+}
+
+const NS: &str = "bench";
+
+#[derive(Default)]
+struct Seen {
+    ungated: HashMap<String, (Instant, String)>,
+    succeeded: HashMap<String, (Instant, String)>,
+}
 
 /// Runs `gpupool-sim bench`.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("gpupool-sim bench is not available in this build")
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    if !(args.run_seconds.is_finite() && args.run_seconds >= 0.0) {
+        anyhow::bail!("--run-seconds must be a non-negative number of seconds");
+    }
+    let mut cluster = SimCluster::start(ClusterConfig {
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        operator: OperatorMode::Required,
+        operator_bin: args.operator_bin.clone(),
+        device_plugin_bin: args.device_plugin_bin.clone(),
+        ready_timeout: Duration::from_secs(300),
+        ..Default::default()
+    })
+    .await
+    .context("starting the simulated cluster")?;
+    let result = measure(&mut cluster, &args).await;
+    let stop = cluster.shutdown().await;
+    let figures = result?;
+    stop.context("stopping the simulated cluster")?;
+    println!("{}", serde_json::to_string_pretty(&figures)?);
+    Ok(())
+}
+
+async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_json::Value> {
+    let client = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+        )
+        .await
+        .context("creating the bench namespace")?;
+    let classes: Api<GpuLeaseClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+                "metadata": {"name": "default"},
+                "spec": {"default": true, "nodeSelector": {"matchLabels": {"bench.gpupool.io/none": "x"}}}
+            }))?,
+        )
+        .await
+        .context("creating the class")?;
+    // Let the webhook's class cache see it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // One watch records when each pod is first seen ungated and Succeeded.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let (seen_tx, mut seen_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(bool, String, String, Instant)>();
+    let watch = tokio::spawn({
+        let pods = pods.clone();
+        async move {
+            let mut stream =
+                std::pin::pin!(watcher(pods, watcher::Config::default()).applied_objects());
+            while let Ok(Some(p)) = stream.try_next().await {
+                let now = Instant::now();
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let spec = p.spec.as_ref();
+                let node = spec
+                    .and_then(|s| s.node_selector.as_ref())
+                    .and_then(|s| s.get("kubernetes.io/hostname"))
+                    .cloned()
+                    .unwrap_or_default();
+                let gated = spec
+                    .and_then(|s| s.scheduling_gates.as_ref())
+                    .is_some_and(|g| !g.is_empty());
+                if !gated && !node.is_empty() {
+                    let _ = seen_tx.send((false, name.clone(), node.clone(), now));
+                }
+                if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded") {
+                    let _ = seen_tx.send((true, name, node, now));
+                }
+            }
+        }
+    });
+
+    // Create every pod (all queue: the class selects no node yet).
+    let mut create_ms = Vec::with_capacity(args.pods as usize);
+    let run = args.run_seconds.to_string();
+    let results: Vec<anyhow::Result<f64>> = futures::stream::iter(0..args.pods)
+        .map(|i| {
+            let pods = pods.clone();
+            let run = run.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("b{i:05}"), "namespace": NS,
+                                 "annotations": {"sim.gpupool.io/run-seconds": run}},
+                    "spec": {"containers": [{"name": "w", "image": "sim",
+                        "resources": {"limits": {"gpupool/slot": "1"}}}]}
+                }))?;
+                let t = Instant::now();
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .with_context(|| format!("creating pod b{i:05}"))?;
+                Ok(t.elapsed().as_secs_f64() * 1000.0)
+            }
+        })
+        .buffer_unordered(args.concurrency as usize)
+        .collect()
+        .await;
+    for r in results {
+        create_ms.push(r?);
+    }
+
+    // Open every node: the burst of admissions fills all slots.
+    let capacity = u64::from(args.nodes) * u64::from(args.gpus_per_node);
+    let burst = capacity.min(u64::from(args.pods)) as usize;
+    let opened = Instant::now();
+    classes
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeSelector": null}})),
+        )
+        .await
+        .context("opening the class to every node")?;
+
+    let mut seen = Seen::default();
+    let mut rss_peak_kib = 0u64;
+    let mut last_rss = Instant::now() - Duration::from_secs(1);
+    let total = args.pods as usize;
+    while seen.succeeded.len() < total {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out: {} of {total} pods admitted, {} finished",
+            seen.ungated.len(),
+            seen.succeeded.len()
+        );
+        match tokio::time::timeout(Duration::from_millis(200), seen_rx.recv()).await {
+            Ok(Some((done, name, node, at))) => {
+                let map = if done {
+                    &mut seen.succeeded
+                } else {
+                    &mut seen.ungated
+                };
+                map.entry(name).or_insert((at, node));
+            }
+            Ok(None) => anyhow::bail!("the pod watch ended"),
+            Err(_) => {}
+        }
+        if last_rss.elapsed() >= Duration::from_millis(500) {
+            last_rss = Instant::now();
+            rss_peak_kib = rss_peak_kib.max(operator_peak_rss_kib(cluster).unwrap_or(0));
+        }
+    }
+    watch.abort();
+    rss_peak_kib = rss_peak_kib.max(operator_peak_rss_kib(cluster).unwrap_or(0));
+
+    let mut ungate_times: Vec<(Instant, String, String)> = seen
+        .ungated
+        .iter()
+        .map(|(n, (t, node))| (*t, n.clone(), node.clone()))
+        .collect();
+    ungate_times.sort();
+    let burst_end = ungate_times
+        .get(burst.saturating_sub(1))
+        .map(|(t, _, _)| *t)
+        .unwrap_or(opened);
+    let burst_secs = burst_end.duration_since(opened).as_secs_f64().max(1e-9);
+    let overall_secs = ungate_times
+        .last()
+        .map(|(t, _, _)| t.duration_since(opened).as_secs_f64())
+        .unwrap_or(0.0)
+        .max(1e-9);
+
+    // Slot-free → ungate, per node.
+    let mut events: BTreeMap<String, Vec<(Instant, bool)>> = BTreeMap::new();
+    for (t, node) in seen.succeeded.values() {
+        events.entry(node.clone()).or_default().push((*t, true));
+    }
+    for (t, _, node) in &ungate_times {
+        events.entry(node.clone()).or_default().push((*t, false));
+    }
+    let mut free_to_ungate_ms = Vec::new();
+    for evs in events.values_mut() {
+        evs.sort();
+        let mut frees: std::collections::VecDeque<Instant> = Default::default();
+        for (t, is_free) in evs.iter() {
+            if *is_free {
+                frees.push_back(*t);
+            } else if let Some(f) = frees.pop_front() {
+                free_to_ungate_ms.push(t.duration_since(f).as_secs_f64() * 1000.0);
+            }
+        }
+    }
+
+    let patch_rate = raw_patch_rate(&pods, args.pods.min(2000), args.concurrency).await?;
+    Ok(json!({
+        "nodes": args.nodes,
+        "gpusPerNode": args.gpus_per_node,
+        "pods": args.pods,
+        "runSeconds": args.run_seconds,
+        "burstAdmissions": burst,
+        "admissionsPerSecondBurst": burst as f64 / burst_secs,
+        "admissionsPerSecondOverall": ungate_times.len() as f64 / overall_secs,
+        "slotFreeToUngateMs": {"samples": free_to_ungate_ms.len(), "p50": percentile(&mut free_to_ungate_ms, 0.50), "p99": percentile(&mut free_to_ungate_ms, 0.99)},
+        "podCreateWithWebhookMs": {"p50": percentile(&mut create_ms, 0.50), "p99": percentile(&mut create_ms, 0.99)},
+        "operatorPeakRssMiB": rss_peak_kib as f64 / 1024.0,
+        "apiServerRawPatchesPerSecond": patch_rate,
+    }))
+}
+
+/// Label patches on existing pods, as fast as the API server takes them.
+async fn raw_patch_rate(pods: &Api<Pod>, n: u32, concurrency: u32) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let results: Vec<Result<Pod, kube::Error>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                pods.patch(
+                    &format!("b{i:05}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {"bench.gpupool.io/patched": "yes"}}}),
+                    ),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(concurrency as usize)
+        .collect()
+        .await;
+    for r in results {
+        r.context("raw patch")?;
+    }
+    Ok(f64::from(n) / start.elapsed().as_secs_f64().max(1e-9))
+}
+
+fn percentile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let idx = ((v.len() as f64 - 1.0) * q).round() as usize;
+    v.get(idx).copied()
+}
+
+/// Peak resident set (VmHWM) of the operator process, found among the
+/// cluster's children by its command name.
+fn operator_peak_rss_kib(cluster: &mut SimCluster) -> Option<u64> {
+    for pid in cluster.child_pids() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if !"gpupool-operator".starts_with(comm.trim()) {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let mut v = vec![5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(percentile(&mut v, 0.5), Some(3.0));
+        assert_eq!(percentile(&mut v, 0.99), Some(5.0));
+        assert_eq!(percentile(&mut [], 0.5), None);
+    }
 }
