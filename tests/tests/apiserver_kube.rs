@@ -976,3 +976,123 @@ async fn leases_and_nodes_round_trip() {
     );
     let _ = Node::kind(&());
 }
+
+#[tokio::test]
+async fn events_api_events_show_up_as_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let (_s, client) = start().await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let ev: Event = serde_json::from_value(json!({
+        "metadata": {"name": "p.1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"},
+        "note": "admitted to node-1",
+        "reason": "Admitted",
+        "type": "Normal",
+        "action": "Admit",
+        "reportingController": "gpupool.io/operator",
+        "reportingInstance": "op-1"
+    }))
+    .expect("event");
+    events
+        .create(&PostParams::default(), &ev)
+        .await
+        .expect("create");
+    let core: Api<CoreEvent> = Api::namespaced(client, "default");
+    let found = core
+        .list(&ListParams::default().fields("involvedObject.name=p,involvedObject.kind=Pod"))
+        .await
+        .expect("list");
+    assert_eq!(found.items.len(), 1);
+    assert_eq!(
+        found.items[0].message.as_deref(),
+        Some("admitted to node-1")
+    );
+    assert_eq!(
+        found.items[0]
+            .source
+            .as_ref()
+            .and_then(|s| s.component.as_deref()),
+        Some("gpupool.io/operator")
+    );
+    events
+        .delete("p.1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        core.get_opt("p.1").await.expect("get").is_none(),
+        "mirror removed"
+    );
+}
+
+#[tokio::test]
+async fn foreground_and_orphan_propagation() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    let owner = api
+        .create(&PostParams::default(), &cm("fg-owner", &[]))
+        .await
+        .expect("owner");
+    let mut dep = cm("fg-dep", &[]);
+    dep.metadata.owner_references = Some(vec![owner.controller_owner_ref(&()).expect("ref")]);
+    dep.metadata.finalizers = Some(vec!["example.com/slow".into()]);
+    api.create(&PostParams::default(), &dep).await.expect("dep");
+    api.delete("fg-owner", &DeleteParams::foreground())
+        .await
+        .expect("delete");
+    let api2 = api.clone();
+    eventually("dependent marked for deletion", || {
+        let api = api2.clone();
+        async move {
+            api.get("fg-dep")
+                .await
+                .expect("get")
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        }
+    })
+    .await;
+    let held = api
+        .get("fg-owner")
+        .await
+        .expect("owner waits for its dependents");
+    assert!(
+        held.finalizers()
+            .contains(&"foregroundDeletion".to_string())
+    );
+    api.patch(
+        "fg-dep",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("release dependent");
+    let api2 = api.clone();
+    eventually("owner removed after its dependents", || {
+        let api = api2.clone();
+        async move { api.get_opt("fg-owner").await.expect("get").is_none() }
+    })
+    .await;
+
+    let owner = api
+        .create(&PostParams::default(), &cm("or-owner", &[]))
+        .await
+        .expect("owner");
+    let mut dep = cm("or-dep", &[]);
+    dep.metadata.owner_references = Some(vec![owner.controller_owner_ref(&()).expect("ref")]);
+    api.create(&PostParams::default(), &dep).await.expect("dep");
+    api.delete("or-owner", &DeleteParams::orphan())
+        .await
+        .expect("delete");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let kept = api.get("or-dep").await.expect("orphan kept");
+    assert!(
+        kept.metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty(),
+        "owner reference removed"
+    );
+}

@@ -230,6 +230,8 @@ pub enum FieldErrorKind {
     Forbidden,
     /// `Too many`.
     TooMany,
+    /// `Too long`.
+    TooLong,
     /// `Unknown field`.
     Unknown,
 }
@@ -242,6 +244,7 @@ impl FieldErrorKind {
             FieldErrorKind::NotSupported => "FieldValueNotSupported",
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooMany => "FieldValueTooMany",
+            FieldErrorKind::TooLong => "FieldValueTooLong",
             FieldErrorKind::Unknown => "FieldValueInvalid",
         }
     }
@@ -298,6 +301,7 @@ impl FieldCause {
             FieldErrorKind::NotSupported => "Unsupported value",
             FieldErrorKind::Forbidden => "Forbidden",
             FieldErrorKind::TooMany => "Too many",
+            FieldErrorKind::TooLong => "Too long",
             FieldErrorKind::Unknown => "unknown field",
         };
         let mut out = label.to_string();

@@ -23,6 +23,22 @@ fn gc_user() -> UserInfo {
     }
 }
 
+/// The finalizer of foreground deletion.
+pub const FOREGROUND: &str = "foregroundDeletion";
+
+fn owned_by(obj: &Value, uid: &str) -> bool {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|r| r.iter().any(|o| o["uid"] == uid))
+}
+
+/// Whether any object names `uid` as an owner.
+pub fn has_dependents(st: &State, uid: &str) -> bool {
+    st.resources()
+        .iter()
+        .any(|id| st.list(id, None, None).any(|(_, o)| owned_by(o, uid)))
+}
+
 /// Removes owner references to `uid` from every object (orphan deletion).
 pub fn orphan_dependents(st: &mut State, uid: &str) {
     let mut changed = Vec::new();
@@ -97,6 +113,50 @@ fn find_work(st: &mut State) -> Sweep {
             if all_gone {
                 deletes.push((id.clone(), ns.clone(), name.clone()));
             }
+        }
+    }
+    // Foreground deletion: dependents first, then the owner's finalizer.
+    let mut waiting = Vec::new();
+    for id in st.resources() {
+        for ((ns, name), obj) in st.list(&id, None, None) {
+            let fin = obj
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array);
+            if obj.pointer("/metadata/deletionTimestamp").is_some()
+                && fin.is_some_and(|f| f.iter().any(|x| x == FOREGROUND))
+            {
+                waiting.push((id.clone(), ns.clone(), name.clone(), obj.clone()));
+            }
+        }
+    }
+    for (id, ns, name, owner) in waiting {
+        let Some(uid) = owner.pointer("/metadata/uid").and_then(Value::as_str) else {
+            continue;
+        };
+        let mut dependents = 0usize;
+        for did in st.resources() {
+            for ((dns, dname), d) in st.list(&did, None, None) {
+                if owned_by(d, uid) {
+                    if d.pointer("/metadata/deletionTimestamp").is_none() {
+                        deletes.push((did.clone(), dns.clone(), dname.clone()));
+                    }
+                    dependents += 1;
+                }
+            }
+        }
+        if dependents == 0 {
+            let mut o = (*owner).clone();
+            if let Some(f) = o
+                .pointer_mut("/metadata/finalizers")
+                .and_then(Value::as_array_mut)
+            {
+                f.retain(|x| x != FOREGROUND);
+                if f.is_empty() {
+                    st.remove(&id, &ns, &name);
+                    continue;
+                }
+            }
+            st.put(&id, &ns, &name, o);
         }
     }
     // Terminating namespaces: delete their content; remove them once empty.

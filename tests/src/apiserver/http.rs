@@ -142,11 +142,11 @@ impl Req {
     }
 
     fn wants_table(&self) -> bool {
+        // kubectl lists the Table form first and plain JSON as a fallback.
         self.accept
             .split(',')
             .next()
             .is_some_and(|first| first.contains("as=Table"))
-            || (self.accept.contains("as=Table") && !self.accept.starts_with("application/json,"))
     }
 
     fn write_ctx(&self) -> Result<WriteCtx, ApiError> {

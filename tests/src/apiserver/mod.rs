@@ -28,8 +28,10 @@
 //! answer 501. Fault injection ([`Faults`]) is off by default.
 
 mod admission;
+pub mod bench;
 mod discovery;
 pub mod error;
+mod events;
 mod faults;
 mod gc;
 mod http;

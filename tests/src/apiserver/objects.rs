@@ -420,23 +420,30 @@ pub async fn create(
     if id.group == "apiextensions.k8s.io" && id.plural == "customresourcedefinitions" {
         st.registry.apply_crd(&obj).map_err(ApiError::bad_request)?;
     }
-    Ok(st.put(&id, ns_key(def, ns), &name, obj))
+    let stored = st.put(&id, ns_key(def, ns), &name, obj);
+    if super::events::is_new_events(&id) {
+        super::events::mirror(&mut st, ns, &name, Some(&stored));
+    }
+    Ok(stored)
 }
 
 fn ns_key<'a>(def: &ResourceDef, ns: &'a str) -> &'a str {
     if def.namespaced { ns } else { "" }
 }
 
-/// Strips what does not count as a spec change.
-fn without_meta_and_status(v: &Value) -> Value {
-    let mut c = v.clone();
-    if let Some(o) = c.as_object_mut() {
-        o.remove("metadata");
-        o.remove("status");
-        o.remove("apiVersion");
-        o.remove("kind");
-    }
-    c
+/// Whether anything but metadata, status and type information differs
+/// (what bumps `generation`), compared without copying.
+fn spec_changed(old: &Value, new: &Value) -> bool {
+    const IGNORED: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+    let (Some(o), Some(n)) = (old.as_object(), new.as_object()) else {
+        return old != new;
+    };
+    let differs = |a: &serde_json::Map<String, Value>, b: &serde_json::Map<String, Value>| {
+        a.iter()
+            .filter(|(k, _)| !IGNORED.contains(&k.as_str()))
+            .any(|(k, v)| b.get(k) != Some(v))
+    };
+    differs(o, n) || differs(n, o)
 }
 
 /// Builds the object to store from the old one and the requested one.
@@ -490,7 +497,7 @@ fn merge_update(def: &ResourceDef, part: Part, old: &Value, requested: Value) ->
             }
         }
     }
-    if part == Part::Main && without_meta_and_status(old) != without_meta_and_status(&new) {
+    if part == Part::Main && spec_changed(old, &new) {
         let g = old_meta
             .get("generation")
             .and_then(Value::as_i64)
@@ -526,6 +533,10 @@ fn ready_to_remove(def: &ResourceDef, obj: &Value) -> bool {
         return false;
     }
     true
+}
+
+fn already_deleting(obj: &Value) -> bool {
+    obj["metadata"].get("deletionTimestamp").is_some()
 }
 
 fn deadline_passed(obj: &Value) -> bool {
@@ -644,11 +655,18 @@ pub async fn update(
         }
         if ready_to_remove(def, &new) {
             let gone = st.remove(&id, nsk, name);
+            if super::events::is_new_events(&id) {
+                super::events::mirror(&mut st, nsk, name, None);
+            }
             drop(st);
             after_removal(sh, def);
             return gone.ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name));
         }
-        return Ok(st.put(&id, nsk, name, new));
+        let stored = st.put(&id, nsk, name, new);
+        if super::events::is_new_events(&id) {
+            super::events::mirror(&mut st, nsk, name, Some(&stored));
+        }
+        return Ok(stored);
     }
     Err(ApiError::conflict(
         &def.group,
@@ -736,8 +754,19 @@ pub async fn delete(
     } else {
         0
     };
-    let has_finalizers = !finalizers(&cur).is_empty();
     let mut obj = (*cur).clone();
+    if opts.propagation.as_deref() == Some("Foreground")
+        && !already_deleting(&cur)
+        && meta_str(&cur, "uid").is_some_and(|uid| super::gc::has_dependents(&st, uid))
+    {
+        // Dependents go first; the GC sweep removes this finalizer after.
+        let meta = meta_mut(&mut obj);
+        let list = meta.entry("finalizers").or_insert_with(|| json!([]));
+        if let Some(a) = list.as_array_mut() {
+            a.push(json!(super::gc::FOREGROUND));
+        }
+    }
+    let has_finalizers = !finalizers(&obj).is_empty();
     let already = cur["metadata"].get("deletionTimestamp").is_some();
     if opts.propagation.as_deref() == Some("Orphan")
         && !ctx.dry_run
@@ -789,9 +818,8 @@ pub async fn delete(
                     grace,
                 );
             }
-            if is_ns {
-                sh.gc_wakeup.notify_one();
-            }
+            // Namespaces and foreground deletions finish in the GC sweep.
+            sh.gc_wakeup.notify_one();
             return Ok(Deleted {
                 code: 202,
                 body: (*stored).clone(),
@@ -807,6 +835,9 @@ pub async fn delete(
     let gone = st
         .remove(&id, nsk, name)
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    if super::events::is_new_events(&id) {
+        super::events::mirror(&mut st, nsk, name, None);
+    }
     drop(st);
     after_removal(sh, def);
     let body = if is_pod || def.custom {

@@ -292,7 +292,7 @@ fn check_scalar(schema: &Value, v: &Value, path: &str, out: &mut Checked) {
                 && len > max
             {
                 out.causes.push(FieldCause {
-                    kind: FieldErrorKind::TooMany,
+                    kind: FieldErrorKind::TooLong,
                     field: path.to_string(),
                     value: None,
                     detail: format!("may not be more than {max} bytes"),
@@ -330,7 +330,8 @@ mod tests {
             "role": {"type": "string", "enum": ["primary", "helper"], "default": "primary"},
             "name": {"type": "string", "minLength": 1, "pattern": "^[a-z]+$"},
             "list": {"type": "array", "maxItems": 1, "items": {"type": "integer"}},
-            "opt": {"type": "object", "nullable": true}
+            "opt": {"type": "object", "nullable": true},
+            "short": {"type": "string", "maxLength": 3}
         }}}})
     }
 
@@ -347,7 +348,7 @@ mod tests {
 
     #[test]
     fn each_rule_reports_its_field() {
-        let mut obj = json!({"spec": {"slots": "x", "role": "boss", "name": "A", "list": [1, 2], "opt": null, "extra": 1}});
+        let mut obj = json!({"spec": {"slots": "x", "role": "boss", "name": "A", "list": [1, 2], "opt": null, "extra": 1, "short": "abcd"}});
         let causes = validate_object(&schema(), &mut obj, false);
         let text: Vec<String> = causes.iter().map(ToString::to_string).collect();
         assert!(
@@ -368,6 +369,11 @@ mod tests {
         assert!(
             text.iter()
                 .any(|t| t.starts_with("spec.list: Too many: 2: must have at most 1 items")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t == "spec.short: Too long: may not be more than 3 bytes"),
             "{text:?}"
         );
         assert!(obj["spec"].get("extra").is_none(), "pruned");
