@@ -378,7 +378,7 @@ impl World {
                 }
             }
             Event::Tick { secs } => {
-                self.s.now = self.s.now + jiff::SignedDuration::from_secs(i64::from(secs));
+                self.s.now += jiff::SignedDuration::from_secs(i64::from(secs));
             }
         }
         Ok(())
@@ -707,7 +707,6 @@ impl World {
                         .s
                         .leases
                         .iter()
-                        .chain(std::iter::empty())
                         .find(|l| l.key.to_string() == lease)
                         .map(|l| l.spec.slots)
                         .unwrap_or(u32::MAX);
