@@ -94,7 +94,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..cfg.objects {
         let cm: ConfigMap = serde_json::from_value(
-            json!({"metadata": {"name": format!("bench-{i}")}, "data": {"n": "0"}}),
+            json!({"metadata": {"name": format!("bench-{i}")}, "data": {"n": "init"}}),
         )
         .map_err(|e| BenchError::Setup(e.to_string()))?;
         api.create(&PostParams::default(), &cm).await?;
