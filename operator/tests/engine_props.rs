@@ -607,6 +607,22 @@ impl World {
             prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
             prop_assert!(n.status.sequence.is_some_and(|s| s > highest));
         }
+        // Slots held per node as the engine counts them: placed pods, plus
+        // leases that hold slots for a pod not placed yet.
+        let mut usage = self.usage();
+        for l in &self.s.leases {
+            let Some(st) = l.status.as_ref().filter(|s| s.phase.holds_slots()) else {
+                continue;
+            };
+            let placed = self
+                .s
+                .pods
+                .iter()
+                .any(|p| p.key == l.key && is_live(p) && placed_on(p).is_some());
+            if let (false, Some(node)) = (placed, st.node.as_deref()) {
+                *usage.entry(node.to_owned()).or_default() += l.spec.slots;
+            }
+        }
         let mut admitted = BTreeSet::new();
         for a in &plan.admissions {
             prop_assert!(
@@ -628,10 +644,14 @@ impl World {
                 a.key
             );
             // An admission driven again goes to the node already chosen,
-            // unless that node is gone.
+            // unless that node is gone or its allocatable shrank below what
+            // is held there (then it was queued again and placed afresh).
             if let Some(st) = persisted.filter(|s| {
                 s.phase == LeasePhase::Admitted
-                    && s.node.as_deref().is_some_and(|n| self.alloc(n).is_some())
+                    && s.node.as_deref().is_some_and(|n| {
+                        self.alloc(n)
+                            .is_some_and(|alloc| usage.get(n).copied().unwrap_or(0) <= alloc)
+                    })
             }) {
                 prop_assert_eq!(st.node.as_deref(), Some(a.node.as_str()));
             }
