@@ -536,6 +536,24 @@ fn preemption_evicts_youngest_helpers_only_as_many_as_needed_and_waits_for_them(
     assert_eq!(phase(&s, "h-old"), LeasePhase::Admitted);
 }
 
+#[test]
+fn helpers_admitted_in_the_same_second_are_preempted_latest_in_the_queue_first() {
+    // The UID tie-break alone would pick "h-early" (its UID sorts first).
+    let mut early = helper("h-early", 1, 1);
+    early.uid = "uid-a".into();
+    let mut later = helper("h-later", 1, 2);
+    later.uid = "uid-z".into();
+    let mut s = world(vec![node("n1", 2)], vec![early, later]);
+    settle(&mut s);
+    bound(&mut s, "h-early", 10);
+    bound(&mut s, "h-later", 10);
+    s.pods.push(pod("p-new", 1, 100));
+    s.now = at(2000);
+    let plan = settle_until_eviction(&mut s);
+    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_str()).collect();
+    assert_eq!(victims, vec!["h-later"]);
+}
+
 fn settle_until_eviction(s: &mut Snapshot) -> Plan {
     for _ in 0..5 {
         let plan = decide(s);

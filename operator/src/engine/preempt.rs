@@ -131,12 +131,18 @@ impl<'a> Pass<'a> {
             let mut evicted = 0u64;
             if have < u64::from(slots) {
                 let mut helpers = evictable.get(&node).cloned().unwrap_or_default();
-                // Youngest first; the pod UID settles ties so the choice is total.
+                // Youngest first. Admission times have second resolution, so
+                // helpers admitted in the same second are told apart by their
+                // place in the queue (the later sequence is the younger), and
+                // the pod UID settles what is left so the choice is total.
                 helpers.sort_by(|&a, &b| {
-                    admitted_at(b).cmp(&admitted_at(a)).then_with(|| {
-                        let uid = |i: usize| self.tickets[i].pod.map(|p| p.uid.as_str());
-                        uid(a).cmp(&uid(b))
-                    })
+                    admitted_at(b)
+                        .cmp(&admitted_at(a))
+                        .then_with(|| self.tickets[b].sequence.cmp(&self.tickets[a].sequence))
+                        .then_with(|| {
+                            let uid = |i: usize| self.tickets[i].pod.map(|p| p.uid.as_str());
+                            uid(a).cmp(&uid(b))
+                        })
                 });
                 for h in helpers {
                     if have >= u64::from(slots) {
