@@ -92,12 +92,82 @@ fn missing_kubeconfig_flag_exits_2_naming_it() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--kubeconfig"), "{err}");
+    let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(BIN)
-        .args(["apiserver", "--kubeconfig", "/tmp/x", "--port", "notaport"])
+        .args(["apiserver", "--port", "notaport", "--kubeconfig"])
+        .arg(dir.path().join("kc"))
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--port"));
+}
+
+/// Runs `gpupool-sim apiserver` with `args` (and extra env) and expects exit
+/// 2 with a message on stderr naming `flag`.
+fn expect_bad_flag(args: &[&str], env: &[(&str, &str)], flag: &str, why: &str) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("apiserver").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(flag), "{args:?} should name {flag}: {err}");
+    assert!(err.contains(why), "{args:?} should say {why:?}: {err}");
+    assert!(out.stdout.is_empty(), "no ready line for {args:?}");
+}
+
+#[test]
+fn bad_token_and_kubeconfig_values_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = dir.path().join("kc");
+    let kc = kc.to_str().expect("utf-8 path");
+    let d = dir.path().to_str().expect("utf-8 path");
+    expect_bad_flag(
+        &["--kubeconfig", kc, "--token", ""],
+        &[],
+        "--token",
+        "must not be empty",
+    );
+    expect_bad_flag(
+        &["--kubeconfig", kc, "--token", "two words"],
+        &[],
+        "--token",
+        "visible ASCII",
+    );
+    expect_bad_flag(
+        &["--kubeconfig", ""],
+        &[],
+        "--kubeconfig",
+        "must not be empty",
+    );
+    expect_bad_flag(&["--kubeconfig", d], &[], "--kubeconfig", "is a directory");
+    expect_bad_flag(
+        &["--kubeconfig", kc, "--port", "70000"],
+        &[],
+        "--port",
+        "70000",
+    );
+    expect_bad_flag(
+        &["--kubeconfig", kc],
+        &[("GPUPOOL_SIM_PORT", "-1")],
+        "--port",
+        "-1",
+    );
+    expect_bad_flag(
+        &["--kubeconfig", kc],
+        &[("GPUPOOL_SIM_TOKEN", "a\tb")],
+        "--token",
+        "visible ASCII",
+    );
+    expect_bad_flag(
+        &["--kubeconfig", kc, "--bogus"],
+        &[],
+        "--bogus",
+        "unexpected",
+    );
+    assert!(!dir.path().join("kc").exists(), "nothing written");
 }
 
 #[test]

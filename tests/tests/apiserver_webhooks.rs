@@ -65,6 +65,25 @@ fn answer(path: &str, review: &Value) -> Value {
             json!({"uid": uid, "allowed": false, "status": {"code": 400, "message": "bad slot count"}})
         }
         "/wrong-uid" => json!({"uid": "nope", "allowed": true}),
+        // Records what it saw of the label `/second` sets.
+        "/first" => {
+            let mut labels = review["request"]["object"]["metadata"]["labels"].clone();
+            let saw = labels["second"].as_str().unwrap_or("absent").to_string();
+            labels["first"] = json!(saw);
+            let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+        }
+        // Counts its own calls in a label, so every call changes the object.
+        "/second" => {
+            let mut labels = review["request"]["object"]["metadata"]["labels"].clone();
+            let n = labels["second"]
+                .as_str()
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0);
+            labels["second"] = json!((n + 1).to_string());
+            let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+        }
         _ => json!({"uid": uid, "allowed": true}),
     };
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
@@ -453,4 +472,101 @@ async fn service_reference_and_selectors() {
     sys.delete("hooked", &DeleteParams::default())
         .await
         .expect("delete not intercepted");
+}
+
+/// Creates a ConfigMap on a fresh server with two mutating webhooks, `a`
+/// (calling `/first`, policy `first_policy`) ordered before `b` (calling
+/// `b_path`, policy `second_policy`); returns the created object's labels,
+/// the paths called in call order and the object each call was sent.
+async fn two_mutators(
+    first_policy: &str,
+    b_path: &str,
+    second_policy: &str,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    Vec<String>,
+    Vec<Value>,
+) {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let base = format!("https://127.0.0.1:{}", hook.addr.port());
+    register(
+        &server,
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        "b-second",
+        webhook(
+            "second.gpupool.io",
+            &format!("{base}{b_path}"),
+            &hook.ca_b64,
+            json!({"reinvocationPolicy": second_policy}),
+        ),
+    )
+    .await;
+    register(
+        &server,
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        "a-first",
+        webhook(
+            "first.gpupool.io",
+            &format!("{base}/first"),
+            &hook.ca_b64,
+            json!({"reinvocationPolicy": first_policy}),
+        ),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let made = api
+        .create(&PostParams::default(), &cm("r"))
+        .await
+        .expect("create");
+    let stored = api.get("r").await.expect("get");
+    assert_eq!(stored.labels(), made.labels(), "stored as answered");
+    let seen = hook.seen.lock().expect("lock").clone();
+    let paths = seen
+        .iter()
+        .map(|s| s["path"].as_str().expect("path").to_string())
+        .collect();
+    let objects = seen
+        .iter()
+        .map(|s| s["review"]["request"]["object"].clone())
+        .collect();
+    (made.labels().clone(), paths, objects)
+}
+
+#[tokio::test]
+async fn if_needed_webhook_is_called_again_after_a_later_webhook_changed_the_object() {
+    let (labels, paths, objects) = two_mutators("IfNeeded", "/second", "Never").await;
+    assert_eq!(paths, ["/first", "/second", "/first"]);
+    assert_eq!(labels["second"], "1", "Never: called once");
+    assert_eq!(labels["first"], "1", "the second call saw the later change");
+    assert!(objects[0]["metadata"]["labels"].get("second").is_none());
+    assert_eq!(objects[2]["metadata"]["labels"]["first"], "absent");
+    assert_eq!(objects[2]["metadata"]["labels"]["second"], "1");
+}
+
+#[tokio::test]
+async fn never_policy_and_unchanged_objects_are_not_called_again() {
+    let (labels, paths, _) = two_mutators("Never", "/second", "Never").await;
+    assert_eq!(paths, ["/first", "/second"]);
+    assert_eq!(labels["first"], "absent");
+    // The later webhook allows without a patch: nothing changed after the
+    // first one, and its own change does not ask for it again.
+    let (labels, paths, _) = two_mutators("IfNeeded", "/allow", "Never").await;
+    assert_eq!(paths, ["/first", "/allow"]);
+    assert_eq!(labels["first"], "absent");
+}
+
+#[tokio::test]
+async fn reinvocation_makes_one_extra_pass_only() {
+    // Both ask for reinvocation and `/second` changes the object on every
+    // call: the extra pass calls `/first` again, whose change asks for
+    // `/second` again within the same pass; then it stops.
+    let (labels, paths, _) = two_mutators("IfNeeded", "/second", "IfNeeded").await;
+    assert_eq!(paths, ["/first", "/second", "/first", "/second"]);
+    assert_eq!(labels["second"], "2");
+    assert_eq!(labels["first"], "1");
 }

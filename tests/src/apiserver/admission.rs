@@ -2,7 +2,7 @@
 //! are called over HTTPS with an `admission.k8s.io/v1` AdmissionReview,
 //! verifying the server against the configuration's `caBundle`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -238,6 +238,33 @@ pub async fn validate(
     .await
 }
 
+/// Which registered webhooks have been called during one admission, for
+/// `reinvocationPolicy: IfNeeded` as the real server tracks it: a webhook
+/// that asked for reinvocation is called once more when a webhook after it
+/// changed the object; at most one extra pass is made.
+#[derive(Default)]
+struct Reinvocation {
+    /// IfNeeded webhooks called since the last change by another webhook.
+    invoked_since_change: HashSet<usize>,
+    /// Webhooks the extra pass calls again.
+    again: HashSet<usize>,
+    /// Whether any webhook changed the object.
+    changed: bool,
+}
+
+impl Reinvocation {
+    fn record(&mut self, index: usize, if_needed: bool, changed: bool) {
+        // A webhook's own change never asks for itself to be called again.
+        if changed {
+            self.again.extend(self.invoked_since_change.drain());
+            self.changed = true;
+        }
+        if if_needed {
+            self.invoked_since_change.insert(index);
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     sh: &Arc<Shared>,
@@ -264,7 +291,12 @@ async fn run(
                 .into_iter()
                 .flatten()
             {
-                hooks.push(h.clone());
+                if h.get("rules")
+                    .and_then(Value::as_array)
+                    .is_some_and(|rs| rs.iter().any(|r| rule_matches(r, def, op, sub)))
+                {
+                    hooks.push(h.clone());
+                }
             }
         }
         if hooks.is_empty() {
@@ -272,149 +304,225 @@ async fn run(
         }
         let ns = meta_str(obj, "namespace").or_else(|| old.and_then(|o| meta_str(o, "namespace")));
         let ns_labels = if def.group.is_empty() && def.plural == "namespaces" {
-            obj.pointer("/metadata/labels").cloned()
+            None
         } else {
             ns.and_then(|n| st.get(&ResourceId::new("", "namespaces"), "", n))
                 .and_then(|n| n.pointer("/metadata/labels").cloned())
         };
         (hooks, ns_labels)
     };
-    for hook in hooks {
-        let name = hook
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let rules_ok = hook
-            .get("rules")
-            .and_then(Value::as_array)
-            .is_some_and(|rs| rs.iter().any(|r| rule_matches(r, def, op, sub)));
-        if !rules_ok {
+    let mut reinvocation = Reinvocation::default();
+    for (i, hook) in hooks.iter().enumerate() {
+        if let Some(changed) = call_hook(
+            sh,
+            hook,
+            mutating,
+            def,
+            op,
+            sub,
+            obj,
+            old,
+            ns_labels.as_ref(),
+            ctx,
+        )
+        .await?
+        {
+            let if_needed =
+                hook.get("reinvocationPolicy").and_then(Value::as_str) == Some("IfNeeded");
+            reinvocation.record(i, mutating && if_needed, changed);
+        }
+    }
+    if !mutating || !reinvocation.changed || reinvocation.again.is_empty() {
+        return Ok(());
+    }
+    // The extra pass: only webhooks asked for again, still matching, in order;
+    // one changing the object here asks for those called before it in this
+    // pass too (the real server keeps no third pass).
+    for (i, hook) in hooks.iter().enumerate() {
+        if !reinvocation.again.contains(&i) {
             continue;
         }
-        let scoped = def.namespaced || (def.group.is_empty() && def.plural == "namespaces");
-        if scoped {
-            match labels_match(hook.get("namespaceSelector"), ns_labels.as_ref()) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    return Err(ApiError::internal(format!(
-                        "webhook \"{name}\" has an invalid namespaceSelector: {e}"
-                    )));
-                }
-            }
+        if let Some(changed) = call_hook(
+            sh,
+            hook,
+            true,
+            def,
+            op,
+            sub,
+            obj,
+            old,
+            ns_labels.as_ref(),
+            ctx,
+        )
+        .await?
+        {
+            let if_needed =
+                hook.get("reinvocationPolicy").and_then(Value::as_str) == Some("IfNeeded");
+            reinvocation.record(i, if_needed, changed);
         }
-        let obj_labels = obj.pointer("/metadata/labels");
-        let old_labels = old.and_then(|o| o.pointer("/metadata/labels"));
-        let by_obj = labels_match(hook.get("objectSelector"), obj_labels).map_err(|e| {
-            ApiError::internal(format!(
-                "webhook \"{name}\" has an invalid objectSelector: {e}"
-            ))
-        })?;
-        let by_old =
-            old.is_some() && labels_match(hook.get("objectSelector"), old_labels).unwrap_or(false);
-        if !(by_obj || by_old) {
-            continue;
-        }
-        let side_effects = hook
-            .get("sideEffects")
-            .and_then(Value::as_str)
-            .unwrap_or("Unknown");
-        if ctx.dry_run && !matches!(side_effects, "None" | "NoneOnDryRun") {
-            return Err(ApiError::bad_request(format!(
-                "admission webhook \"{name}\" has side effects and does not support dry run"
-            )));
-        }
-        let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
-        let timeout = hook
-            .get("timeoutSeconds")
-            .and_then(Value::as_u64)
-            .unwrap_or(10)
-            .clamp(1, 30);
-        let review = build_review(sh, def, op, sub, obj, old, ctx);
-        let uid = review["request"]["uid"].clone();
-        let response = match call(sh, &hook, &review, timeout).await {
-            Ok(r) => r,
-            Err(e) if fail_open => {
-                tracing::warn!(webhook = %name, error = %e, "webhook failed; failurePolicy Ignore");
-                continue;
-            }
+    }
+    Ok(())
+}
+
+/// Calls one webhook whose rules match, if its selectors do too. Returns
+/// None when it was not called, else whether it changed the object (a call
+/// that failed under `failurePolicy: Ignore` changed nothing).
+#[allow(clippy::too_many_arguments)]
+async fn call_hook(
+    sh: &Arc<Shared>,
+    hook: &Value,
+    mutating: bool,
+    def: &ResourceDef,
+    op: Operation,
+    sub: &str,
+    obj: &mut Value,
+    old: Option<&Value>,
+    ns_labels: Option<&Value>,
+    ctx: &WriteCtx,
+) -> Result<Option<bool>, ApiError> {
+    let name = hook
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let is_namespace = def.group.is_empty() && def.plural == "namespaces";
+    if def.namespaced || is_namespace {
+        let labels = if is_namespace {
+            obj.pointer("/metadata/labels")
+        } else {
+            ns_labels
+        };
+        match labels_match(hook.get("namespaceSelector"), labels) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
             Err(e) => {
                 return Err(ApiError::internal(format!(
-                    "Internal error occurred: failed calling webhook \"{name}\": {e}"
+                    "webhook \"{name}\" has an invalid namespaceSelector: {e}"
                 )));
             }
-        };
-        let resp = &response["response"];
-        if resp.get("uid") != Some(&uid) {
-            let e = format!(
-                "expected response.uid={uid}, got {}",
-                resp.get("uid").unwrap_or(&Value::Null)
-            );
-            if fail_open {
-                continue;
-            }
+        }
+    }
+    let obj_labels = obj.pointer("/metadata/labels");
+    let old_labels = old.and_then(|o| o.pointer("/metadata/labels"));
+    let by_obj = labels_match(hook.get("objectSelector"), obj_labels).map_err(|e| {
+        ApiError::internal(format!(
+            "webhook \"{name}\" has an invalid objectSelector: {e}"
+        ))
+    })?;
+    let by_old =
+        old.is_some() && labels_match(hook.get("objectSelector"), old_labels).unwrap_or(false);
+    if !(by_obj || by_old) {
+        return Ok(None);
+    }
+    let side_effects = hook
+        .get("sideEffects")
+        .and_then(Value::as_str)
+        .unwrap_or("Unknown");
+    if ctx.dry_run && !matches!(side_effects, "None" | "NoneOnDryRun") {
+        return Err(ApiError::bad_request(format!(
+            "admission webhook \"{name}\" has side effects and does not support dry run"
+        )));
+    }
+    let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+    let timeout = hook
+        .get("timeoutSeconds")
+        .and_then(Value::as_u64)
+        .unwrap_or(10)
+        .clamp(1, 30);
+    let review = build_review(sh, def, op, sub, obj, old, ctx);
+    let uid = review["request"]["uid"].clone();
+    let response = match call(sh, hook, &review, timeout).await {
+        Ok(r) => r,
+        Err(e) if fail_open => {
+            tracing::warn!(webhook = %name, error = %e, "webhook failed; failurePolicy Ignore");
+            return Ok(Some(false));
+        }
+        Err(e) => {
             return Err(ApiError::internal(format!(
                 "Internal error occurred: failed calling webhook \"{name}\": {e}"
             )));
         }
-        if resp.get("allowed").and_then(Value::as_bool) != Some(true) {
-            let status = resp.get("status");
-            let code = status
-                .and_then(|s| s.get("code"))
-                .and_then(Value::as_u64)
-                .filter(|c| *c >= 400)
-                .unwrap_or(403) as u16;
-            let message = match status
-                .and_then(|s| s.get("message"))
-                .and_then(Value::as_str)
-                .filter(|m| !m.is_empty())
-            {
-                Some(m) => format!("admission webhook \"{name}\" denied the request: {m}"),
-                None => {
-                    format!("admission webhook \"{name}\" denied the request without explanation")
-                }
-            };
-            let reason = match code {
-                400 => Reason::BadRequest,
-                404 => Reason::NotFound,
-                409 => Reason::Conflict,
-                422 => Reason::Invalid,
-                429 => Reason::TooManyRequests,
-                500 => Reason::InternalError,
-                _ => Reason::Forbidden,
-            };
-            return Err(ApiError {
-                reason,
-                message,
-                details: None,
-                code: Some(code),
-            });
+    };
+    let resp = &response["response"];
+    if resp.get("uid") != Some(&uid) {
+        let e = format!(
+            "expected response.uid={uid}, got {}",
+            resp.get("uid").unwrap_or(&Value::Null)
+        );
+        if fail_open {
+            return Ok(Some(false));
         }
-        if let Some(p) = resp.get("patch").and_then(Value::as_str) {
-            if !mutating {
-                return Err(ApiError::internal(format!(
-                    "Internal error occurred: validating webhook \"{name}\" returned a patch"
-                )));
-            }
-            if resp.get("patchType").and_then(Value::as_str) != Some("JSONPatch") {
-                return Err(ApiError::internal(format!(
-                    "Internal error occurred: webhook \"{name}\" returned an unsupported patchType {}",
-                    resp.get("patchType").unwrap_or(&Value::Null)
-                )));
-            }
-            let bytes = base64_decode(p).map_err(|e| {
-                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned a patch that is not base64: {e}"))
-            })?;
-            let ops: json_patch::Patch = serde_json::from_slice(&bytes).map_err(|e| {
-                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned an invalid JSON patch: {e}"))
-            })?;
-            json_patch::patch(obj, &ops).map_err(|e| {
-                ApiError::internal(format!("Internal error occurred: webhook \"{name}\" returned a patch that does not apply: {e}"))
-            })?;
-        }
+        return Err(ApiError::internal(format!(
+            "Internal error occurred: failed calling webhook \"{name}\": {e}"
+        )));
     }
-    Ok(())
+    if resp.get("allowed").and_then(Value::as_bool) != Some(true) {
+        let status = resp.get("status");
+        let code = status
+            .and_then(|s| s.get("code"))
+            .and_then(Value::as_u64)
+            .filter(|c| *c >= 400)
+            .unwrap_or(403) as u16;
+        let message = match status
+            .and_then(|s| s.get("message"))
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            Some(m) => format!("admission webhook \"{name}\" denied the request: {m}"),
+            None => {
+                format!("admission webhook \"{name}\" denied the request without explanation")
+            }
+        };
+        let reason = match code {
+            400 => Reason::BadRequest,
+            404 => Reason::NotFound,
+            409 => Reason::Conflict,
+            422 => Reason::Invalid,
+            429 => Reason::TooManyRequests,
+            500 => Reason::InternalError,
+            _ => Reason::Forbidden,
+        };
+        return Err(ApiError {
+            reason,
+            message,
+            details: None,
+            code: Some(code),
+        });
+    }
+    let Some(p) = resp.get("patch").and_then(Value::as_str) else {
+        return Ok(Some(false));
+    };
+    if !mutating {
+        return Err(ApiError::internal(format!(
+            "Internal error occurred: validating webhook \"{name}\" returned a patch"
+        )));
+    }
+    if resp.get("patchType").and_then(Value::as_str) != Some("JSONPatch") {
+        return Err(ApiError::internal(format!(
+            "Internal error occurred: webhook \"{name}\" returned an unsupported patchType {}",
+            resp.get("patchType").unwrap_or(&Value::Null)
+        )));
+    }
+    let bytes = base64_decode(p).map_err(|e| {
+        ApiError::internal(format!(
+            "Internal error occurred: webhook \"{name}\" returned a patch that is not base64: {e}"
+        ))
+    })?;
+    let ops: json_patch::Patch = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::internal(format!(
+            "Internal error occurred: webhook \"{name}\" returned an invalid JSON patch: {e}"
+        ))
+    })?;
+    if ops.0.is_empty() {
+        return Ok(Some(false));
+    }
+    let before = obj.clone();
+    json_patch::patch(obj, &ops).map_err(|e| {
+        ApiError::internal(format!(
+            "Internal error occurred: webhook \"{name}\" returned a patch that does not apply: {e}"
+        ))
+    })?;
+    Ok(Some(*obj != before))
 }
 
 fn build_review(
@@ -533,6 +641,23 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
 mod tests {
     use super::super::registry::Registry;
     use super::*;
+
+    #[test]
+    fn reinvocation_asks_again_only_for_earlier_if_needed_webhooks() {
+        let mut r = Reinvocation::default();
+        r.record(0, true, true);
+        assert!(r.again.is_empty(), "its own change does not count");
+        r.record(1, false, false);
+        r.record(2, true, false);
+        assert!(r.again.is_empty());
+        r.record(3, false, true);
+        assert_eq!(r.again, HashSet::from([0, 2]));
+        assert!(r.changed);
+        let mut quiet = Reinvocation::default();
+        quiet.record(0, true, false);
+        quiet.record(1, true, false);
+        assert!(!quiet.changed && quiet.again.is_empty());
+    }
 
     #[test]
     fn rules_match_resources_and_subresources() {

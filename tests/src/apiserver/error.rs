@@ -232,8 +232,6 @@ pub enum FieldErrorKind {
     TooMany,
     /// `Too long`.
     TooLong,
-    /// `Unknown field`.
-    Unknown,
 }
 
 impl FieldErrorKind {
@@ -245,7 +243,6 @@ impl FieldErrorKind {
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooMany => "FieldValueTooMany",
             FieldErrorKind::TooLong => "FieldValueTooLong",
-            FieldErrorKind::Unknown => "FieldValueInvalid",
         }
     }
 }
@@ -302,7 +299,6 @@ impl FieldCause {
             FieldErrorKind::Forbidden => "Forbidden",
             FieldErrorKind::TooMany => "Too many",
             FieldErrorKind::TooLong => "Too long",
-            FieldErrorKind::Unknown => "unknown field",
         };
         let mut out = label.to_string();
         if let Some(v) = &self.value {
@@ -319,9 +315,6 @@ impl FieldCause {
 
 impl std::fmt::Display for FieldCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.kind == FieldErrorKind::Unknown {
-            return write!(f, ".{}: field not declared in schema", self.field);
-        }
         write!(f, "{}: {}", self.field, self.message_only())
     }
 }

@@ -200,7 +200,8 @@ pub async fn run(sh: Arc<Shared>) {
         let ctx = WriteCtx {
             user: gc_user(),
             dry_run: false,
-            strict: false,
+            validation: objects::FieldValidation::Ignore,
+            warnings: Default::default(),
         };
         let mut again = false;
         for (id, ns, name) in work.deletes {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use super::error::{ApiError, Reason, success_status};
-use super::objects::{self, Change, DeleteOpts, Part, WriteCtx};
+use super::objects::{self, Change, DeleteOpts, FieldValidation, Part, WriteCtx};
 use super::patch::PatchType;
 use super::registry::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
@@ -96,6 +96,18 @@ fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
     r
 }
 
+/// Adds one `Warning: 299 - "…"` header per warning the write collected,
+/// as the real server reports dropped unknown fields.
+fn with_warnings(mut resp: Response<Body>, ctx: &WriteCtx) -> Response<Body> {
+    for w in ctx.warnings.take() {
+        let quoted = serde_json::to_string(&w).unwrap_or_default();
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - {quoted}")) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
 /// The `Status` response of an error.
 pub fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = json_response(e.http_code(), &e.status_body());
@@ -159,9 +171,10 @@ impl Req {
                 )));
             }
         };
-        let strict = match self.q("fieldValidation") {
-            None | Some("Ignore" | "Warn") => false,
-            Some("Strict") => true,
+        let validation = match self.q("fieldValidation") {
+            Some("Ignore") => FieldValidation::Ignore,
+            None | Some("Warn") => FieldValidation::Warn,
+            Some("Strict") => FieldValidation::Strict,
             Some(other) => {
                 return Err(ApiError::bad_request(format!(
                     "fieldValidation: Invalid value: \"{other}\": fieldValidation must be one of \"Ignore\", \"Warn\", or \"Strict\""
@@ -171,7 +184,8 @@ impl Req {
         Ok(WriteCtx {
             user: self.user.clone(),
             dry_run,
-            strict,
+            validation,
+            warnings: Default::default(),
         })
     }
 
@@ -474,9 +488,12 @@ async fn resource(
         (&Method::POST, None, None) => {
             let ctx = r.write_ctx()?;
             let obj = objects::create(sh, &def, ns, r.json_body()?, &ctx).await?;
-            Ok(bytes_response(
-                201,
-                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            Ok(with_warnings(
+                bytes_response(
+                    201,
+                    Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+                ),
+                &ctx,
             ))
         }
         (&Method::POST, Some(name), Some("binding")) => binding(sh, r, ns, name, &r.json_body()?),
@@ -493,9 +510,12 @@ async fn resource(
                 &ctx,
             )
             .await?;
-            Ok(bytes_response(
-                200,
-                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            Ok(with_warnings(
+                bytes_response(
+                    200,
+                    Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+                ),
+                &ctx,
             ))
         }
         (&Method::PATCH, Some(name), _) => {
@@ -511,9 +531,12 @@ async fn resource(
                 &ctx,
             )
             .await?;
-            Ok(bytes_response(
-                200,
-                Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+            Ok(with_warnings(
+                bytes_response(
+                    200,
+                    Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+                ),
+                &ctx,
             ))
         }
         (&Method::DELETE, Some(name), None) => {

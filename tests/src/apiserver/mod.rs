@@ -33,6 +33,7 @@ mod discovery;
 pub mod error;
 mod events;
 mod faults;
+mod fields;
 mod gc;
 mod http;
 mod kubeconfig;
@@ -357,7 +358,8 @@ impl RunningApiServer {
                 groups: vec!["system:masters".into()],
             },
             dry_run: false,
-            strict: false,
+            validation: objects::FieldValidation::Warn,
+            warnings: Default::default(),
         };
         objects::create(&self.shared, &def, namespace, obj, &ctx)
             .await

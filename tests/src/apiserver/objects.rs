@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 
 use super::admission::{self, Operation};
 use super::error::{ApiError, FieldCause, Reason, success_status};
+pub use super::fields::FieldValidation;
 use super::patch::{self, PatchType};
 use super::registry::{ResourceDef, ResourceId};
 use super::util::{finalizers, meta_mut, meta_str, now_rfc3339, parse_ts};
-use super::{Shared, UserInfo, pods, schema};
+use super::{Shared, UserInfo, fields, pods, schema};
 
 /// Who asks and how.
 #[derive(Debug, Clone)]
@@ -21,8 +22,60 @@ pub struct WriteCtx {
     pub user: UserInfo,
     /// `dryRun=All`: everything but the commit.
     pub dry_run: bool,
-    /// `fieldValidation=Strict`: unknown fields are errors, not pruned.
-    pub strict: bool,
+    /// `fieldValidation`: what unknown fields in the request lead to.
+    pub validation: FieldValidation,
+    /// Warnings for the response's `Warning` headers.
+    pub warnings: Warnings,
+}
+
+/// Warnings a write collects for the response (shared with the caller).
+#[derive(Debug, Clone, Default)]
+pub struct Warnings(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Warnings {
+    /// Adds a warning once (a write retried after a conflict finds the
+    /// same fields again).
+    fn push(&self, warning: String) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !all.contains(&warning) {
+            all.push(warning);
+        }
+    }
+
+    /// Every warning collected so far, leaving none behind.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Drops the fields of a request body its type does not declare; under
+/// `fieldValidation=Strict` refuses it (400, as the real decoder does),
+/// under `Warn` adds one warning per field.
+fn check_fields(def: &ResourceDef, obj: &mut Value, ctx: &WriteCtx) -> Result<(), ApiError> {
+    let unknown = fields::prune_unknown(def, obj);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    match ctx.validation {
+        FieldValidation::Ignore => Ok(()),
+        FieldValidation::Warn => {
+            for f in unknown {
+                ctx.warnings.push(format!("unknown field \"{f}\""));
+            }
+            Ok(())
+        }
+        FieldValidation::Strict => Err(ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+            def.kind,
+            def.version,
+            def.kind,
+            unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }
 
 /// Which part of an object a write addresses.
@@ -245,18 +298,20 @@ fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result
     Ok(())
 }
 
-/// Validation beyond admission: CR schemas and the pod rules.
+/// Validation beyond admission: CR schemas and the pod rules. Fields
+/// mutating webhooks added that the type does not declare are dropped
+/// silently, as the real server's decoding of a patched object does.
 fn validate(
     def: &ResourceDef,
     obj: &mut Value,
     old: Option<&Value>,
     part: Part,
-    strict: bool,
 ) -> Result<(), ApiError> {
     let name = meta_str(obj, "name").unwrap_or_default().to_string();
     let mut causes = Vec::new();
+    fields::prune_unknown(def, obj);
     if let Some(s) = &def.schema {
-        causes.extend(schema::validate_object(s, obj, strict));
+        causes.extend(schema::validate_object(s, obj));
     }
     if def.group.is_empty() && def.plural == "pods" && part == Part::Main {
         match old {
@@ -275,20 +330,6 @@ fn validate(
                 "no new finalizers can be added if the object is being deleted",
             ));
         }
-    }
-    let unknown: Vec<String> = causes
-        .iter()
-        .filter(|c| c.kind == super::error::FieldErrorKind::Unknown)
-        .map(|c| format!("unknown field \"{}\"", c.field))
-        .collect();
-    if !unknown.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
-            def.kind,
-            def.version,
-            def.kind,
-            unknown.join(", ")
-        )));
     }
     if causes.is_empty() {
         Ok(())
@@ -309,7 +350,7 @@ async fn admit(
 ) -> Result<(), ApiError> {
     let sub = if part == Part::Status { "status" } else { "" };
     admission::mutate(sh, def, op, sub, obj, old, ctx).await?;
-    validate(def, obj, old, part, ctx.strict)?;
+    validate(def, obj, old, part)?;
     admission::validate(sh, def, op, sub, obj, old, ctx).await
 }
 
@@ -322,6 +363,7 @@ pub async fn create(
     ctx: &WriteCtx,
 ) -> Result<Arc<Value>, ApiError> {
     check_type(def, &mut obj)?;
+    check_fields(def, &mut obj, ctx)?;
     let meta = meta_mut(&mut obj);
     if def.namespaced {
         match meta.get("namespace").and_then(Value::as_str) {
@@ -608,6 +650,7 @@ pub async fn update(
                 "the patched object must be a JSON object",
             ));
         }
+        check_fields(def, &mut requested, ctx)?;
         let explicit = match &change {
             Change::Replace(_) => true,
             Change::Patch(_, body) => body.windows(17).any(|w| w == b"\"resourceVersion\""),

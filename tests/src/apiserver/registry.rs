@@ -318,6 +318,81 @@ const BUILTINS: &[Builtin] = &[
         namespaced: false,
         status: false,
     },
+    // Stored objects only: no controller acts on these (no pods are made
+    // for Deployments or DaemonSets); they are served so that Helm charts
+    // and manifests holding them install, list, upgrade and uninstall.
+    Builtin {
+        group: "apps",
+        version: "v1",
+        kind: "Deployment",
+        plural: "deployments",
+        short: &["deploy"],
+        namespaced: true,
+        status: true,
+    },
+    Builtin {
+        group: "apps",
+        version: "v1",
+        kind: "DaemonSet",
+        plural: "daemonsets",
+        short: &["ds"],
+        namespaced: true,
+        status: true,
+    },
+    Builtin {
+        group: "apps",
+        version: "v1",
+        kind: "StatefulSet",
+        plural: "statefulsets",
+        short: &["sts"],
+        namespaced: true,
+        status: true,
+    },
+    Builtin {
+        group: "apps",
+        version: "v1",
+        kind: "ReplicaSet",
+        plural: "replicasets",
+        short: &["rs"],
+        namespaced: true,
+        status: true,
+    },
+    Builtin {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "ClusterRole",
+        plural: "clusterroles",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "ClusterRoleBinding",
+        plural: "clusterrolebindings",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "Role",
+        plural: "roles",
+        short: &[],
+        namespaced: true,
+        status: false,
+    },
+    Builtin {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        kind: "RoleBinding",
+        plural: "rolebindings",
+        short: &[],
+        namespaced: true,
+        status: false,
+    },
 ];
 
 impl Registry {
@@ -336,7 +411,10 @@ impl Registry {
             } else {
                 Vec::new()
             };
-            let categories = if b.plural == "pods" || b.plural == "services" {
+            let categories = if matches!(
+                b.plural,
+                "pods" | "services" | "deployments" | "daemonsets" | "statefulsets" | "replicasets"
+            ) {
                 vec!["all".to_string()]
             } else {
                 Vec::new()

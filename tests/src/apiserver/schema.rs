@@ -1,6 +1,6 @@
 //! Validation of custom resources against their CRD's `openAPIV3Schema`:
 //! types, required, enum, bounds, lengths, patterns, item counts, nullable;
-//! defaults are applied and unknown fields pruned (or reported).
+//! defaults are applied and unknown fields pruned.
 
 use serde_json::{Map, Value, json};
 
@@ -47,20 +47,10 @@ pub fn check_object(schema: &Value, obj: &mut Value) -> Checked {
     out
 }
 
-/// Validates and returns the 422 causes; unknown fields become causes only
-/// when `strict` (the caller reports them as the real server does).
-pub fn validate_object(schema: &Value, obj: &mut Value, strict: bool) -> Vec<FieldCause> {
-    let checked = check_object(schema, obj);
-    let mut causes = checked.causes;
-    if strict {
-        causes.extend(checked.unknown.into_iter().map(|f| FieldCause {
-            kind: FieldErrorKind::Unknown,
-            field: f,
-            value: None,
-            detail: String::new(),
-        }));
-    }
-    causes
+/// Validates and returns the 422 causes; unknown fields are pruned (the
+/// request's own unknown fields were reported before admission).
+pub fn validate_object(schema: &Value, obj: &mut Value) -> Vec<FieldCause> {
+    check_object(schema, obj).causes
 }
 
 fn preserves(schema: &Value) -> bool {
@@ -338,7 +328,7 @@ mod tests {
     #[test]
     fn minimum_error_names_field_like_the_real_server() {
         let mut obj = json!({"spec": {"slots": 0}});
-        let causes = validate_object(&schema(), &mut obj, false);
+        let causes = validate_object(&schema(), &mut obj);
         assert_eq!(
             causes[0].to_string(),
             "spec.slots: Invalid value: 0: spec.slots in body should be greater than or equal to 1"
@@ -349,7 +339,7 @@ mod tests {
     #[test]
     fn each_rule_reports_its_field() {
         let mut obj = json!({"spec": {"slots": "x", "role": "boss", "name": "A", "list": [1, 2], "opt": null, "extra": 1, "short": "abcd"}});
-        let causes = validate_object(&schema(), &mut obj, false);
+        let causes = validate_object(&schema(), &mut obj);
         let text: Vec<String> = causes.iter().map(ToString::to_string).collect();
         assert!(
             text.iter()
@@ -378,15 +368,16 @@ mod tests {
         );
         assert!(obj["spec"].get("extra").is_none(), "pruned");
         let mut missing = json!({"spec": {}});
-        let causes = validate_object(&schema(), &mut missing, false);
+        let causes = validate_object(&schema(), &mut missing);
         assert_eq!(causes[0].to_string(), "spec.slots: Required value");
     }
 
     #[test]
-    fn strict_reports_unknown_fields() {
+    fn unknown_fields_are_listed_and_pruned() {
         let mut obj = json!({"spec": {"slots": 1, "extra": 1}});
-        let causes = validate_object(&schema(), &mut obj, true);
-        assert_eq!(causes.len(), 1);
-        assert_eq!(causes[0].field, "spec.extra");
+        let checked = check_object(&schema(), &mut obj);
+        assert!(checked.causes.is_empty());
+        assert_eq!(checked.unknown, ["spec.extra"]);
+        assert!(obj["spec"].get("extra").is_none());
     }
 }
