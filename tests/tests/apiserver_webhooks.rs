@@ -22,6 +22,8 @@ struct Hook {
     addr: SocketAddr,
     ca_b64: String,
     seen: Arc<Mutex<Vec<Value>>>,
+    /// TCP connections accepted.
+    connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn b64(data: &[u8]) -> String {
@@ -116,8 +118,11 @@ async fn start_hook() -> Hook {
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let accepted = connections.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let acceptor = acceptor.clone();
             let seen = seen2.clone();
             tokio::spawn(async move {
@@ -138,9 +143,13 @@ async fn start_hook() -> Hook {
                                 tokio::time::sleep(Duration::from_secs(3)).await;
                             }
                             let out = answer(&path, &review);
-                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
-                                out.to_string(),
-                            ))))
+                            let mut resp =
+                                http::Response::new(Full::new(Bytes::from(out.to_string())));
+                            if path == "/close" {
+                                resp.headers_mut()
+                                    .insert("connection", http::HeaderValue::from_static("close"));
+                            }
+                            Ok::<_, Infallible>(resp)
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -149,7 +158,12 @@ async fn start_hook() -> Hook {
             });
         }
     });
-    Hook { addr, ca_b64, seen }
+    Hook {
+        addr,
+        ca_b64,
+        seen,
+        connections,
+    }
 }
 
 async fn client(server: &RunningApiServer) -> Client {
@@ -569,4 +583,62 @@ async fn reinvocation_makes_one_extra_pass_only() {
     assert_eq!(paths, ["/first", "/second", "/first", "/second"]);
     assert_eq!(labels["second"], "2");
     assert_eq!(labels["first"], "1");
+}
+
+#[tokio::test]
+async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/allow", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "keep",
+        webhook("keep.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    for i in 0..5 {
+        api.create(&PostParams::default(), &cm(&format!("k{i}")))
+            .await
+            .expect("create");
+    }
+    assert_eq!(hook.seen.lock().expect("lock").len(), 5);
+    assert_eq!(
+        hook.connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one kept-alive connection for sequential calls"
+    );
+
+    // A server that closes every connection after answering is dialled
+    // afresh each time, and every call still succeeds.
+    let closing = start_hook().await;
+    let url = format!("https://127.0.0.1:{}/close", closing.addr.port());
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "close",
+        webhook("close.gpupool.io", &url, &closing.ca_b64, json!({})),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    for i in 0..3 {
+        api.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .expect("create");
+    }
+    assert_eq!(closing.seen.lock().expect("lock").len(), 3);
+    assert_eq!(
+        closing
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
 }

@@ -39,16 +39,52 @@ impl Operation {
     }
 }
 
-/// Calls webhooks; caches TLS client configurations per CA bundle.
+/// The sending half of a connection to a webhook server.
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Most idle connections kept per webhook server.
+const IDLE_PER_SERVER: usize = 16;
+
+/// Calls webhooks; caches TLS client configurations per CA bundle and keeps
+/// connections alive between calls (as the real server's HTTP client does),
+/// so a busy webhook is not paid a TCP and TLS handshake per request.
 #[derive(Default)]
 pub struct WebhookClient {
     tls: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
+    /// Idle connections by address, server name and CA bundle.
+    idle: Mutex<HashMap<String, Vec<Sender>>>,
 }
 
 impl WebhookClient {
     /// A client with an empty cache.
     pub fn new() -> Self {
         WebhookClient::default()
+    }
+
+    /// An idle connection to the server `key` names that can take a request
+    /// now, if one is kept.
+    async fn idle_connection(&self, key: &str) -> Option<Sender> {
+        loop {
+            let mut sender = {
+                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                idle.get_mut(key)?.pop()?
+            };
+            if !sender.is_closed() && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    /// Keeps a connection whose response was read in full for later calls.
+    fn keep(&self, key: String, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(key).or_default();
+        if list.len() < IDLE_PER_SERVER {
+            list.push(sender);
+        }
     }
 
     fn tls_config(&self, ca_bundle_b64: &str) -> Result<Arc<rustls::ClientConfig>, String> {
@@ -581,32 +617,44 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
         return Err("failed to call webhook: clientConfig.caBundle is empty (the simulated API server has no other trust roots)".into());
     }
     let tls = sh.http_client.tls_config(ca)?;
-    let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
+    let body = Bytes::from(serde_json::to_vec(review).map_err(|e| e.to_string())?);
     let sep = if target.path.contains('?') { '&' } else { '?' };
     let path = format!("{}{sep}timeout={timeout_s}s", target.path);
-    let fut = async {
-        let tcp = tokio::net::TcpStream::connect(&target.connect)
-            .await
-            .map_err(|e| format!("dial tcp {}: {e}", target.connect))?;
-        let server_name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
-            .map_err(|e| format!("invalid server name {}: {e}", target.server_name))?;
-        let stream = tokio_rustls::TlsConnector::from(tls)
-            .connect(server_name, tcp)
-            .await
-            .map_err(|e| format!("tls: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let req = http::Request::post(&path)
+    let key = format!("{}\n{}\n{ca}", target.connect, target.server_name);
+    let request = || {
+        http::Request::post(&path)
             .header("host", target.server_name.as_str())
             .header("content-type", "application/json")
             .header("accept", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+            .body(Full::new(body.clone()))
+            .map_err(|e| e.to_string())
+    };
+    let fut = async {
+        let resp = match sh.http_client.idle_connection(&key).await {
+            Some(mut sender) => match sender.send_request(request()?).await {
+                Ok(resp) => (sender, resp),
+                // The webhook server closed the kept-alive connection as the
+                // request went out: it never saw it, so a fresh one may.
+                Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
+                    let mut sender = dial(&target, tls).await?;
+                    let resp = sender
+                        .send_request(request()?)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    (sender, resp)
+                }
+                Err(e) => return Err(e.to_string()),
+            },
+            None => {
+                let mut sender = dial(&target, tls).await?;
+                let resp = sender
+                    .send_request(request()?)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (sender, resp)
+            }
+        };
+        let (sender, resp) = resp;
         let status = resp.status();
         let bytes = resp
             .into_body()
@@ -614,6 +662,7 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        sh.http_client.keep(key.clone(), sender);
         if !status.is_success() {
             return Err(format!(
                 "received invalid webhook response: HTTP {status}: {}",
@@ -635,6 +684,27 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
             target.display_url
         )),
     }
+}
+
+/// Opens a TLS connection to a webhook, verified against its CA bundle.
+async fn dial(target: &Target, tls: Arc<rustls::ClientConfig>) -> Result<Sender, String> {
+    let tcp = tokio::net::TcpStream::connect(&target.connect)
+        .await
+        .map_err(|e| format!("dial tcp {}: {e}", target.connect))?;
+    let _ = tcp.set_nodelay(true);
+    let server_name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
+        .map_err(|e| format!("invalid server name {}: {e}", target.server_name))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
 }
 
 #[cfg(test)]
