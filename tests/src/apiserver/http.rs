@@ -19,7 +19,7 @@ use super::patch::PatchType;
 use super::registry::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::util::{base64_decode, base64_encode, meta_str, parse_query};
-use super::{Shared, UserInfo, discovery, pods, table, watch};
+use super::{Shared, UserInfo, discovery, openapi, pods, protobuf, table, watch};
 
 /// The response body type: whole JSON documents or watch streams.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -196,6 +196,9 @@ impl Req {
             .next()
             .unwrap_or_default()
             .trim();
+        if ct == protobuf::CONTENT_TYPE {
+            return protobuf::decode(&self.body);
+        }
         if !ct.is_empty() && ct != "application/json" && ct != "*/*" {
             return Err(ApiError::new(
                 Reason::UnsupportedMediaType,
@@ -282,6 +285,14 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
 
 async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
     let segs: Vec<&str> = r.segments.iter().map(String::as_str).collect();
+    // Clients ask for OpenAPI v2 in protobuf only; it is not published in
+    // any format, and "not found" is the truthful answer.
+    if matches!(segs.as_slice(), ["openapi", "v2", ..] | ["swagger.json"]) {
+        return Err(ApiError::new(
+            Reason::NotFound,
+            "the simulated API server does not publish OpenAPI v2 documents",
+        ));
+    }
     if r.accept.contains("protobuf") && !r.accept.contains("json") && !r.accept.contains("*/*") {
         return Err(ApiError::new(
             Reason::NotAcceptable,
@@ -311,10 +322,13 @@ async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
                 ))
             }
         }
-        ["openapi", ..] | ["swagger.json"] => Err(ApiError::new(
-            Reason::NotFound,
-            "the simulated API server does not publish OpenAPI documents; use kubectl --validate=false",
-        )),
+        ["openapi", "v3"] => Ok(json_response(200, &openapi::root(&sh.lock().registry))),
+        ["openapi", "v3", "api", v] => {
+            openapi::group_version(&sh.lock().registry, "", v).map(|d| json_response(200, &d))
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            openapi::group_version(&sh.lock().registry, g, v).map(|d| json_response(200, &d))
+        }
         ["sim", "faults", rest @ ..] => faults_admin(sh, r, rest),
         ["api", "v1", rest @ ..] => resource(sh, r, "", "v1", rest).await,
         ["apis", g, v, rest @ ..] => resource(sh, r, g, v, rest).await,
@@ -564,8 +578,12 @@ fn delete_options(r: &Req) -> Result<(DeleteOpts, bool), ApiError> {
     let mut opts = DeleteOpts::default();
     let mut dry = false;
     if !r.body.is_empty() {
-        let body: Value = serde_json::from_slice(&r.body)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        let body: Value = if r.content_type.starts_with(protobuf::CONTENT_TYPE) {
+            protobuf::decode(&r.body)?
+        } else {
+            serde_json::from_slice(&r.body)
+                .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        };
         opts.grace = body.get("gracePeriodSeconds").and_then(Value::as_i64);
         opts.propagation = body
             .get("propagationPolicy")

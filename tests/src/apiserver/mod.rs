@@ -17,14 +17,22 @@
 //! - CustomResourceDefinitions make their resources servable, validated
 //!   against their `openAPIV3Schema`; admission webhooks are called over
 //!   HTTPS; PodDisruptionBudgets guard evictions.
-//! - Discovery and `meta.k8s.io/v1` Table output for kubectl. `/openapi/v2`
-//!   and `/openapi/v3` are not served, so `kubectl apply` and `create` need
-//!   `--validate=false`.
+//! - Discovery and `meta.k8s.io/v1` Table output for kubectl. `/openapi/v3`
+//!   lists paths and their `fieldValidation` parameter but no schemas, so
+//!   kubectl and Helm leave field validation to the server (unknown fields:
+//!   400 under `fieldValidation=Strict`, dropped with a `Warning` otherwise);
+//!   `/openapi/v2` is not served (`kubectl explain` does not work).
+//! - apps/v1 Deployments, DaemonSets, StatefulSets, ReplicaSets and the
+//!   rbac.authorization.k8s.io/v1 kinds are stored and served, but no
+//!   controller acts on them (no pods are created for a Deployment).
 //!
 //! Identity: bearer tokens map to users (token → username, uid, groups);
 //! requests without a known token get 401. **RBAC is not enforced**: every
 //! authenticated user may do everything. Server-side apply is refused with
-//! 415; protobuf is refused with 415/406; `pods/log`, `exec` and the like
+//! 415; protobuf request bodies are decoded for Secrets, ConfigMaps and
+//! DeleteOptions (what typed Go clients such as Helm's release storage
+//! send), refused with 415 otherwise, and answers are always JSON (406 for
+//! clients that accept only protobuf); `pods/log`, `exec` and the like
 //! answer 501. Fault injection ([`Faults`]) is off by default.
 
 mod admission;
@@ -38,8 +46,10 @@ mod gc;
 mod http;
 mod kubeconfig;
 mod objects;
+mod openapi;
 pub mod patch;
 mod pods;
+mod protobuf;
 pub mod registry;
 mod schema;
 pub mod selectors;
