@@ -426,7 +426,7 @@ async fn resource(
     let def = sh
         .lock()
         .registry
-        .get(group, version, t.plural)
+        .shared(group, version, t.plural)
         .cloned()
         .ok_or_else(|| {
             ApiError::new(

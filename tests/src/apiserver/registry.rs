@@ -2,6 +2,7 @@
 //! CustomResourceDefinitions add, with what discovery and printing need.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -169,7 +170,7 @@ impl ResourceDef {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     /// (group, version, plural) → definition.
-    defs: BTreeMap<(String, String, String), ResourceDef>,
+    defs: BTreeMap<(String, String, String), Arc<ResourceDef>>,
 }
 
 struct Builtin {
@@ -442,20 +443,25 @@ impl Registry {
     fn insert(&mut self, def: ResourceDef) {
         self.defs.insert(
             (def.group.clone(), def.version.clone(), def.plural.clone()),
-            def,
+            Arc::new(def),
         );
     }
 
     /// The definition served at `group/version/plural`.
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceDef> {
+        self.shared(group, version, plural).map(|d| &**d)
+    }
+
+    /// The definition served at `group/version/plural`, shared (what each
+    /// request holds on to, instead of a copy of a CRD's whole schema).
+    pub fn shared(&self, group: &str, version: &str, plural: &str) -> Option<&Arc<ResourceDef>> {
         self.defs
             .get(&(group.to_string(), version.to_string(), plural.to_string()))
     }
 
     /// The storage-version definition of a stored resource.
     pub fn storage_def(&self, id: &ResourceId) -> Option<&ResourceDef> {
-        self.defs
-            .values()
+        self.all()
             .find(|d| d.group == id.group && d.plural == id.plural && d.storage)
     }
 
@@ -466,7 +472,7 @@ impl Registry {
 
     /// Every definition, ordered by group, version, plural.
     pub fn all(&self) -> impl Iterator<Item = &ResourceDef> {
-        self.defs.values()
+        self.defs.values().map(|d| &**d)
     }
 
     /// Every served (group, versions) pair of non-core groups, versions in
@@ -511,8 +517,7 @@ impl Registry {
 
     /// Finds a definition by kind within a group/version (for `kind` checks).
     pub fn by_kind(&self, group: &str, version: &str, kind: &str) -> Option<&ResourceDef> {
-        self.defs
-            .values()
+        self.all()
             .find(|d| d.group == group && d.version == version && d.kind == kind)
     }
 }

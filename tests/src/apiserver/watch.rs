@@ -160,6 +160,45 @@ pub fn start(
     ))
 }
 
+/// Most events one chunk of a watch stream carries.
+const MAX_BATCH_EVENTS: usize = 256;
+/// Size at which a chunk is sent without waiting for more events.
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// Watch lines gathered into one chunk (a lone line is sent as it is,
+/// without copying).
+#[derive(Default)]
+struct Batch {
+    first: Option<Bytes>,
+    rest: Vec<u8>,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(0, Bytes::len) + self.rest.len()
+    }
+
+    fn push(&mut self, line: Bytes) {
+        match &self.first {
+            None if self.rest.is_empty() => self.first = Some(line),
+            _ => {
+                if let Some(first) = self.first.take() {
+                    self.rest.extend_from_slice(&first);
+                }
+                self.rest.extend_from_slice(&line);
+            }
+        }
+    }
+
+    fn finish(self) -> Option<Bytes> {
+        match self.first {
+            Some(b) => Some(b),
+            None if self.rest.is_empty() => None,
+            None => Some(Bytes::from(self.rest)),
+        }
+    }
+}
+
 fn bookmark_object(def: &ResourceDef, rv: u64, initial_end: bool) -> Value {
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if initial_end {
@@ -248,22 +287,48 @@ fn stream_response(
                         // resumes from its last resourceVersion.
                         Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
                     };
-                    if ev.rv <= seen_rv {
-                        continue;
+                    // Events already committed go out together, in order, as
+                    // one chunk: a busy server then writes once per batch to
+                    // each watcher instead of once per event.
+                    let mut batch = Batch::default();
+                    let mut end = false;
+                    let mut ev = ev;
+                    for _ in 0..MAX_BATCH_EVENTS {
+                        if ev.rv > seen_rv {
+                            seen_rv = ev.rv;
+                            if ev.resource == id
+                                && ns.as_deref().is_none_or(|n| n == ev.namespace)
+                                && let Some((etype, obj)) = transition(&ev, &filter)
+                            {
+                                batch.push(if as_table {
+                                    table_event(&def, etype.as_str(), &obj, include.as_deref(), false)
+                                } else if etype == ev.etype {
+                                    ev.encoded()
+                                } else {
+                                    encode_event(etype.as_str(), &obj)
+                                });
+                            }
+                        }
+                        if batch.len() >= MAX_BATCH_BYTES {
+                            break;
+                        }
+                        match rx.try_recv() {
+                            Ok(next) => ev = next,
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            // What was read still goes out, then the stream
+                            // ends as above.
+                            Err(_) => {
+                                end = true;
+                                break;
+                            }
+                        }
                     }
-                    seen_rv = ev.rv;
-                    if ev.resource != id || ns.as_deref().is_some_and(|n| n != ev.namespace) {
-                        continue;
+                    if let Some(chunk) = batch.finish()
+                        && tx.send(chunk).await.is_err()
+                    {
+                        return;
                     }
-                    let Some((etype, obj)) = transition(&ev, &filter) else { continue };
-                    let line = if as_table {
-                        table_event(&def, etype.as_str(), &obj, include.as_deref(), false)
-                    } else if etype == ev.etype {
-                        ev.encoded()
-                    } else {
-                        encode_event(etype.as_str(), &obj)
-                    };
-                    if tx.send(line).await.is_err() {
+                    if end {
                         return;
                     }
                 }
@@ -296,4 +361,24 @@ fn stream_response(
         HeaderValue::from_static("no-cache, private"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_keep_lines_in_order_and_pass_a_lone_line_through() {
+        assert!(Batch::default().finish().is_none());
+        let mut one = Batch::default();
+        one.push(Bytes::from_static(b"a\n"));
+        assert_eq!(one.len(), 2);
+        assert_eq!(one.finish().as_deref(), Some(&b"a\n"[..]));
+        let mut many = Batch::default();
+        for line in [&b"a\n"[..], b"bb\n", b"c\n"] {
+            many.push(Bytes::copy_from_slice(line));
+        }
+        assert_eq!(many.len(), 7);
+        assert_eq!(many.finish().as_deref(), Some(&b"a\nbb\nc\n"[..]));
+    }
 }
