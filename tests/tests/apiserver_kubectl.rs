@@ -362,3 +362,66 @@ async fn get_watch_receives_updates() {
     let _ = child.wait();
     assert!(found, "update not printed: {seen:?}");
 }
+
+const TYPO: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: typo
+dta:
+  a: b
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_validates_fields_through_the_server() {
+    if !kubectl_present() {
+        return;
+    }
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    // No --validate=false: kubectl learns from /openapi/v3 that the server
+    // validates fields, and its default (strict) refuses the typo.
+    let out = k.with_stdin(&["create", "-f", "-"], TYPO);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"dta\""
+        ),
+        "{err}"
+    );
+    assert!(
+        server
+            .admin()
+            .get("", "configmaps", "default", "typo")
+            .is_none()
+    );
+    let out = k.with_stdin(&["create", "-f", "-", "--validate=warn"], TYPO);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Warning: unknown field \"dta\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = server
+        .admin()
+        .get("", "configmaps", "default", "typo")
+        .expect("created");
+    assert!(stored.get("dta").is_none(), "the unknown field is dropped");
+    // The CRDs apply with kubectl's default validation too.
+    k.ok(&["apply", "-f", crds_dir().to_str().expect("utf-8 path")]);
+    assert!(
+        server
+            .admin()
+            .get(
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                "",
+                "gpuleases.gpupool.io"
+            )
+            .is_some()
+    );
+}
