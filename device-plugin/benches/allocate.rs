@@ -43,12 +43,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // The test kubelet stands in for another process: it gets its own
+    // runtime, so serving it never delays the measured calls.
+    let kubelet_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
-        .expect("runtime");
-    let (kubelet, plugin, ids) = runtime.block_on(async {
+        .expect("kubelet runtime");
+    let (kubelet, plugin, ids) = kubelet_runtime.block_on(async {
         let kubelet = TestKubelet::start().await;
         let plugin = Plugin::start(
             kubelet.path(),
@@ -69,6 +71,13 @@ fn main() {
         status_kib(plugin.pid(), "RssFile"),
     );
 
+    // The client drives its connection on the calling thread, so a call's
+    // latency is the plugin's answer plus the socket round trip, not thread
+    // hand-offs inside the client.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
     let mut client = runtime.block_on(kubelet.plugin());
     let mut latencies = Vec::with_capacity(CALLS);
     runtime.block_on(async {
@@ -100,6 +109,8 @@ fn main() {
         })
     });
     criterion.final_summary();
+    drop(client);
     drop(plugin);
     drop(kubelet);
+    drop(kubelet_runtime);
 }

@@ -45,7 +45,8 @@ pub struct Metrics {
     registry: Arc<Registry>,
     devices: Family<HealthLabel, Gauge>,
     gpus: Family<HealthLabel, Gauge>,
-    allocations: Family<ResultLabel, Counter>,
+    allocations_ok: Counter,
+    allocations_failed: Counter,
     registrations: Family<ResultLabel, Counter>,
     report_errors: Family<ReportLabel, Counter>,
     reports: Counter,
@@ -98,11 +99,20 @@ impl Metrics {
             devices.get_or_create(&HealthLabel { health }).set(0);
             gpus.get_or_create(&HealthLabel { health }).set(0);
         }
+        // Allocate is on the kubelet's critical path: its counters are
+        // resolved once here, so a call only bumps an atomic.
+        let allocations_ok = allocations
+            .get_or_create(&ResultLabel { result: "ok" })
+            .clone();
+        let allocations_failed = allocations
+            .get_or_create(&ResultLabel { result: "error" })
+            .clone();
         Metrics {
             registry: Arc::new(registry),
             devices,
             gpus,
-            allocations,
+            allocations_ok,
+            allocations_failed,
             registrations,
             report_errors,
             reports,
@@ -125,10 +135,11 @@ impl Metrics {
 
     /// Counts one Allocate call.
     pub fn allocation(&self, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
-        self.allocations
-            .get_or_create(&ResultLabel { result })
-            .inc();
+        if ok {
+            self.allocations_ok.inc();
+        } else {
+            self.allocations_failed.inc();
+        }
     }
 
     /// Counts one registration attempt.
@@ -244,6 +255,7 @@ mod tests {
             });
         metrics.observe_table(&SlotTable::new(gpus.collect(), 2));
         metrics.allocation(true);
+        metrics.allocation(true);
         metrics.registration(false);
         metrics.report_error("node");
         let text = metrics.encode();
@@ -251,7 +263,8 @@ mod tests {
             r#"gpupool_device_plugin_devices{health="Healthy"} 4"#,
             r#"gpupool_device_plugin_devices{health="Unhealthy"} 2"#,
             r#"gpupool_device_plugin_gpus{health="Unhealthy"} 1"#,
-            r#"gpupool_device_plugin_allocations_total{result="ok"} 1"#,
+            r#"gpupool_device_plugin_allocations_total{result="ok"} 2"#,
+            r#"gpupool_device_plugin_allocations_total{result="error"} 0"#,
             r#"gpupool_device_plugin_registrations_total{result="error"} 1"#,
             r#"gpupool_device_plugin_report_errors_total{target="node"} 1"#,
         ] {

@@ -237,7 +237,7 @@ impl DevicePlugin for DevicePluginService {
             Ok(container_responses) => {
                 tracing::info!(
                     containers = container_responses.len(),
-                    devices = ?request.container_requests.iter().map(|c| c.devices_ids.join(",")).collect::<Vec<_>>(),
+                    devices = ?request.container_requests.iter().map(|c| c.devices_ids.as_slice()).collect::<Vec<_>>(),
                     "allocated"
                 );
                 Ok(Response::new(api::AllocateResponse {
