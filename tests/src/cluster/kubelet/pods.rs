@@ -30,7 +30,21 @@ enum Timer {
     Finish(String),
     /// The deletion grace period elapsed: remove the pod.
     Remove(String),
+    /// Starting the pod failed on an API write (an API error, or a webhook
+    /// that did not answer): try to admit it again, as kubelet's sync loop
+    /// does, instead of leaving it Pending forever.
+    Retry {
+        uid: String,
+        namespace: String,
+        name: String,
+    },
 }
+
+/// How long a pod whose start could not be recorded waits before the next try.
+const START_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// Attempts at a status write before the kubelet gives up on it (and logs).
+const STATUS_WRITE_ATTEMPTS: u32 = 10;
 
 struct Tracked {
     namespace: String,
@@ -50,7 +64,7 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            Some(timer) = timers.recv() => on_timer(&shared, &mut tracked, timer).await,
+            Some(timer) = timers.recv() => on_timer(&shared, &mut tracked, &timer_tx, timer).await,
             event = events.next() => match event {
                 Some(Ok(watcher::Event::Apply(pod))) => {
                     on_pod(&shared, &mut tracked, &timer_tx, &pod).await;
@@ -162,8 +176,17 @@ async fn on_pod(
     match admission::allocate(shared, pod).await {
         Ok(envs) => {
             if let Err(e) = mark_running(shared, pod, &envs).await {
-                tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot mark pod running");
+                tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot mark pod running; retrying");
                 forget(shared, tracked, &uid);
+                let tx = timers.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(START_RETRY_DELAY).await;
+                    let _ = tx.send(Timer::Retry {
+                        uid,
+                        namespace,
+                        name,
+                    });
+                });
                 return;
             }
             shared
@@ -207,8 +230,41 @@ fn run_seconds(pod: &Pod) -> Option<Duration> {
     }
 }
 
-async fn on_timer(shared: &Arc<Shared>, tracked: &mut HashMap<String, Tracked>, timer: Timer) {
+async fn on_timer(
+    shared: &Arc<Shared>,
+    tracked: &mut HashMap<String, Tracked>,
+    timers: &mpsc::UnboundedSender<Timer>,
+    timer: Timer,
+) {
     match timer {
+        Timer::Retry {
+            uid,
+            namespace,
+            name,
+        } => {
+            if tracked.contains_key(&uid) {
+                return;
+            }
+            let api: Api<Pod> = Api::namespaced(shared.client.clone(), &namespace);
+            match api.get_opt(&name).await {
+                Ok(Some(pod)) if pod.uid().as_deref() == Some(uid.as_str()) => {
+                    on_pod(shared, tracked, timers, &pod).await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot read pod to start it; retrying");
+                    let tx = timers.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(START_RETRY_DELAY).await;
+                        let _ = tx.send(Timer::Retry {
+                            uid,
+                            namespace,
+                            name,
+                        });
+                    });
+                }
+            }
+        }
         Timer::Finish(uid) => {
             let Some(t) = tracked.get_mut(&uid) else {
                 return;
@@ -362,6 +418,9 @@ fn params() -> PatchParams {
     }
 }
 
+/// Merge-patches the pod's status, retrying transient failures (anything
+/// but 404 and 422) a bounded number of times, since a status the kubelet
+/// fails to write would leave the pod in its old phase for good.
 async fn patch_status(
     shared: &Shared,
     namespace: &str,
@@ -369,9 +428,26 @@ async fn patch_status(
     patch: &serde_json::Value,
 ) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), namespace);
-    api.patch_status(name, &params(), &Patch::Merge(patch))
-        .await
-        .map(|_| ())
+    let mut delay = Duration::from_millis(50);
+    let mut attempt = 1;
+    loop {
+        match api
+            .patch_status(name, &params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
+                return Err(kube::Error::Api(e));
+            }
+            Err(e) if attempt >= STATUS_WRITE_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::debug!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, attempt, "pod status write failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// Env a running pod's containers got from Allocate, read back from
