@@ -67,6 +67,11 @@ fn answer(path: &str, review: &Value) -> Value {
             json!({"uid": uid, "allowed": false, "status": {"code": 400, "message": "bad slot count"}})
         }
         "/wrong-uid" => json!({"uid": "nope", "allowed": true}),
+        // Adds a field ConfigMaps do not declare.
+        "/unknown" => {
+            let patch = json!([{"op": "add", "path": "/colour", "value": "red"}]);
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+        }
         // Records what it saw of the label `/second` sets.
         "/first" => {
             let mut labels = review["request"]["object"]["metadata"]["labels"].clone();
@@ -641,4 +646,40 @@ async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
             .load(std::sync::atomic::Ordering::SeqCst),
         3
     );
+}
+
+#[tokio::test]
+async fn fields_a_webhook_adds_that_the_kind_lacks_are_dropped_silently() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/unknown", hook.addr.port());
+    register(
+        &server,
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        "u",
+        webhook("unknown.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let client = client(&server).await;
+    // Even under Strict: only the request's own fields are the client's.
+    let req = http::Request::post("/api/v1/namespaces/default/configmaps?fieldValidation=Strict")
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}),
+            )
+            .expect("json"),
+        )
+        .expect("request");
+    let made: Value = client.request(req).await.expect("created");
+    assert!(made.get("colour").is_none(), "{made}");
+    let stored = server
+        .admin()
+        .get("", "configmaps", "default", "a")
+        .expect("stored");
+    assert!(stored.get("colour").is_none());
+    assert_eq!(hook.seen.lock().expect("lock").len(), 1, "the webhook ran");
 }

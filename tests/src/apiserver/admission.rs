@@ -228,7 +228,8 @@ fn labels_match(selector: Option<&Value>, labels: Option<&Value>) -> Result<bool
     Ok(sel.matches_labels(labels))
 }
 
-/// Runs the mutating webhooks, applying their patches to `obj`.
+/// Runs the mutating webhooks, applying their patches to `obj`; returns
+/// whether any of them changed it.
 pub async fn mutate(
     sh: &Arc<Shared>,
     def: &ResourceDef,
@@ -237,7 +238,7 @@ pub async fn mutate(
     obj: &mut Value,
     old: Option<&Value>,
     ctx: &WriteCtx,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     run(
         sh,
         "mutatingwebhookconfigurations",
@@ -272,6 +273,7 @@ pub async fn validate(
         ctx,
     )
     .await
+    .map(|_| ())
 }
 
 /// Which registered webhooks have been called during one admission, for
@@ -311,9 +313,9 @@ async fn run(
     obj: &mut Value,
     old: Option<&Value>,
     ctx: &WriteCtx,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     if def.group == "admissionregistration.k8s.io" {
-        return Ok(());
+        return Ok(false);
     }
     let mutating = plural.starts_with("mutating");
     let (hooks, ns_labels) = {
@@ -336,7 +338,7 @@ async fn run(
             }
         }
         if hooks.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let ns = meta_str(obj, "namespace").or_else(|| old.and_then(|o| meta_str(o, "namespace")));
         let ns_labels = if def.group.is_empty() && def.plural == "namespaces" {
@@ -369,7 +371,7 @@ async fn run(
         }
     }
     if !mutating || !reinvocation.changed || reinvocation.again.is_empty() {
-        return Ok(());
+        return Ok(reinvocation.changed);
     }
     // The extra pass: only webhooks asked for again, still matching, in order;
     // one changing the object here asks for those called before it in this
@@ -397,7 +399,7 @@ async fn run(
             reinvocation.record(i, if_needed, changed);
         }
     }
-    Ok(())
+    Ok(reinvocation.changed)
 }
 
 /// Calls one webhook whose rules match, if its selectors do too. Returns

@@ -27,11 +27,224 @@ pub enum FieldValidation {
     Strict,
 }
 
-/// The schemas of the built-in kinds and every type they refer to.
+/// The declared fields of one or more types, compiled once from OpenAPI
+/// schemas into a graph that a request's body is walked against.
+#[derive(Debug, Default)]
+pub struct KnownFields {
+    nodes: Vec<Node>,
+}
+
+/// What one schema allows.
+#[derive(Debug, Default)]
+struct Node {
+    /// Keys not declared are kept (`x-kubernetes-preserve-unknown-fields`).
+    preserve: bool,
+    /// Declared properties of an object.
+    props: Option<HashMap<String, usize>>,
+    /// The schema of every value of a map.
+    additional: Option<usize>,
+    /// The schema of every item of an array.
+    items: Option<usize>,
+    /// For `oneOf`/`anyOf`: the alternative for each JSON type.
+    alternatives: Vec<(&'static str, usize)>,
+}
+
+/// Builds nodes, one per named schema however often it is referred to (so
+/// recursive schemas compile to cycles, not without end).
+struct Compiler<'a> {
+    defs: &'a Map<String, Value>,
+    nodes: Vec<Node>,
+    by_ref: HashMap<String, usize>,
+}
+
+impl Compiler<'_> {
+    fn compile(&mut self, schema: &Value) -> usize {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            let name = r.rsplit('/').next().unwrap_or(r);
+            if let Some(&id) = self.by_ref.get(name) {
+                return id;
+            }
+            let id = self.nodes.len();
+            self.nodes.push(Node {
+                preserve: true,
+                ..Node::default()
+            });
+            self.by_ref.insert(name.to_string(), id);
+            if let Some(target) = self.defs.get(name) {
+                self.nodes[id] = self.build(target);
+            }
+            return id;
+        }
+        let node = self.build(schema);
+        self.nodes.push(node);
+        self.nodes.len() - 1
+    }
+
+    fn build(&mut self, schema: &Value) -> Node {
+        let mut node = Node {
+            preserve: preserves_unknown(schema),
+            ..Node::default()
+        };
+        if let Some(alts) = schema
+            .get("oneOf")
+            .or_else(|| schema.get("anyOf"))
+            .and_then(Value::as_array)
+        {
+            for alt in alts {
+                let ty = self.type_of(alt);
+                let id = self.compile(alt);
+                node.alternatives.push((ty, id));
+            }
+        }
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            let mut compiled = HashMap::with_capacity(props.len());
+            for (k, sub) in props {
+                let id = self.compile(sub);
+                compiled.insert(k.clone(), id);
+            }
+            node.props = Some(compiled);
+        }
+        if let Some(sub) = schema.get("additionalProperties").filter(|s| s.is_object()) {
+            node.additional = Some(self.compile(sub));
+        }
+        if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
+            node.items = Some(self.compile(sub));
+        }
+        node
+    }
+
+    /// The JSON type a schema (followed through `$ref`s) describes.
+    fn type_of<'s>(&'s self, mut schema: &'s Value) -> &'static str {
+        for _ in 0..8 {
+            match schema
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| self.defs.get(r.rsplit('/').next().unwrap_or(r)))
+            {
+                Some(target) => schema = target,
+                None => break,
+            }
+        }
+        match schema.get("type").and_then(Value::as_str) {
+            Some("object") => "object",
+            Some("array") => "array",
+            Some("string") => "string",
+            Some("boolean") => "boolean",
+            Some("integer" | "number") => "number",
+            _ if schema.get("properties").is_some() => "object",
+            _ => "",
+        }
+    }
+}
+
+impl KnownFields {
+    /// The fields of a custom resource: its CRD's structural schema for the
+    /// body, `ObjectMeta` for `metadata`. A root without declared properties
+    /// keeps its other fields (as before this check existed).
+    pub fn for_custom_resource(schema: &Value) -> (Self, usize) {
+        let b = builtins();
+        let mut root = schema.clone();
+        if let Some(map) = root.as_object_mut() {
+            if !map.contains_key("properties") {
+                map.insert(
+                    "x-kubernetes-preserve-unknown-fields".into(),
+                    Value::Bool(true),
+                );
+            }
+            let props = map
+                .entry("properties")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(props) = props.as_object_mut() {
+                props.insert("metadata".into(), b.object_meta.clone());
+                props.insert("apiVersion".into(), serde_json::json!({"type": "string"}));
+                props.insert("kind".into(), serde_json::json!({"type": "string"}));
+            }
+        }
+        let mut c = Compiler {
+            defs: &b.defs,
+            nodes: Vec::new(),
+            by_ref: HashMap::new(),
+        };
+        let id = c.compile(&root);
+        (KnownFields { nodes: c.nodes }, id)
+    }
+
+    /// Removes what node `id` does not declare from `v`, recording paths.
+    fn walk(&self, id: usize, v: &mut Value, path: &mut String, out: &mut Vec<String>) {
+        let Some(mut node) = self.nodes.get(id) else {
+            return;
+        };
+        if !node.alternatives.is_empty() {
+            let want = json_type(v);
+            match node
+                .alternatives
+                .iter()
+                .find(|(t, _)| *t == want)
+                .and_then(|(_, alt)| self.nodes.get(*alt))
+            {
+                Some(alt) => node = alt,
+                None => return,
+            }
+        }
+        match v {
+            Value::Object(map) => {
+                if let Some(props) = &node.props {
+                    map.retain(|key, inner| match props.get(key) {
+                        Some(&sub) => {
+                            if inner.is_object() || inner.is_array() {
+                                let len = path.len();
+                                push_key(path, key);
+                                self.walk(sub, inner, path, out);
+                                path.truncate(len);
+                            }
+                            true
+                        }
+                        None if node.preserve => true,
+                        None => {
+                            let len = path.len();
+                            push_key(path, key);
+                            out.push(path.clone());
+                            path.truncate(len);
+                            false
+                        }
+                    });
+                } else if let Some(sub) = node.additional {
+                    for (key, inner) in map.iter_mut() {
+                        if inner.is_object() || inner.is_array() {
+                            let len = path.len();
+                            push_key(path, key);
+                            self.walk(sub, inner, path, out);
+                            path.truncate(len);
+                        }
+                    }
+                }
+            }
+            Value::Array(items) => {
+                if let Some(sub) = node.items {
+                    for (i, inner) in items.iter_mut().enumerate() {
+                        if inner.is_object() || inner.is_array() {
+                            let len = path.len();
+                            path.push('[');
+                            path.push_str(&i.to_string());
+                            path.push(']');
+                            self.walk(sub, inner, path, out);
+                            path.truncate(len);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The compiled fields of the built-in kinds.
 struct Builtins {
-    /// (group, plural) → the schema of the kind (a `$ref`).
-    kinds: HashMap<(&'static str, &'static str), Value>,
-    /// Referenced schemas by name.
+    /// (group, plural) → the root node of the kind.
+    kinds: HashMap<(&'static str, &'static str), usize>,
+    fields: KnownFields,
+    /// Every referenced schema by name, for compiling CRD schemas that
+    /// refer to `ObjectMeta`.
     defs: Map<String, Value>,
     /// The `$ref` of `ObjectMeta`.
     object_meta: Value,
@@ -47,17 +260,17 @@ fn builtins() -> &'static Builtins {
         };
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
         let mut generator = SchemaGenerator::default();
-        let mut kinds = HashMap::new();
+        let mut roots = Vec::new();
         fn add<T: JsonSchema>(
             generator: &mut SchemaGenerator,
-            kinds: &mut HashMap<(&'static str, &'static str), Value>,
+            roots: &mut Vec<((&'static str, &'static str), Value)>,
             group: &'static str,
             plural: &'static str,
         ) {
-            kinds.insert((group, plural), generator.subschema_for::<T>().to_value());
+            roots.push(((group, plural), generator.subschema_for::<T>().to_value()));
         }
         let g = &mut generator;
-        let k = &mut kinds;
+        let k = &mut roots;
         add::<core::Namespace>(g, k, "", "namespaces");
         add::<core::Node>(g, k, "", "nodes");
         add::<core::Pod>(g, k, "", "pods");
@@ -99,9 +312,21 @@ fn builtins() -> &'static Builtins {
         let object_meta = generator
             .subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>()
             .to_value();
+        let defs = generator.definitions().clone();
+        let mut c = Compiler {
+            defs: &defs,
+            nodes: Vec::new(),
+            by_ref: HashMap::new(),
+        };
+        let kinds = roots
+            .iter()
+            .map(|(key, schema)| (*key, c.compile(schema)))
+            .collect();
+        let fields = KnownFields { nodes: c.nodes };
         Builtins {
             kinds,
-            defs: generator.definitions().clone(),
+            fields,
+            defs,
             object_meta,
         }
     })
@@ -110,41 +335,18 @@ fn builtins() -> &'static Builtins {
 /// Removes the fields of `obj` its type does not declare and returns their
 /// paths (`spec.containers[0].foo`), in document order.
 pub fn prune_unknown(def: &ResourceDef, obj: &mut Value) -> Vec<String> {
-    let b = builtins();
     let mut unknown = Vec::new();
-    let Some(map) = obj.as_object_mut() else {
-        return unknown;
-    };
+    let mut path = String::with_capacity(64);
     if def.custom {
-        // The CRD schema covers the body; metadata is ObjectMeta everywhere.
-        if let Some(schema) = &def.schema {
-            let keys: Vec<String> = map.keys().cloned().collect();
-            let props = schema.get("properties").and_then(Value::as_object);
-            for key in keys {
-                if matches!(key.as_str(), "apiVersion" | "kind") {
-                    continue;
-                }
-                let Some(v) = map.get_mut(&key) else { continue };
-                if key == "metadata" {
-                    walk(&b.object_meta, &b.defs, v, "metadata", &mut unknown);
-                    continue;
-                }
-                match props.and_then(|p| p.get(&key)) {
-                    Some(sub) => walk(sub, &b.defs, v, &key, &mut unknown),
-                    None if preserves_unknown(schema) || props.is_none() => {}
-                    None => {
-                        unknown.push(key.clone());
-                        map.remove(&key);
-                    }
-                }
-            }
-        } else if let Some(meta) = map.get_mut("metadata") {
-            walk(&b.object_meta, &b.defs, meta, "metadata", &mut unknown);
+        if let Some(known) = &def.known_fields {
+            let (fields, root) = &**known;
+            fields.walk(*root, obj, &mut path, &mut unknown);
         }
         return unknown;
     }
-    if let Some(schema) = b.kinds.get(&(def.group.as_str(), def.plural.as_str())) {
-        walk(schema, &b.defs, obj, "", &mut unknown);
+    let b = builtins();
+    if let Some(&root) = b.kinds.get(&(def.group.as_str(), def.plural.as_str())) {
+        b.fields.walk(root, obj, &mut path, &mut unknown);
     }
     unknown
 }
@@ -155,21 +357,6 @@ fn preserves_unknown(schema: &Value) -> bool {
         .and_then(Value::as_bool)
         == Some(true)
         || schema.get("additionalProperties").and_then(Value::as_bool) == Some(true)
-}
-
-/// Follows `$ref`s to the schema they name (a bounded number of hops).
-fn resolve<'a>(mut schema: &'a Value, defs: &'a Map<String, Value>) -> &'a Value {
-    for _ in 0..8 {
-        let Some(r) = schema.get("$ref").and_then(Value::as_str) else {
-            break;
-        };
-        let name = r.rsplit('/').next().unwrap_or(r);
-        match defs.get(name) {
-            Some(s) => schema = s,
-            None => break,
-        }
-    }
-    schema
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -183,80 +370,11 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// For `oneOf`/`anyOf` schemas (a schema or a bool, one schema or many):
-/// the alternative whose type fits the value.
-fn alternative<'a>(
-    schema: &'a Value,
-    defs: &'a Map<String, Value>,
-    v: &Value,
-) -> Option<&'a Value> {
-    let alts = schema
-        .get("oneOf")
-        .or_else(|| schema.get("anyOf"))
-        .and_then(Value::as_array)?;
-    let want = json_type(v);
-    alts.iter()
-        .map(|a| resolve(a, defs))
-        .find(|a| match a.get("type").and_then(Value::as_str) {
-            Some(t) => t == want || (t == "integer" && want == "number"),
-            None => want == "object" && a.get("properties").is_some(),
-        })
-}
-
-fn child(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
+fn push_key(path: &mut String, key: &str) {
+    if !path.is_empty() {
+        path.push('.');
     }
-}
-
-fn walk(
-    schema: &Value,
-    defs: &Map<String, Value>,
-    v: &mut Value,
-    path: &str,
-    out: &mut Vec<String>,
-) {
-    let mut schema = resolve(schema, defs);
-    if let Some(alt) = alternative(schema, defs, v) {
-        schema = alt;
-    }
-    match v {
-        Value::Object(map) => {
-            if preserves_unknown(schema) {
-                return;
-            }
-            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-                let keys: Vec<String> = map.keys().cloned().collect();
-                for key in keys {
-                    match props.get(&key) {
-                        Some(sub) => {
-                            if let Some(inner) = map.get_mut(&key) {
-                                walk(sub, defs, inner, &child(path, &key), out);
-                            }
-                        }
-                        None => {
-                            out.push(child(path, &key));
-                            map.remove(&key);
-                        }
-                    }
-                }
-            } else if let Some(sub) = schema.get("additionalProperties").filter(|s| s.is_object()) {
-                for (key, inner) in map.iter_mut() {
-                    walk(sub, defs, inner, &child(path, key), out);
-                }
-            }
-        }
-        Value::Array(items) => {
-            if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
-                for (i, inner) in items.iter_mut().enumerate() {
-                    walk(sub, defs, inner, &format!("{path}[{i}]"), out);
-                }
-            }
-        }
-        _ => {}
-    }
+    path.push_str(key);
 }
 
 #[cfg(test)]

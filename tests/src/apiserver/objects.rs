@@ -298,18 +298,22 @@ fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result
     Ok(())
 }
 
-/// Validation beyond admission: CR schemas and the pod rules. Fields
-/// mutating webhooks added that the type does not declare are dropped
-/// silently, as the real server's decoding of a patched object does.
+/// Validation beyond admission: CR schemas and the pod rules. When
+/// mutating webhooks changed the object, fields they added that the type
+/// does not declare are dropped silently, as the real server's decoding of
+/// a patched object does.
 fn validate(
     def: &ResourceDef,
     obj: &mut Value,
     old: Option<&Value>,
     part: Part,
+    mutated: bool,
 ) -> Result<(), ApiError> {
     let name = meta_str(obj, "name").unwrap_or_default().to_string();
     let mut causes = Vec::new();
-    fields::prune_unknown(def, obj);
+    if mutated {
+        fields::prune_unknown(def, obj);
+    }
     if let Some(s) = &def.schema {
         causes.extend(schema::validate_object(s, obj));
     }
@@ -349,8 +353,8 @@ async fn admit(
     ctx: &WriteCtx,
 ) -> Result<(), ApiError> {
     let sub = if part == Part::Status { "status" } else { "" };
-    admission::mutate(sh, def, op, sub, obj, old, ctx).await?;
-    validate(def, obj, old, part)?;
+    let mutated = admission::mutate(sh, def, op, sub, obj, old, ctx).await?;
+    validate(def, obj, old, part, mutated)?;
     admission::validate(sh, def, op, sub, obj, old, ctx).await
 }
 

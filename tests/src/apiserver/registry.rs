@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::fields::KnownFields;
+
 use serde_json::{Value, json};
 
 /// Identifies where a resource's objects are stored: its group and plural.
@@ -88,6 +90,9 @@ pub struct ResourceDef {
     pub custom: bool,
     /// Whether this version is the one objects are stored in.
     pub storage: bool,
+    /// A custom resource's declared fields (compiled from `schema` once,
+    /// when the CRD is registered) and the root node.
+    pub(crate) known_fields: Option<Arc<(KnownFields, usize)>>,
 }
 
 impl ResourceDef {
@@ -435,6 +440,7 @@ impl Registry {
                 schema: None,
                 custom: false,
                 storage: true,
+                known_fields: None,
             });
         }
         r
@@ -632,6 +638,10 @@ pub fn defs_from_crd(crd: &Value) -> Result<Vec<ResourceDef>, String> {
                 .is_some(),
             extra_subresources: Vec::new(),
             printer,
+            known_fields: v
+                .get("schema")
+                .and_then(|s| s.get("openAPIV3Schema"))
+                .map(|s| Arc::new(KnownFields::for_custom_resource(s))),
             schema: v
                 .get("schema")
                 .and_then(|s| s.get("openAPIV3Schema"))

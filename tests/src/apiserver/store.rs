@@ -219,7 +219,14 @@ impl State {
             .entry(id.clone())
             .or_default()
             .insert(key, obj.clone());
-        if let Some(uid) = uid_of(&obj) {
+        let old_uid = old.as_deref().and_then(uid_of);
+        if let Some(uid) = uid_of(&obj)
+            && old_uid != Some(uid)
+        {
+            // Most writes change an object in place: its uid entry stays.
+            if let Some(stale) = old_uid {
+                self.uids.remove(stale);
+            }
             self.uids.insert(
                 uid.to_string(),
                 ObjectKey {
