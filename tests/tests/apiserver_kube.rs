@@ -1096,3 +1096,50 @@ async fn foreground_and_orphan_propagation() {
         "owner reference removed"
     );
 }
+
+#[tokio::test]
+async fn a_burst_of_events_reaches_every_watcher_whole_and_in_order() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let from = server.admin().resource_version().to_string();
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        streams.push(
+            cms.watch(&WatchParams::default().timeout(20), &from)
+                .await
+                .expect("watch")
+                .boxed(),
+        );
+    }
+    // Committed in one go, without yielding: the watchers find far more
+    // events queued than one chunk of their stream carries.
+    const N: usize = 1000;
+    for i in 0..N {
+        server
+            .admin()
+            .put(
+                "",
+                "configmaps",
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("burst-{i:04}"), "namespace": "default"}}),
+            )
+            .expect("put");
+    }
+    for mut stream in streams {
+        let mut names = Vec::new();
+        while names.len() < N {
+            let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+                .await
+                .expect("events keep coming")
+                .expect("ok")
+                .expect("open");
+            match ev {
+                WatchEvent::Added(cm) => names.push(cm.name_any()),
+                WatchEvent::Bookmark(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        let want: Vec<String> = (0..N).map(|i| format!("burst-{i:04}")).collect();
+        assert_eq!(names, want);
+    }
+}

@@ -293,7 +293,7 @@ fn stream_response(
                     let mut batch = Batch::default();
                     let mut end = false;
                     let mut ev = ev;
-                    for _ in 0..MAX_BATCH_EVENTS {
+                    for taken in 1..=MAX_BATCH_EVENTS {
                         if ev.rv > seen_rv {
                             seen_rv = ev.rv;
                             if ev.resource == id
@@ -309,7 +309,9 @@ fn stream_response(
                                 });
                             }
                         }
-                        if batch.len() >= MAX_BATCH_BYTES {
+                        // Stop before taking an event this batch has no
+                        // room for: it stays queued for the next one.
+                        if batch.len() >= MAX_BATCH_BYTES || taken == MAX_BATCH_EVENTS {
                             break;
                         }
                         match rx.try_recv() {
