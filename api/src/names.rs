@@ -31,6 +31,10 @@ pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// Name of the operator's Mutating- and ValidatingWebhookConfiguration.
 pub const WEBHOOK_CONFIGURATION: &str = "gpupool";
 
+/// Name of the `coordination.k8s.io/v1` Lease the operator replicas elect
+/// their leader on, in the operator's namespace.
+pub const LEADER_ELECTION_LEASE: &str = "gpupool-operator";
+
 /// Field manager the operator and the device plugin write with.
 pub const FIELD_MANAGER_OPERATOR: &str = "gpupool-operator";
 /// Field manager the device plugin writes with.

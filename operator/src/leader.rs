@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Name of the coordination Lease the replicas compete for.
-pub const LEASE_NAME: &str = "gpupool-operator";
+pub const LEASE_NAME: &str = gpupool_api::names::LEADER_ELECTION_LEASE;
 /// How long a Lease is valid after its last renewal.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// A leader that could not renew for this long stops leading.

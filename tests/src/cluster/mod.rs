@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod kubelet;
 pub mod processes;
+pub mod proxy;
 pub mod scheduler;
 pub mod sim;
 pub mod workload;

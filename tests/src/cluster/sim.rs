@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use gpupool_api::names::DEFAULT_RESOURCE_NAME;
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
@@ -19,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::kubelet::{KubeletConfig, KubeletError, RunningKubelet};
 use super::processes::{ChildProcess, ProcessError, ProcessSpec, find_binary};
+use super::proxy::ServiceProxy;
 use super::scheduler::RunningScheduler;
 use crate::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer};
 
@@ -76,8 +78,13 @@ pub struct ClusterConfig {
     pub operator: OperatorMode,
     /// Flags given to the operator after the ones the cluster sets
     /// (`--webhook-port`, `--metrics-port`, `--webhook-url`,
-    /// `--leader-elect=false`, `--namespace`). Default: `--resync-seconds 2`.
+    /// `--leader-elect`, `--identity`, `--namespace`). Default:
+    /// `--resync-seconds 2`.
     pub operator_args: Vec<String>,
+    /// Operator replicas. One runs with `--leader-elect=false`; more elect
+    /// a leader on the coordination Lease and all serve the webhook behind
+    /// one address, as behind a Service.
+    pub operator_replicas: usize,
     /// Longest simulated termination of a deleted pod.
     pub max_termination: Duration,
     /// How long start waits for the plugins and the operator to be ready.
@@ -98,6 +105,7 @@ impl Default for ClusterConfig {
             operator_bin: None,
             operator: OperatorMode::IfAvailable,
             operator_args: vec!["--resync-seconds".into(), "2".into()],
+            operator_replicas: 1,
             max_termination: Duration::from_secs(1),
             ready_timeout: Duration::from_secs(30),
         }
@@ -187,9 +195,17 @@ pub struct SimCluster {
     nodes: Vec<Node>,
     device_plugin_bin: PathBuf,
     operator_bin: Option<PathBuf>,
-    operator: Option<ChildProcess>,
-    operator_ports: (u16, u16),
+    /// One entry per replica; `None` while that replica is not running.
+    operators: Vec<Option<OperatorReplica>>,
+    /// The operators' webhook address, forwarding to every running replica.
+    webhook_proxy: ServiceProxy,
     operator_note: Option<String>,
+}
+
+/// A running operator replica and the port its webhook serves on.
+struct OperatorReplica {
+    process: ChildProcess,
+    webhook_port: u16,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
@@ -235,6 +251,11 @@ impl SimCluster {
     pub async fn start(config: ClusterConfig) -> Result<Self, ClusterError> {
         if config.nodes == 0 {
             return Err(ClusterError::Config("--nodes must be at least 1".into()));
+        }
+        if config.operator_replicas == 0 {
+            return Err(ClusterError::Config(
+                "operator replicas must be at least 1".into(),
+            ));
         }
         if config.sessions_per_gpu == 0 {
             return Err(ClusterError::Config(
@@ -327,8 +348,12 @@ impl SimCluster {
         let scheduler =
             RunningScheduler::start(apiserver.client_with_token(SCHEDULER_TOKEN).await?);
 
+        let webhook_proxy = ServiceProxy::start()
+            .await
+            .map_err(|e| ClusterError::NotReady(format!("cannot start the webhook proxy: {e}")))?;
         let mut cluster = SimCluster {
-            operator_ports: (0, 0),
+            operators: (0..config.operator_replicas).map(|_| None).collect(),
+            webhook_proxy,
             config: config.clone(),
             run_dir,
             created_run_dir,
@@ -339,7 +364,6 @@ impl SimCluster {
             nodes: Vec::new(),
             device_plugin_bin,
             operator_bin,
-            operator: None,
             operator_note: None,
         };
         for i in 1..=config.nodes {
@@ -442,11 +466,12 @@ impl SimCluster {
         self.operator_note.as_deref()
     }
 
-    /// Whether the operator process is running.
+    /// Whether an operator process is running.
     pub fn operator_running(&mut self) -> bool {
-        self.operator
-            .as_mut()
-            .is_some_and(|p| p.exit_status().is_none())
+        self.operators
+            .iter_mut()
+            .flatten()
+            .any(|r| r.process.exit_status().is_none())
     }
 
     /// PIDs of every child process still running.
@@ -456,7 +481,7 @@ impl SimCluster {
             .nodes
             .iter_mut()
             .filter_map(|n| n.plugin.as_mut())
-            .chain(self.operator.as_mut())
+            .chain(self.operators.iter_mut().flatten().map(|r| &mut r.process))
         {
             if p.exit_status().is_none()
                 && let Some(pid) = p.pid()
@@ -599,19 +624,45 @@ impl SimCluster {
         Ok(())
     }
 
-    /// Starts (or restarts) the operator and waits until `/readyz` answers
-    /// 200 and its MutatingWebhookConfiguration exists.
+    /// Starts (or restarts) every operator replica, one after the other,
+    /// each waited for as [`SimCluster::start_operator_replica`] does.
     pub async fn start_operator(&mut self) -> Result<(), ClusterError> {
+        for i in 0..self.operators.len() {
+            self.start_operator_replica(i).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts (or restarts) operator replica `i` and waits until its
+    /// `/readyz` answers 200 and the MutatingWebhookConfiguration exists.
+    pub async fn start_operator_replica(&mut self, i: usize) -> Result<(), ClusterError> {
         let Some(bin) = self.operator_bin.clone() else {
             return Ok(());
         };
-        if let Some(mut old) = self.operator.take() {
-            old.stop(Duration::from_secs(5)).await?;
+        let replicas = self.operators.len();
+        let slot = self.operators.get_mut(i).ok_or_else(|| {
+            ClusterError::Config(format!("no operator replica {i} of {replicas}"))
+        })?;
+        if let Some(mut old) = slot.take() {
+            old.process.stop(Duration::from_secs(5)).await?;
         }
+        self.update_webhook_backends();
         let (webhook_port, metrics_port) = (free_port()?, free_port()?);
-        self.operator_ports = (webhook_port, metrics_port);
+        let (name, election) = if replicas == 1 {
+            ("operator".to_owned(), vec!["--leader-elect=false".into()])
+        } else {
+            let identity = operator_identity(i);
+            (
+                identity.clone(),
+                vec![
+                    "--leader-elect=true".into(),
+                    "--identity".into(),
+                    identity.into(),
+                ],
+            )
+        };
         let mut spec = ProcessSpec {
-            name: "operator".into(),
+            name,
             program: bin,
             args: vec![
                 "--webhook-port".into(),
@@ -619,8 +670,7 @@ impl SimCluster {
                 "--metrics-port".into(),
                 metrics_port.to_string().into(),
                 "--webhook-url".into(),
-                format!("https://127.0.0.1:{webhook_port}").into(),
-                "--leader-elect=false".into(),
+                format!("https://{}", self.webhook_proxy.addr()).into(),
                 "--namespace".into(),
                 OPERATOR_NAMESPACE.into(),
             ],
@@ -629,6 +679,7 @@ impl SimCluster {
                 self.run_dir.join("operator.kubeconfig").into(),
             )],
         };
+        spec.args.extend(election);
         spec.args
             .extend(self.config.operator_args.iter().map(Into::into));
         let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
@@ -664,18 +715,65 @@ impl SimCluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        self.operator = Some(child);
+        self.operators[i] = Some(OperatorReplica {
+            process: child,
+            webhook_port,
+        });
+        self.update_webhook_backends();
         self.operator_note = None;
         Ok(())
     }
 
-    /// Kills the operator with SIGKILL, as a crash would.
+    /// Kills every operator replica with SIGKILL, as a crash would.
     pub async fn kill_operator(&mut self) -> Result<(), ClusterError> {
-        if let Some(mut p) = self.operator.take() {
-            p.kill().await?;
+        for i in 0..self.operators.len() {
+            self.kill_operator_replica(i).await?;
+        }
+        Ok(())
+    }
+
+    /// Kills operator replica `i` with SIGKILL, as a crash would.
+    pub async fn kill_operator_replica(&mut self, i: usize) -> Result<(), ClusterError> {
+        if let Some(mut r) = self.operators.get_mut(i).and_then(Option::take) {
+            r.process.kill().await?;
+        }
+        self.update_webhook_backends();
+        if !self.operator_running() {
             self.operator_note = Some("the operator was killed".into());
         }
         Ok(())
+    }
+
+    /// The replica holding the leader-election Lease, when one does and
+    /// several replicas run (a single replica does not elect).
+    pub async fn operator_leader(&self) -> Result<Option<usize>, ClusterError> {
+        let leases: Api<CoordinationLease> =
+            Api::namespaced(self.client.clone(), OPERATOR_NAMESPACE);
+        let lease = leases
+            .get_opt(gpupool_api::names::LEADER_ELECTION_LEASE)
+            .await
+            .map_err(api_error("reading the leader-election Lease"))?;
+        let holder = lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        Ok((0..self.operators.len()).find(|i| operator_identity(*i) == holder))
+    }
+
+    /// Points the webhook address at the replicas now running.
+    fn update_webhook_backends(&mut self) {
+        let backends = self
+            .operators
+            .iter_mut()
+            .flatten()
+            .filter_map(|r| {
+                r.process
+                    .exit_status()
+                    .is_none()
+                    .then(|| std::net::SocketAddr::from(([127, 0, 0, 1], r.webhook_port)))
+            })
+            .collect();
+        self.webhook_proxy.set_backends(backends);
     }
 
     /// Stops every child (SIGTERM, then SIGKILL after 5 s), the kubelets,
@@ -683,10 +781,10 @@ impl SimCluster {
     /// created when so configured.
     pub async fn shutdown(mut self) -> Result<(), ClusterError> {
         let mut first_error = None;
-        if let Some(mut op) = self.operator.take()
-            && let Err(e) = op.stop(Duration::from_secs(5)).await
-        {
-            first_error.get_or_insert(e);
+        for mut op in self.operators.iter_mut().filter_map(Option::take) {
+            if let Err(e) = op.process.stop(Duration::from_secs(5)).await {
+                first_error.get_or_insert(e);
+            }
         }
         for node in &mut self.nodes {
             if let Some(mut p) = node.plugin.take()
@@ -729,6 +827,11 @@ impl Drop for SimCluster {
             }
         }
     }
+}
+
+/// Leader-election identity of operator replica `i`.
+fn operator_identity(i: usize) -> String {
+    format!("operator-{i}")
 }
 
 fn write_static_config(path: &Path, gpus: &[StaticGpu]) -> Result<(), ClusterError> {

@@ -40,7 +40,8 @@ enum Timer {
     },
 }
 
-/// How long a pod whose start could not be recorded waits before the next try.
+/// How long a pod whose start or removal could not be recorded waits before
+/// the next try.
 const START_RETRY_DELAY: Duration = Duration::from_millis(250);
 
 /// Attempts at a status write before the kubelet gives up on it (and logs).
@@ -333,7 +334,14 @@ async fn on_timer(
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(e) => {
-                    tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot remove pod")
+                    // Until it is removed the pod stays Terminating and its
+                    // slot looks taken, so keep trying as kubelet does.
+                    tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot remove pod; retrying");
+                    let tx = timers.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(START_RETRY_DELAY).await;
+                        let _ = tx.send(Timer::Remove(uid));
+                    });
                 }
             }
         }
