@@ -1,19 +1,24 @@
-//! Reliability: the real operator is killed with SIGKILL at random moments
-//! while 200 pods go through a simulated cluster, and restarted each time.
-//! Throughout and afterwards every invariant of DESIGN §5.8 must hold, as
-//! seen through the API and the device plugins' reports of the kubelets'
-//! allocations (lease `status.gpus`).
+//! Reliability: 200 pods go through a simulated cluster while the real
+//! operator is disturbed: killed with SIGKILL at random moments and
+//! restarted; run as two leader-elected replicas whose leader is killed;
+//! or served by an API server that fails 5% of requests and drops every
+//! watch stream now and then. Throughout and afterwards every invariant of
+//! DESIGN §5.8 must hold, as seen through the API and the device plugins'
+//! reports of the kubelets' allocations (lease `status.gpus`).
 
 mod operator_support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use gpupool_api::{LeasePhase, Role};
+use gpupool_api::{GpuLease, LeasePhase, Role};
+use gpupool_tests::apiserver::FaultConfig;
+use gpupool_tests::cluster::{ClusterConfig, OperatorMode};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use operator_support::{NS, PodSpec, Sim, gated, pinned_node};
+use operator_support::{NS, PodSpec, Sim, gated, operator_bin, pinned_node};
 use serde_json::json;
 
 /// A small deterministic generator, so a failing seed can be replayed.
@@ -32,18 +37,59 @@ impl Rng {
     }
 }
 
+/// How the operator is disturbed during a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chaos {
+    /// One replica, killed with SIGKILL and restarted, several times.
+    KillOperator,
+    /// Two leader-elected replicas; the leader is killed and restarted.
+    KillLeader,
+    /// One replica; 5% of API requests fail with 500 and every watch
+    /// stream is dropped every couple of seconds.
+    ApiFaults,
+}
+
 const PODS: usize = 200;
 const NODES: u32 = 4;
 const GPUS: u32 = 2;
 
+/// Retries a read that injected faults may fail, for up to 10 s.
+async fn read<T, E, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn list_pods(sim: &Sim) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    let params = ListParams::default();
+    read("list pods", || api.list(&params)).await.items
+}
+
+async fn list_leases(sim: &Sim) -> BTreeMap<String, GpuLease> {
+    let api: Api<GpuLease> = Api::namespaced(sim.client.clone(), NS);
+    let params = ListParams::default();
+    read("list leases", || api.list(&params))
+        .await
+        .items
+        .into_iter()
+        .map(|l| (l.metadata.name.clone().unwrap_or_default(), l))
+        .collect()
+}
+
 /// Checks what must hold at every moment; panics naming the violation.
 async fn check_now(sim: &Sim) {
-    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
-    let pods = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list pods")
-        .items;
+    let pods = list_pods(sim).await;
     let mut per_node: BTreeMap<String, u32> = BTreeMap::new();
     for p in &pods {
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -73,7 +119,7 @@ async fn check_now(sim: &Sim) {
         .filter_map(|p| p.metadata.name.clone())
         .collect();
     let mut holders: BTreeMap<String, String> = BTreeMap::new();
-    for (name, l) in sim.leases().await {
+    for (name, l) in list_leases(sim).await {
         let Some(st) = l.status else { continue };
         // A finished pod's lease may still show its GPUs until the operator
         // (perhaps just restarted) releases it; only running pods hold GPUs.
@@ -88,9 +134,18 @@ async fn check_now(sim: &Sim) {
     }
 }
 
-async fn chaos_run(seed: u64) {
+async fn chaos_run(seed: u64, chaos: Chaos) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut sim = Sim::start(NODES, GPUS).await;
+    let mut sim = Sim::start_with(ClusterConfig {
+        nodes: NODES,
+        gpus_per_node: GPUS,
+        operator: OperatorMode::Required,
+        operator_bin: Some(operator_bin()),
+        operator_replicas: if chaos == Chaos::KillLeader { 2 } else { 1 },
+        ready_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .await;
     sim.class(
         "default",
         json!({"default": true, "helpers": {"gracePeriodSeconds": 1}}),
@@ -112,12 +167,29 @@ async fn chaos_run(seed: u64) {
         names.insert(name, helper);
     }
 
+    let faults = sim
+        .cluster
+        .api_server()
+        .expect("the API server runs")
+        .faults();
+    if chaos == Chaos::ApiFaults {
+        faults
+            .set(FaultConfig {
+                error_rate: 0.05,
+                error_code: 500,
+                include_watches: true,
+                ..FaultConfig::default()
+            })
+            .expect("valid fault settings");
+    }
+
     let deadline = Instant::now() + Duration::from_secs(180);
+    // Kills, or watch drops under Chaos::ApiFaults.
     let mut kills = 0;
     let mut next_kill = Instant::now() + Duration::from_millis(300 + rng.below(1500));
     loop {
         check_now(&sim).await;
-        let leases = sim.leases().await;
+        let leases = list_leases(&sim).await;
         let existing = existing_pods(&sim).await;
         let done = existing.iter().all(|n| leases.contains_key(n))
             && leases.values().all(|l| {
@@ -158,25 +230,52 @@ async fn chaos_run(seed: u64) {
                 stuck.join("\n")
             );
         }
-        if kills < 6 && Instant::now() >= next_kill {
-            sim.cluster
-                .kill_operator()
-                .await
-                .expect("kill -9 the operator");
-            kills += 1;
-            tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
-            sim.cluster
-                .start_operator()
-                .await
-                .expect("the operator restarts");
+        if Instant::now() >= next_kill {
             next_kill = Instant::now() + Duration::from_millis(300 + rng.below(2000));
+            match chaos {
+                Chaos::KillOperator if kills < 6 => {
+                    sim.cluster
+                        .kill_operator()
+                        .await
+                        .expect("kill -9 the operator");
+                    kills += 1;
+                    tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+                    sim.cluster
+                        .start_operator()
+                        .await
+                        .expect("the operator restarts");
+                }
+                Chaos::KillLeader if kills < 3 => {
+                    // Only a leader that has been elected can be killed;
+                    // until the follower takes over there is none.
+                    let leader = read("read the leader", || sim.cluster.operator_leader()).await;
+                    if let Some(i) = leader {
+                        sim.cluster
+                            .kill_operator_replica(i)
+                            .await
+                            .expect("kill -9 the leader");
+                        kills += 1;
+                        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+                        sim.cluster
+                            .start_operator_replica(i)
+                            .await
+                            .expect("the killed replica restarts");
+                    }
+                }
+                Chaos::ApiFaults => {
+                    faults.drop_watches();
+                    kills += 1;
+                }
+                _ => {}
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
         kills >= 3,
-        "seed {seed}: the run ended after only {kills} kills"
+        "seed {seed}: the run ended after only {kills} disturbances"
     );
+    faults.clear();
 
     // Afterwards: every pod ran and finished, with exactly one lease of its own.
     let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
@@ -188,7 +287,7 @@ async fn chaos_run(seed: u64) {
         .into_iter()
         .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
         .collect();
-    let leases = sim.leases().await;
+    let leases = list_leases(&sim).await;
     let mut sequences = BTreeSet::new();
     let mut primaries = Vec::new();
     let mut evicted = 0;
@@ -266,11 +365,8 @@ async fn chaos_run(seed: u64) {
 
 /// Names of the pods that exist now.
 async fn existing_pods(sim: &Sim) -> BTreeSet<String> {
-    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
-    pods.list(&ListParams::default())
+    list_pods(sim)
         .await
-        .expect("list pods")
-        .items
         .into_iter()
         .filter_map(|p| p.metadata.name)
         .collect()
@@ -278,15 +374,25 @@ async fn existing_pods(sim: &Sim) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_200_pod_run_seed_1() {
-    chaos_run(1).await;
+    chaos_run(1, Chaos::KillOperator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_200_pod_run_seed_2() {
-    chaos_run(2).await;
+    chaos_run(2, Chaos::KillOperator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_200_pod_run_seed_3() {
-    chaos_run(3).await;
+    chaos_run(3, Chaos::KillOperator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_with_the_leader_killed_during_a_200_pod_run() {
+    chaos_run(4, Chaos::KillLeader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_percent_api_errors_and_dropped_watches_during_a_200_pod_run() {
+    chaos_run(5, Chaos::ApiFaults).await;
 }
