@@ -93,11 +93,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         config.gate_owners.clone(),
     );
     tasks.spawn({
-        let client = client.clone();
+        let (client, health) = (client.clone(), health.clone());
         async move {
             let running = webhook::start(webhook_config, client, webhook_metrics)
                 .await
                 .context("webhook did not start")?;
+            health.set_webhook_serving();
             running
                 .serve(std::future::pending())
                 .await

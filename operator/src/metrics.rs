@@ -136,16 +136,25 @@ impl Metrics {
     }
 }
 
-/// What `/readyz` reports: ready once every cache has synced and, on the
-/// leader, once the first decision pass has run.
+/// What `/readyz` reports: ready once the webhook serves (its certificate
+/// loaded, its port bound and its configurations written), every cache has
+/// synced and, on the leader, the first decision pass has run. Every
+/// replica serves the webhook, so a replica whose webhook cannot serve must
+/// not receive the Service's traffic.
 #[derive(Debug, Default)]
 pub struct Health {
+    webhook_serving: AtomicBool,
     synced: AtomicBool,
     leading: AtomicBool,
     first_pass_done: AtomicBool,
 }
 
 impl Health {
+    /// Records that the webhook accepts connections.
+    pub fn set_webhook_serving(&self) {
+        self.webhook_serving.store(true, Ordering::SeqCst);
+    }
+
     /// Records that every watch has delivered its first list.
     pub fn set_synced(&self) {
         self.synced.store(true, Ordering::SeqCst);
@@ -164,9 +173,11 @@ impl Health {
         self.first_pass_done.store(true, Ordering::SeqCst);
     }
 
-    /// True when the replica can serve: caches synced, and if leader, one pass done.
+    /// True when the replica can serve: webhook serving, caches synced, and
+    /// if leader, one pass done.
     pub fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.webhook_serving.load(Ordering::SeqCst)
+            && self.synced.load(Ordering::SeqCst)
             && (!self.leading.load(Ordering::SeqCst) || self.first_pass_done.load(Ordering::SeqCst))
     }
 }
@@ -256,7 +267,7 @@ fn respond<B>(req: &Request<B>, registry: &Registry, health: &Health) -> Respons
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: caches syncing or first pass pending\n",
+                    "not ready: webhook starting, caches syncing or first pass pending\n",
                     PLAIN,
                 )
             }
@@ -278,7 +289,9 @@ mod tests {
         let h = Health::default();
         assert!(!h.is_ready());
         h.set_synced();
-        assert!(h.is_ready(), "a follower is ready once synced");
+        assert!(!h.is_ready(), "synced, but the webhook does not serve yet");
+        h.set_webhook_serving();
+        assert!(h.is_ready(), "a follower is ready once synced and serving");
         h.set_leading(true);
         assert!(!h.is_ready(), "a new leader waits for its first pass");
         h.set_pass_done();
@@ -311,6 +324,7 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         health.set_synced();
+        health.set_webhook_serving();
         assert_eq!(
             respond(&get("/readyz"), &registry, &health).status(),
             StatusCode::OK

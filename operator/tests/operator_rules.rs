@@ -465,3 +465,69 @@ async fn a_node_selector_confines_a_class() {
     );
     sim.stop().await;
 }
+
+/// The class's condition of `type_`, as (status, reason, message).
+async fn condition(sim: &Sim, class: &str, type_: &str) -> Option<(String, String, String)> {
+    let status = sim.get_class(class).await.status?;
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_default_classes_are_invalid_until_one_steps_back() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("alpha", json!({"default": true})).await;
+    sim.class("beta", json!({"default": true})).await;
+    for (class, other) in [("alpha", "beta"), ("beta", "alpha")] {
+        let (status, reason, message) = wait_for(&format!("{class} Invalid"), 10, || async {
+            condition(&sim, class, "Invalid")
+                .await
+                .filter(|(s, _, _)| s == "True")
+        })
+        .await;
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "MultipleDefaults")
+        );
+        assert!(message.contains(other), "{class}: {message}");
+        let (ready, _, _) = condition(&sim, class, "Ready").await.expect("Ready");
+        assert_eq!(ready, "False", "{class} is not Ready while invalid");
+    }
+
+    // A pod naming an invalid class gets a Rejected lease that says why (and
+    // that it queues once the class is fixed).
+    sim.pod(PodSpec::primary("p", 1).class("alpha")).await;
+    let lease = wait_for("p's lease names the clash", 10, || async {
+        sim.lease("p").await.filter(|l| {
+            l.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("default"))
+        })
+    })
+    .await;
+    let status = lease.status.expect("status");
+    assert_eq!(status.phase, LeasePhase::Rejected, "{:?}", status.message);
+    assert!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("beta")),
+        "{:?}",
+        status.message
+    );
+
+    // Once beta steps back, alpha is valid again and p is admitted.
+    sim.class("beta", json!({"default": false})).await;
+    wait_for("alpha valid", 10, || async {
+        condition(&sim, "alpha", "Invalid")
+            .await
+            .filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    assert_eq!(sim.wait_admitted("p", 20).await, "node-1");
+    sim.stop().await;
+}
