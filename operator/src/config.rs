@@ -68,6 +68,12 @@ pub struct Args {
     /// the host name and process id).
     #[arg(long, env = "GPUPOOL_IDENTITY")]
     pub identity: Option<String>,
+
+    /// ClusterRole that owns the webhook configurations (ownerReference), so
+    /// they are garbage-collected with it, e.g. on `helm uninstall`. Unset:
+    /// the configurations outlive the operator and must be deleted by hand.
+    #[arg(long, env = "GPUPOOL_WEBHOOK_OWNER_CLUSTER_ROLE")]
+    pub webhook_owner_cluster_role: Option<String>,
 }
 
 /// Flags that parse but do not make sense together or in themselves.
@@ -87,6 +93,11 @@ pub enum ConfigError {
     /// Both listeners were asked for the same port.
     #[error("--metrics-port and --webhook-port must differ (both are {0})")]
     SamePort(u16),
+    /// The owner ClusterRole's name is not a valid object name.
+    #[error(
+        "--webhook-owner-cluster-role {0:?} is not a valid ClusterRole name (lowercase letters, digits, '-', '.' and ':', at most 253 characters)"
+    )]
+    BadOwnerClusterRole(String),
 }
 
 /// The validated configuration the operator runs with.
@@ -108,6 +119,8 @@ pub struct Config {
     pub resync: Duration,
     /// Leader-election identity.
     pub identity: String,
+    /// ClusterRole owning the webhook configurations, if any.
+    pub webhook_owner_cluster_role: Option<String>,
 }
 
 impl Args {
@@ -130,6 +143,11 @@ impl Args {
             return Err(ConfigError::SamePort(self.webhook_port));
         }
         let identity = self.identity.unwrap_or_else(default_identity);
+        if let Some(name) = &self.webhook_owner_cluster_role
+            && !is_cluster_role_name(name)
+        {
+            return Err(ConfigError::BadOwnerClusterRole(name.clone()));
+        }
         Ok(Config {
             webhook_port: self.webhook_port,
             metrics_port: self.metrics_port,
@@ -144,8 +162,20 @@ impl Args {
                 .collect(),
             resync: Duration::from_secs(self.resync_seconds),
             identity,
+            webhook_owner_cluster_role: self.webhook_owner_cluster_role,
         })
     }
+}
+
+/// RBAC object names are path segments: non-empty, at most 253 characters,
+/// and free of '/' and '%'; the chart's names are lowercase DNS subdomains,
+/// optionally with ':' as in the built-in roles.
+fn is_cluster_role_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b':')
+        })
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -229,6 +259,23 @@ mod tests {
     }
 
     #[test]
+    fn webhook_owner_is_optional_and_passed_through() {
+        let none = parse(&["--webhook-url", "https://a"]).expect("valid");
+        assert_eq!(none.webhook_owner_cluster_role, None);
+        let some = parse(&[
+            "--webhook-url",
+            "https://a",
+            "--webhook-owner-cluster-role",
+            "gpupool-operator",
+        ])
+        .expect("valid");
+        assert_eq!(
+            some.webhook_owner_cluster_role.as_deref(),
+            Some("gpupool-operator")
+        );
+    }
+
+    #[test]
     fn errors_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&[], "--webhook-service"),
@@ -254,6 +301,24 @@ mod tests {
             (
                 &["--webhook-url", "https://a", "--resync-seconds", "0"],
                 "--resync-seconds",
+            ),
+            (
+                &[
+                    "--webhook-url",
+                    "https://a",
+                    "--webhook-owner-cluster-role",
+                    "",
+                ],
+                "--webhook-owner-cluster-role",
+            ),
+            (
+                &[
+                    "--webhook-url",
+                    "https://a",
+                    "--webhook-owner-cluster-role",
+                    "a/b",
+                ],
+                "--webhook-owner-cluster-role",
             ),
         ];
         for (args, flag) in cases {

@@ -86,12 +86,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
     });
 
     // Every replica serves the webhook, leader or not.
-    let webhook_config = webhook::WebhookConfig::new(
+    let mut webhook_config = webhook::WebhookConfig::new(
         config.webhook_port,
         config.namespace.clone(),
         config.webhook_endpoint.clone(),
         config.gate_owners.clone(),
     );
+    webhook_config.owner_cluster_role = config.webhook_owner_cluster_role.clone();
     tasks.spawn({
         let (client, health) = (client.clone(), health.clone());
         async move {

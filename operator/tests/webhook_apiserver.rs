@@ -18,6 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -730,4 +731,91 @@ async fn serving_replicas_pick_up_renewals_and_repair_configurations() {
         .expect("stops in time")
         .expect("no panic")
         .expect("served cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configurations_owned_by_a_cluster_role_go_with_it() {
+    let api = cluster().await;
+    let admin = api.client().await.expect("admin");
+    let mut config = webhook_config(9443);
+    config.owner_cluster_role = Some("gpupool-operator".into());
+
+    // The owner must exist: its uid is part of the reference.
+    let err = configurations::apply(admin.clone(), &config, "ca")
+        .await
+        .expect_err("no such ClusterRole");
+    assert!(
+        err.to_string().contains("ClusterRole \"gpupool-operator\"")
+            && err.to_string().contains("--webhook-owner-cluster-role"),
+        "{err}"
+    );
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    assert!(
+        mutating.get_opt("gpupool").await.expect("get").is_none(),
+        "nothing written without the owner"
+    );
+
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let role = roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gpupool-operator"}}))
+                .expect("role"),
+        )
+        .await
+        .expect("ClusterRole created");
+    let uid = role.metadata.uid.expect("uid");
+    // Written without an owner first (as by an older operator), then the
+    // owner is added on the next apply.
+    configurations::apply(admin.clone(), &webhook_config(9443), "ca")
+        .await
+        .expect("written");
+    configurations::apply(admin.clone(), &config, "ca")
+        .await
+        .expect("written with the owner");
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    for owners in [
+        mutating
+            .get("gpupool")
+            .await
+            .expect("get")
+            .metadata
+            .owner_references,
+        validating
+            .get("gpupool")
+            .await
+            .expect("get")
+            .metadata
+            .owner_references,
+    ] {
+        let owners = owners.expect("owner references");
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (
+                owners[0].kind.as_str(),
+                owners[0].name.as_str(),
+                owners[0].uid.as_str()
+            ),
+            ("ClusterRole", "gpupool-operator", uid.as_str())
+        );
+    }
+
+    // Deleting the role (helm uninstall) takes the configurations with it.
+    roles
+        .delete("gpupool-operator", &Default::default())
+        .await
+        .expect("role deleted");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = mutating.get_opt("gpupool").await.expect("get");
+        let v = validating.get_opt("gpupool").await.expect("get");
+        if m.is_none() && v.is_none() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "configurations still there after their owner went"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -668,6 +668,12 @@ fn check_common(m: &Manifests, version: &str) {
             &["create"],
             &[],
         ),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            &["get"],
+            &[op_name],
+        ),
     ]);
     assert_eq!(
         have, want,
@@ -705,6 +711,12 @@ fn check_common(m: &Manifests, version: &str) {
     assert!(
         args.contains(&gate_owner.as_str()),
         "operator args {args:?} lack {gate_owner}"
+    );
+    // Its webhook configurations go with its ClusterRole on uninstall.
+    let owner = format!("--webhook-owner-cluster-role={op_name}");
+    assert!(
+        args.contains(&owner.as_str()),
+        "operator args {args:?} lack {owner}"
     );
 
     // Every binding binds a role the chart renders to a ServiceAccount it renders.

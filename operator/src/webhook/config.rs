@@ -192,6 +192,9 @@ pub struct WebhookConfig {
     /// How long to wait for the class, node and lease caches to fill before
     /// giving up at start.
     pub cache_sync_timeout: Duration,
+    /// ClusterRole the configurations name as their owner, so the garbage
+    /// collector deletes them with it (`--webhook-owner-cluster-role`).
+    pub owner_cluster_role: Option<String>,
 }
 
 impl WebhookConfig {
@@ -224,6 +227,7 @@ impl WebhookConfig {
             configuration_name: gpupool_api::names::WEBHOOK_CONFIGURATION.to_owned(),
             refresh_interval: Duration::from_secs(600),
             cache_sync_timeout: Duration::from_secs(60),
+            owner_cluster_role: None,
         }
     }
 

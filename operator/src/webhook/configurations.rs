@@ -8,7 +8,10 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, OwnerReference,
+};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -43,6 +46,14 @@ pub enum ConfigurationError {
         /// What the API server said.
         #[source]
         source: kube::Error,
+    },
+    /// The ClusterRole meant to own the configurations does not exist.
+    #[error(
+        "ClusterRole {name:?} (--webhook-owner-cluster-role) does not exist; the webhook configurations need it as their owner"
+    )]
+    OwnerMissing {
+        /// The ClusterRole's name.
+        name: String,
     },
     /// Other writers kept changing the object.
     #[error("{kind} {name:?} kept changing while being updated; gave up after {attempts} attempts")]
@@ -98,8 +109,9 @@ fn namespace_selector(config: &WebhookConfig) -> LabelSelector {
     }
 }
 
-fn metadata(config: &WebhookConfig) -> ObjectMeta {
+fn metadata(config: &WebhookConfig, owner: Option<&OwnerReference>) -> ObjectMeta {
     ObjectMeta {
+        owner_references: owner.map(|o| vec![o.clone()]),
         name: Some(config.configuration_name.clone()),
         labels: Some(
             [(
@@ -115,9 +127,13 @@ fn metadata(config: &WebhookConfig) -> ObjectMeta {
 /// The MutatingWebhookConfiguration: pod CREATE to [`MUTATE_PATH`],
 /// `failurePolicy: Fail`, 5 s timeout, no side effects, AdmissionReview v1,
 /// every namespace but `kube-system` and the operator's.
-pub fn mutating(config: &WebhookConfig, ca_bundle: &str) -> MutatingWebhookConfiguration {
+pub fn mutating(
+    config: &WebhookConfig,
+    ca_bundle: &str,
+    owner: Option<&OwnerReference>,
+) -> MutatingWebhookConfiguration {
     MutatingWebhookConfiguration {
-        metadata: metadata(config),
+        metadata: metadata(config, owner),
         webhooks: Some(vec![MutatingWebhook {
             name: MUTATING_WEBHOOK_NAME.to_owned(),
             admission_review_versions: vec!["v1".to_owned()],
@@ -136,9 +152,13 @@ pub fn mutating(config: &WebhookConfig, ca_bundle: &str) -> MutatingWebhookConfi
 
 /// The ValidatingWebhookConfiguration: pod UPDATE to [`VALIDATE_PATH`], with
 /// the same policy, timeout and namespace exclusions as [`mutating`].
-pub fn validating(config: &WebhookConfig, ca_bundle: &str) -> ValidatingWebhookConfiguration {
+pub fn validating(
+    config: &WebhookConfig,
+    ca_bundle: &str,
+    owner: Option<&OwnerReference>,
+) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
-        metadata: metadata(config),
+        metadata: metadata(config, owner),
         webhooks: Some(vec![ValidatingWebhook {
             name: VALIDATING_WEBHOOK_NAME.to_owned(),
             admission_review_versions: vec!["v1".to_owned()],
@@ -160,27 +180,65 @@ pub fn validating(config: &WebhookConfig, ca_bundle: &str) -> ValidatingWebhookC
 
 const ATTEMPTS: usize = 5;
 
-/// Creates or replaces both configurations so they carry `ca_bundle` and
-/// point at `config.endpoint`. Writes nothing when an object already matches.
+/// Creates or replaces both configurations so they carry `ca_bundle`, point
+/// at `config.endpoint` and, with `config.owner_cluster_role`, name that
+/// ClusterRole as their owner. Writes nothing when an object already matches.
 pub async fn apply(
     client: kube::Client,
     config: &WebhookConfig,
     ca_bundle: &str,
 ) -> Result<(), ConfigurationError> {
+    let owner = match &config.owner_cluster_role {
+        Some(name) => Some(owner_reference(client.clone(), name).await?),
+        None => None,
+    };
     create_or_replace(
         &Api::all(client.clone()),
         "MutatingWebhookConfiguration",
-        mutating(config, ca_bundle),
-        |have, want| have.webhooks == want.webhooks,
+        mutating(config, ca_bundle, owner.as_ref()),
+        |have, want| have.webhooks == want.webhooks && same_owners(have, want),
     )
     .await?;
     create_or_replace(
         &Api::all(client),
         "ValidatingWebhookConfiguration",
-        validating(config, ca_bundle),
-        |have, want| have.webhooks == want.webhooks,
+        validating(config, ca_bundle, owner.as_ref()),
+        |have, want| have.webhooks == want.webhooks && same_owners(have, want),
     )
     .await
+}
+
+/// The owner reference to ClusterRole `name`, which must exist (its uid is
+/// part of the reference). Not a controller reference and no
+/// blockOwnerDeletion: the role is only an anchor for garbage collection.
+async fn owner_reference(
+    client: kube::Client,
+    name: &str,
+) -> Result<OwnerReference, ConfigurationError> {
+    let roles: Api<ClusterRole> = Api::all(client);
+    let role = roles
+        .get_opt(name)
+        .await
+        .map_err(|source| ConfigurationError::Api {
+            kind: "ClusterRole",
+            name: name.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ConfigurationError::OwnerMissing {
+            name: name.to_owned(),
+        })?;
+    Ok(OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".to_owned(),
+        kind: "ClusterRole".to_owned(),
+        name: name.to_owned(),
+        uid: role.metadata.uid.unwrap_or_default(),
+        ..OwnerReference::default()
+    })
+}
+
+fn same_owners<K: Resource>(have: &K, want: &K) -> bool {
+    have.meta().owner_references.as_deref().unwrap_or_default()
+        == want.meta().owner_references.as_deref().unwrap_or_default()
 }
 
 async fn create_or_replace<K>(
@@ -243,7 +301,7 @@ mod tests {
     #[test]
     fn mutating_configuration_for_a_service() {
         let c = config("gpupool-system/gpupool-webhook");
-        let v = serde_json::to_value(mutating(&c, CA)).expect("serializes");
+        let v = serde_json::to_value(mutating(&c, CA, None)).expect("serializes");
         assert_eq!(v["metadata"]["name"], json!("gpupool"));
         let hook = &v["webhooks"][0];
         assert_eq!(hook["name"], json!(MUTATING_WEBHOOK_NAME));
@@ -273,7 +331,7 @@ mod tests {
     #[test]
     fn validating_configuration_for_a_url() {
         let c = config("https://127.0.0.1:9443");
-        let v = serde_json::to_value(validating(&c, CA)).expect("serializes");
+        let v = serde_json::to_value(validating(&c, CA, None)).expect("serializes");
         let hook = &v["webhooks"][0];
         assert_eq!(hook["name"], json!(VALIDATING_WEBHOOK_NAME));
         assert_eq!(hook["failurePolicy"], json!("Fail"));
@@ -303,7 +361,7 @@ mod tests {
     #[test]
     fn service_port_is_carried() {
         let c = config("ns/hook:8443");
-        let m = mutating(&c, CA);
+        let m = mutating(&c, CA, None);
         let port = m
             .webhooks
             .as_ref()
