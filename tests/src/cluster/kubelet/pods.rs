@@ -44,6 +44,17 @@ enum Timer {
 /// the next try.
 const START_RETRY_DELAY: Duration = Duration::from_millis(250);
 
+/// Sends `timer` to the lifecycle loop after `delay`, without holding the
+/// loop up meanwhile.
+fn send_later(timers: &mpsc::UnboundedSender<Timer>, delay: Duration, timer: Timer) {
+    let tx = timers.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        // The loop has stopped when the receiver is gone; nothing to do then.
+        let _ = tx.send(timer);
+    });
+}
+
 /// Attempts at a status write before the kubelet gives up on it (and logs).
 const STATUS_WRITE_ATTEMPTS: u32 = 10;
 
@@ -139,11 +150,7 @@ async fn on_pod(
             } else {
                 grace.min(shared.max_termination)
             };
-            let tx = timers.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
-                let _ = tx.send(Timer::Remove(uid));
-            });
+            send_later(timers, wait, Timer::Remove(uid));
         }
         return;
     }
@@ -179,15 +186,15 @@ async fn on_pod(
             if let Err(e) = mark_running(shared, pod, &envs).await {
                 tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot mark pod running; retrying");
                 forget(shared, tracked, &uid);
-                let tx = timers.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(START_RETRY_DELAY).await;
-                    let _ = tx.send(Timer::Retry {
+                send_later(
+                    timers,
+                    START_RETRY_DELAY,
+                    Timer::Retry {
                         uid,
                         namespace,
                         name,
-                    });
-                });
+                    },
+                );
                 return;
             }
             shared
@@ -196,11 +203,7 @@ async fn on_pod(
                 .insert((namespace.clone(), name.clone()));
             tracing::info!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), "pod running");
             if let Some(secs) = run_seconds(pod) {
-                let tx = timers.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(secs).await;
-                    let _ = tx.send(Timer::Finish(uid));
-                });
+                send_later(timers, secs, Timer::Finish(uid));
             }
         }
         Err(e) => {
@@ -254,15 +257,15 @@ async fn on_timer(
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot read pod to start it; retrying");
-                    let tx = timers.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(START_RETRY_DELAY).await;
-                        let _ = tx.send(Timer::Retry {
+                    send_later(
+                        timers,
+                        START_RETRY_DELAY,
+                        Timer::Retry {
                             uid,
                             namespace,
                             name,
-                        });
-                    });
+                        },
+                    );
                 }
             }
         }
@@ -337,11 +340,7 @@ async fn on_timer(
                     // Until it is removed the pod stays Terminating and its
                     // slot looks taken, so keep trying as kubelet does.
                     tracing::warn!(node = %shared.node_name, pod = %format!("{namespace}/{name}"), error = %e, "cannot remove pod; retrying");
-                    let tx = timers.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(START_RETRY_DELAY).await;
-                        let _ = tx.send(Timer::Remove(uid));
-                    });
+                    send_later(timers, START_RETRY_DELAY, Timer::Remove(uid));
                 }
             }
         }
