@@ -12,6 +12,10 @@
 //! pass; CI installs helm and sets `$HELM` first, and a `$HELM` that does not
 //! exist is a failure, never a skip.
 
+mod helm_support;
+
+use helm_support::{helm, repo_root};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,37 +34,9 @@ use serde_json::Value;
 const RELEASE: &str = "gpupool";
 const NAMESPACE: &str = "gpupool-system";
 const KIND_VALUES: &str = "ci/kind-values.yaml";
-const SKIP_LINE: &str = "skipping: helm not installed; run .ci/install-helm.sh";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
 
 fn chart_dir() -> PathBuf {
     repo_root().join("charts/gpupool")
-}
-
-/// The helm binary, or `None` (after printing the skip line) when none is installed.
-fn helm() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("HELM") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "HELM={} does not exist; run .ci/install-helm.sh",
-            path.display()
-        );
-        return Some(path);
-    }
-    let installed = repo_root().join(".tools/bin/helm");
-    if installed.is_file() {
-        Some(installed)
-    } else {
-        eprintln!("{SKIP_LINE}");
-        None
-    }
 }
 
 /// Runs helm in the chart directory; `Ok(stdout)` on success, `Err(stderr)` on failure.

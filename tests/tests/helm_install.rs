@@ -11,8 +11,12 @@
 //! `.ci/install-helm.sh`). Without either the test prints a skip line and
 //! passes; a `$HELM` that does not exist is a failure, never a skip.
 
+mod helm_support;
+
+use helm_support::{helm, repo_root};
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,34 +26,7 @@ use serde_json::Value;
 
 const RELEASE: &str = "gpupool";
 const NAMESPACE: &str = "gpupool";
-const SKIP_LINE: &str = "skipping: helm not installed; run .ci/install-helm.sh";
 const HELM_DEADLINE: Duration = Duration::from_secs(120);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-fn helm() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("HELM") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "HELM={} does not exist; run .ci/install-helm.sh",
-            path.display()
-        );
-        return Some(path);
-    }
-    let installed = repo_root().join(".tools/bin/helm");
-    if installed.is_file() {
-        Some(installed)
-    } else {
-        eprintln!("{SKIP_LINE}");
-        None
-    }
-}
 
 /// Runs helm with its own kubeconfig and home directories, bounded in time;
 /// `Ok(stdout)` on success, `Err(stderr)` otherwise.
