@@ -16,7 +16,7 @@ use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
 use gpupool_operator::webhook::certs;
-use gpupool_operator::webhook::review::{GateOwners, StaticView, WebhookKind, review_body};
+use gpupool_operator::webhook::review::{Users, StaticView, WebhookKind, review_body};
 use gpupool_operator::webhook::server::{self, CertResolver, Handler, WebhookMetrics};
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -125,8 +125,8 @@ fn plain_review() -> Vec<u8> {
     review(pod(json!({"requests": {"cpu": "1", "memory": "1Gi"}})))
 }
 
-fn owners() -> GateOwners {
-    GateOwners::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
+fn owners() -> Users {
+    Users::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
 }
 
 fn pure_review(c: &mut Criterion) {

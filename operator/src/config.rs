@@ -2,6 +2,7 @@
 //! environment variable, and every combination that cannot work is refused
 //! with an error naming the flag, before anything starts.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::Parser;
@@ -27,6 +28,15 @@ pub struct Args {
     /// HTTP port serving /metrics, /healthz and /readyz.
     #[arg(long, env = "GPUPOOL_METRICS_PORT", default_value_t = 8080)]
     pub metrics_port: u16,
+
+    /// IP address the webhook's HTTPS server listens on (0.0.0.0: every
+    /// interface, as a Service needs in a cluster; 127.0.0.1 outside one).
+    #[arg(long, env = "GPUPOOL_WEBHOOK_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub webhook_bind_address: IpAddr,
+
+    /// IP address the metrics and health server listens on.
+    #[arg(long, env = "GPUPOOL_METRICS_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_bind_address: IpAddr,
 
     /// Elect one leader among replicas (a coordination.k8s.io/v1 Lease); only
     /// the leader admits pods and writes. `--leader-elect=false` runs alone.
@@ -58,6 +68,13 @@ pub struct Args {
     /// Default: the service account system:serviceaccount:<namespace>:gpupool-operator.
     #[arg(long, env = "GPUPOOL_GATE_OWNERS", value_delimiter = ',')]
     pub gate_owner: Vec<String>,
+
+    /// Users the device plugins run as (repeatable or comma-separated): they
+    /// may only record which GPUs a pod got (`status.gpus`, phase Bound) on
+    /// leases of their own node. Default: the service account
+    /// system:serviceaccount:<namespace>:gpupool-device-plugin.
+    #[arg(long, env = "GPUPOOL_DEVICE_PLUGIN_USERS", value_delimiter = ',')]
+    pub device_plugin_user: Vec<String>,
 
     /// Seconds between decision passes when nothing changes (a safety net;
     /// changes trigger passes at once).
@@ -107,6 +124,10 @@ pub struct Config {
     pub webhook_port: u16,
     /// Metrics/health HTTP port.
     pub metrics_port: u16,
+    /// Address the webhook listens on.
+    pub webhook_bind_address: IpAddr,
+    /// Address the metrics server listens on.
+    pub metrics_bind_address: IpAddr,
     /// Whether to run leader election.
     pub leader_elect: bool,
     /// The operator's namespace.
@@ -115,6 +136,8 @@ pub struct Config {
     pub webhook_endpoint: WebhookEndpoint,
     /// Users allowed to remove the gate (empty: the operator's service account).
     pub gate_owners: Vec<String>,
+    /// Users the device plugins run as (empty: the chart's service account).
+    pub device_plugin_users: Vec<String>,
     /// Period of the safety-net pass.
     pub resync: Duration,
     /// Leader-election identity.
@@ -151,20 +174,27 @@ impl Args {
         Ok(Config {
             webhook_port: self.webhook_port,
             metrics_port: self.metrics_port,
+            webhook_bind_address: self.webhook_bind_address,
+            metrics_bind_address: self.metrics_bind_address,
             leader_elect: self.leader_elect,
             namespace,
             webhook_endpoint,
-            gate_owners: self
-                .gate_owner
-                .into_iter()
-                .map(|u| u.trim().to_owned())
-                .filter(|u| !u.is_empty())
-                .collect(),
+            gate_owners: non_empty(self.gate_owner),
+            device_plugin_users: non_empty(self.device_plugin_user),
             resync: Duration::from_secs(self.resync_seconds),
             identity,
             webhook_owner_cluster_role: self.webhook_owner_cluster_role,
         })
     }
+}
+
+/// Trimmed usernames, empty ones dropped.
+fn non_empty(users: Vec<String>) -> Vec<String> {
+    users
+        .into_iter()
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// RBAC object names are path segments: non-empty, at most 253 characters,

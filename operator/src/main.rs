@@ -74,7 +74,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let webhook_metrics = webhook::WebhookMetrics::register(&mut registry);
     let health = Arc::new(Health::default());
-    let listener = metrics::bind(SocketAddr::from(([0, 0, 0, 0], config.metrics_port))).await?;
+    let listener = metrics::bind(SocketAddr::new(
+        config.metrics_bind_address,
+        config.metrics_port,
+    ))
+    .await?;
     let registry = Arc::new(registry);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
@@ -93,6 +97,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         config.gate_owners.clone(),
     );
     webhook_config.owner_cluster_role = config.webhook_owner_cluster_role.clone();
+    webhook_config.listen = SocketAddr::new(config.webhook_bind_address, config.webhook_port);
+    webhook_config.set_device_plugin_users(config.device_plugin_users.clone());
     tasks.spawn({
         let (client, health) = (client.clone(), health.clone());
         async move {

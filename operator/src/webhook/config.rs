@@ -6,11 +6,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::certs::SECRET_NAME;
-use super::review::GateOwners;
+use super::review::Users;
 
 /// Service account name the operator runs as in the Helm chart; the default
 /// gate owner is this account in the operator's namespace.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "gpupool-operator";
+/// Service account the device plugins run as, when `--device-plugin-user` is not given.
+pub const DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT: &str = "gpupool-device-plugin";
 /// Port of the webhook Service when `--webhook-service` names none.
 pub const DEFAULT_SERVICE_PORT: u16 = 443;
 /// URL path of the mutating (pod CREATE) webhook.
@@ -180,8 +182,11 @@ pub struct WebhookConfig {
     pub namespace: String,
     /// How the API server reaches the webhook.
     pub endpoint: WebhookEndpoint,
-    /// Users who may remove the scheduling gate.
-    pub gate_owners: GateOwners,
+    /// Users who may remove the scheduling gate and write leases: the operator.
+    pub gate_owners: Users,
+    /// Users the device plugins run as: they may record a pod's GPUs in the
+    /// status of leases on their own node, nothing else.
+    pub device_plugin_users: Users,
     /// Name of the certificate Secret.
     pub secret_name: String,
     /// Name of the Mutating- and ValidatingWebhookConfiguration.
@@ -211,15 +216,20 @@ impl WebhookConfig {
         gate_owners: impl IntoIterator<Item = String>,
     ) -> Self {
         let namespace = namespace.into();
-        let mut owners = GateOwners::new(gate_owners);
+        let mut owners = Users::new(gate_owners);
         if owners.users().is_empty() {
-            owners = GateOwners::new([GateOwners::service_account(
+            owners = Users::new([Users::service_account(
                 &namespace,
                 DEFAULT_SERVICE_ACCOUNT,
             )]);
         }
+        let device_plugin_users = Users::new([Users::service_account(
+            &namespace,
+            DEFAULT_DEVICE_PLUGIN_SERVICE_ACCOUNT,
+        )]);
         Self {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            device_plugin_users,
             namespace,
             endpoint,
             gate_owners: owners,
@@ -228,6 +238,16 @@ impl WebhookConfig {
             refresh_interval: Duration::from_secs(600),
             cache_sync_timeout: Duration::from_secs(60),
             owner_cluster_role: None,
+        }
+    }
+
+    /// Replaces the device plugins' usernames (`--device-plugin-user`); an
+    /// empty list keeps the default service account
+    /// `system:serviceaccount:<namespace>:gpupool-device-plugin`.
+    pub fn set_device_plugin_users(&mut self, users: impl IntoIterator<Item = String>) {
+        let users = Users::new(users);
+        if !users.users().is_empty() {
+            self.device_plugin_users = users;
         }
     }
 

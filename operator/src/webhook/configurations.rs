@@ -284,7 +284,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::review::GateOwners;
+    use crate::webhook::review::Users;
     use serde_json::json;
 
     fn config(endpoint: &str) -> WebhookConfig {
@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(port, Some(8443));
         assert_eq!(
             c.gate_owners,
-            GateOwners::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
+            Users::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
         );
     }
 }

@@ -49,7 +49,7 @@ use jiff::Timestamp;
 use tokio::net::TcpListener;
 
 pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, WebhookUrl};
-pub use review::GateOwners;
+pub use review::Users;
 pub use server::WebhookMetrics;
 
 use certs::{CertError, CertProblem, TlsBundle};

@@ -61,13 +61,13 @@ impl ClusterView for StaticView {
     }
 }
 
-/// Users allowed to remove the `gpupool.io/admission` scheduling gate: the
-/// operator's own identity (its service account in a cluster, its user in the
-/// simulator).
+/// A set of usernames: the operator's own identities (its service account in
+/// a cluster, its user in the simulator), which alone may remove the
+/// `gpupool.io/admission` gate and write leases, or the device plugins'.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GateOwners(Vec<String>);
+pub struct Users(Vec<String>);
 
-impl GateOwners {
+impl Users {
     /// The given usernames; duplicates and empty names are dropped.
     pub fn new(users: impl IntoIterator<Item = String>) -> Self {
         let mut users: Vec<String> = users.into_iter().filter(|u| !u.is_empty()).collect();
@@ -81,7 +81,7 @@ impl GateOwners {
         format!("system:serviceaccount:{namespace}:{name}")
     }
 
-    /// True when `user` may remove the gate.
+    /// True when `user` is one of them.
     pub fn contains(&self, user: &str) -> bool {
         self.0.iter().any(|u| u == user)
     }
@@ -525,7 +525,7 @@ fn gate_and_stamp(pod: &Pod, spec: &PodSpec, now: Timestamp) -> Patch {
 /// Reviews a pod UPDATE for the validating webhook: removing the
 /// `gpupool.io/admission` gate is denied unless `userInfo.username` is one of
 /// `owners`. Every other update is allowed, without consulting any store.
-pub fn validate(request: &AdmissionRequest<Pod>, owners: &GateOwners) -> Decision {
+pub fn validate(request: &AdmissionRequest<Pod>, owners: &Users) -> Decision {
     if request.operation != Operation::Update {
         return Decision::Allow;
     }
@@ -610,7 +610,7 @@ pub fn review_body(
     kind: WebhookKind,
     body: &[u8],
     view: &impl ClusterView,
-    owners: &GateOwners,
+    owners: &Users,
     now: Timestamp,
 ) -> Result<(Vec<u8>, &'static str), BadReview> {
     let review: AdmissionReview<Pod> =

@@ -512,9 +512,9 @@ fn gated(pod: serde_json::Value) -> serde_json::Value {
     pod
 }
 
-fn owners() -> GateOwners {
-    GateOwners::new([
-        GateOwners::service_account("gpupool-system", "gpupool-operator"),
+fn owners() -> Users {
+    Users::new([
+        Users::service_account("gpupool-system", "gpupool-operator"),
         "gpupool-operator".to_owned(),
     ])
 }
@@ -574,7 +574,7 @@ fn update_without_old_object_is_denied() {
 
 #[test]
 fn gate_owners_drop_empty_and_duplicate_names() {
-    let o = GateOwners::new([
+    let o = Users::new([
         "b".to_owned(),
         String::new(),
         "a".to_owned(),
@@ -583,7 +583,7 @@ fn gate_owners_drop_empty_and_duplicate_names() {
     assert_eq!(o.users(), ["a".to_owned(), "b".to_owned()]);
     assert!(!o.contains(""));
     assert_eq!(
-        GateOwners::service_account("ns", "sa"),
+        Users::service_account("ns", "sa"),
         "system:serviceaccount:ns:sa"
     );
 }

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::config::{MUTATE_PATH, VALIDATE_PATH};
-use super::review::{BadReview, ClusterView, GateOwners, WebhookKind, review_body};
+use super::review::{BadReview, ClusterView, Users, WebhookKind, review_body};
 
 /// Largest request body accepted. A pod is at most ~1.5 MiB in etcd and an
 /// UPDATE review carries two of them.
@@ -130,7 +130,7 @@ pub struct Handler<V> {
     /// Where class, node and lease data come from.
     pub view: V,
     /// Who may remove the scheduling gate.
-    pub gate_owners: GateOwners,
+    pub gate_owners: Users,
     /// Where latencies are recorded.
     pub metrics: WebhookMetrics,
 }
