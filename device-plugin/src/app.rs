@@ -71,7 +71,8 @@ fn open_backend(
 }
 
 /// Starts discovery and returns the live slot table. Blocks until the first
-/// GPU list is known, so errors surface before anything is served.
+/// GPU list is known, so errors surface before anything is served; a
+/// `--devices` entry naming a GPU the node lacks is a configuration error.
 pub fn start_discovery(
     settings: &Settings,
     metrics: &Metrics,
@@ -92,10 +93,7 @@ pub fn start_discovery(
             true
         },
     )?;
-    let unmatched = settings.filter.unmatched(&first);
-    if !unmatched.is_empty() {
-        tracing::warn!(?unmatched, "--devices names GPUs this node does not have");
-    }
+    tracing::info!(strategies = %settings.listing.strategies, cdi_kind = %settings.listing.cdi_kind, "device list strategy");
     if first.is_empty() {
         tracing::warn!(
             discovery = ?settings.discovery,
@@ -147,6 +145,7 @@ pub async fn run(
 
     let service_table = table;
     let dev_dir = settings.dev_dir.clone();
+    let listing = settings.listing.clone();
     let service_metrics = metrics.clone();
     let lifecycle = Lifecycle {
         kubelet_dir: settings.kubelet_dir,
@@ -155,6 +154,7 @@ pub async fn run(
             DevicePluginService::new(
                 service_table.clone(),
                 dev_dir.clone(),
+                listing.clone(),
                 service_metrics.clone(),
                 stop,
             )

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 use gpupool_api::names::DEFAULT_RESOURCE_NAME;
 
+use crate::cdi::{CdiKind, DEFAULT_CDI_KIND, DeviceListStrategies};
 use crate::discovery::DeviceFilter;
+use crate::server::DeviceListing;
 use crate::slots::MAX_SESSIONS_PER_GPU;
 
 /// Which discovery backend to use.
@@ -43,11 +45,12 @@ pub struct Args {
     pub static_gpus: Option<u32>,
 
     /// With --discovery static: YAML list of {index, uuid, product, vendor,
-    /// memoryMiB, healthy}; re-read when it changes.
+    /// memoryMiB, healthy, numaNode}; re-read when it changes.
     #[arg(long, env = "GPUPOOL_STATIC_CONFIG")]
     pub static_config: Option<PathBuf>,
 
-    /// Advertise only these GPUs: comma-separated indices or UUIDs.
+    /// Advertise only these GPUs: comma-separated indices or UUIDs. Naming a
+    /// GPU the node does not have at startup is a configuration error.
     #[arg(long, env = "GPUPOOL_DEVICES")]
     pub devices: Option<String>,
 
@@ -76,6 +79,18 @@ pub struct Args {
     /// here are handed to containers as /dev/<name>.
     #[arg(long, env = "GPUPOOL_DEV_DIR", default_value = "/dev")]
     pub dev_dir: PathBuf,
+
+    /// How Allocate names the GPUs to the container runtime: envvar
+    /// (NVIDIA_VISIBLE_DEVICES and device nodes), cdi-annotations (CDI
+    /// names in a cdi.k8s.io/ container annotation), cdi-cri (CDI names in
+    /// the CRI's CDI device field); several may be given, comma-separated.
+    #[arg(long, env = "GPUPOOL_DEVICE_LIST_STRATEGY", default_value = "envvar")]
+    pub device_list_strategy: String,
+
+    /// CDI kind (<vendor>/<class>) of the GPUs' CDI names, <kind>=<UUID>;
+    /// the default is what `nvidia-ctk cdi generate` writes.
+    #[arg(long, env = "GPUPOOL_CDI_KIND", default_value = DEFAULT_CDI_KIND)]
+    pub cdi_kind: String,
 }
 
 /// Where the GPUs come from, once the flags are checked.
@@ -110,6 +125,8 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     /// `--dev-dir`.
     pub dev_dir: PathBuf,
+    /// `--device-list-strategy` and `--cdi-kind`.
+    pub listing: DeviceListing,
 }
 
 /// A flag combination or value that cannot work; the message names the flag.
@@ -189,6 +206,11 @@ impl Args {
         {
             return Err(ConfigError("--node-name is empty".to_owned()));
         }
+        let listing = DeviceListing {
+            strategies: DeviceListStrategies::parse(&self.device_list_strategy)
+                .map_err(ConfigError)?,
+            cdi_kind: CdiKind::parse(&self.cdi_kind).map_err(ConfigError)?,
+        };
         Ok(Settings {
             kubelet_dir: self.kubelet_dir,
             resource_name: self.resource_name,
@@ -198,6 +220,7 @@ impl Args {
             node_name: self.node_name,
             metrics_addr: SocketAddr::new(self.metrics_address, self.metrics_port),
             dev_dir: self.dev_dir,
+            listing,
         })
     }
 }
@@ -228,6 +251,22 @@ mod tests {
         assert_eq!(s.discovery, DiscoverySource::Auto);
         assert_eq!(s.sessions_per_gpu, 1);
         assert_eq!(s.metrics_addr.port(), 8081);
+        assert_eq!(s.listing, DeviceListing::default());
+        assert_eq!(s.listing.cdi_kind.as_str(), "nvidia.com/gpu");
+    }
+
+    #[test]
+    fn device_listing_flags() {
+        let s = parse(&[
+            "--device-list-strategy",
+            "cdi-cri,envvar",
+            "--cdi-kind",
+            "example.com/accel",
+        ])
+        .expect("valid");
+        assert!(s.listing.strategies.envvar && s.listing.strategies.cdi_cri);
+        assert!(!s.listing.strategies.cdi_annotations);
+        assert_eq!(s.listing.cdi_kind.as_str(), "example.com/accel");
     }
 
     #[test]
@@ -240,7 +279,7 @@ mod tests {
 
     #[test]
     fn bad_combinations_name_the_flag() {
-        let cases: [(&[&str], &str); 6] = [
+        let cases: [(&[&str], &str); 9] = [
             (
                 &["--discovery", "static"],
                 "--static-gpus N or --static-config",
@@ -256,6 +295,12 @@ mod tests {
             (&["--resource-name", "slot"], "--resource-name"),
             (&["--resource-name", "kubernetes.io/gpu"], "reserved"),
             (&["--devices", "0,,1"], "--devices"),
+            (
+                &["--device-list-strategy", "volumes"],
+                "--device-list-strategy",
+            ),
+            (&["--device-list-strategy", ""], "--device-list-strategy"),
+            (&["--cdi-kind", "nvidia.com"], "--cdi-kind"),
         ];
         for (args, needle) in cases {
             let err = parse(args).expect_err(needle);

@@ -7,6 +7,7 @@
 //! the same wire protocol.
 
 pub mod app;
+pub mod cdi;
 pub mod cli;
 pub mod discovery;
 pub mod metrics;

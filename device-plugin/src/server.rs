@@ -1,26 +1,23 @@
 //! The kubelet-facing `DevicePlugin` gRPC service.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use gpupool_api::names::{ENV_GPU_INDICES, ENV_GPU_UUIDS, ENV_NVIDIA_VISIBLE_DEVICES};
+use gpupool_api::names::ENV_NVIDIA_VISIBLE_DEVICES;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::discovery::Gpu;
-use crate::discovery::nvml::NVIDIA_VENDOR;
+use crate::cdi::{CDI_ANNOTATION_KEY, CdiKind, DeviceListStrategies, NVIDIA_VISIBLE_DEVICES_VOID};
 use crate::metrics::Metrics;
 use crate::proto::deviceplugin::v1beta1 as api;
 use crate::proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
-use crate::slots::{HEALTHY, SlotTable, UNHEALTHY};
+use crate::slots::{AllocError, Allocation, HEALTHY, SlotTable, UNHEALTHY};
 
-/// Control device nodes every NVIDIA container needs, handed out when present.
-pub const NVIDIA_CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
+pub use crate::slots::NVIDIA_CONTROL_DEVICES;
 
 /// The options this plugin registers with and reports.
 pub fn plugin_options() -> api::DevicePluginOptions {
@@ -30,11 +27,90 @@ pub fn plugin_options() -> api::DevicePluginOptions {
     }
 }
 
+/// How Allocate names the GPUs to the container runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceListing {
+    /// `--device-list-strategy`.
+    pub strategies: DeviceListStrategies,
+    /// `--cdi-kind`.
+    pub cdi_kind: CdiKind,
+}
+
+/// Turns an [`Allocation`] into the kubelet's answer for one container,
+/// applying the device-list strategies:
+///
+/// - `envvar`: the allocation's environment (`NVIDIA_VISIBLE_DEVICES` with
+///   the UUIDs) and its device nodes.
+/// - `cdi-annotations`: annotation [`CDI_ANNOTATION_KEY`] with the GPUs'
+///   qualified CDI names, comma-separated.
+/// - `cdi-cri`: the same names as `cdi_devices`.
+///
+/// `GPUPOOL_GPU_INDICES` and `GPUPOOL_GPU_UUIDS` are always set. Without
+/// `envvar`, `NVIDIA_VISIBLE_DEVICES` is `void` and no device nodes are
+/// passed: the CDI spec brings the device nodes, and `void` keeps a legacy
+/// NVIDIA runtime from injecting the `all` that CUDA images ask for.
+pub fn container_response(
+    allocation: &Allocation,
+    listing: &DeviceListing,
+) -> api::ContainerAllocateResponse {
+    let strategies = &listing.strategies;
+    let mut response = api::ContainerAllocateResponse {
+        envs: allocation.envs.iter().cloned().collect(),
+        ..Default::default()
+    };
+    if strategies.envvar {
+        response.devices = allocation
+            .device_nodes
+            .iter()
+            .map(|path| api::DeviceSpec {
+                container_path: path.clone(),
+                host_path: path.clone(),
+                permissions: "rw".to_owned(),
+            })
+            .collect();
+    } else {
+        response.envs.insert(
+            ENV_NVIDIA_VISIBLE_DEVICES.to_owned(),
+            NVIDIA_VISIBLE_DEVICES_VOID.to_owned(),
+        );
+    }
+    if strategies.any_cdi() {
+        let names: Vec<String> = allocation
+            .gpus
+            .iter()
+            .map(|g| listing.cdi_kind.qualified(&g.uuid))
+            .collect();
+        if strategies.cdi_annotations {
+            response
+                .annotations
+                .insert(CDI_ANNOTATION_KEY.to_owned(), names.join(","));
+        }
+        if strategies.cdi_cri {
+            response.cdi_devices = names
+                .into_iter()
+                .map(|name| api::CdiDevice { name })
+                .collect();
+        }
+    }
+    response
+}
+
+/// The gRPC status for a refused container request.
+fn alloc_status(position: usize, error: &AllocError) -> Status {
+    let message = format!("container request {position}: {error}");
+    if error.is_unavailable() {
+        Status::failed_precondition(message)
+    } else {
+        Status::invalid_argument(message)
+    }
+}
+
 /// The `DevicePlugin` service over the current slot table.
 #[derive(Clone)]
 pub struct DevicePluginService {
     table: watch::Receiver<Arc<SlotTable>>,
     dev_dir: PathBuf,
+    listing: DeviceListing,
     metrics: Metrics,
     stop: CancellationToken,
 }
@@ -42,16 +118,19 @@ pub struct DevicePluginService {
 impl DevicePluginService {
     /// A service answering from `table`. Device nodes are looked for under
     /// `dev_dir` (where the host's `/dev` is visible to the plugin) and handed
-    /// to the kubelet as `/dev/...`. ListAndWatch streams end when `stop` fires.
+    /// to the kubelet as `/dev/...`; `listing` says how GPUs are named to the
+    /// container runtime. ListAndWatch streams end when `stop` fires.
     pub fn new(
         table: watch::Receiver<Arc<SlotTable>>,
         dev_dir: PathBuf,
+        listing: DeviceListing,
         metrics: Metrics,
         stop: CancellationToken,
     ) -> Self {
         DevicePluginService {
             table,
             dev_dir,
+            listing,
             metrics,
             stop,
         }
@@ -61,86 +140,18 @@ impl DevicePluginService {
         self.table.borrow().clone()
     }
 
-    /// Builds the response for one container, or the error naming the first
-    /// bad device.
+    /// Builds the response for one container, or the status naming the
+    /// first bad device.
     pub fn allocate_container(
         &self,
         table: &SlotTable,
         position: usize,
         request: &api::ContainerAllocateRequest,
     ) -> Result<api::ContainerAllocateResponse, Status> {
-        if request.devices_ids.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "container request {position} lists no device IDs"
-            )));
-        }
-        let mut gpus: Vec<&Gpu> = Vec::new();
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
-        for id in &request.devices_ids {
-            if !seen.insert(id) {
-                return Err(Status::invalid_argument(format!(
-                    "device ID {id:?} is listed twice in container request {position}"
-                )));
-            }
-            let Some(slot) = table.lookup(id) else {
-                return Err(Status::invalid_argument(format!(
-                    "unknown device ID {id:?} in container request {position}: this plugin advertises no such device"
-                )));
-            };
-            if !slot.gpu.node.healthy {
-                return Err(Status::failed_precondition(format!(
-                    "device ID {id:?} is {UNHEALTHY}: GPU {} ({}) failed its health check",
-                    slot.gpu.node.index, slot.gpu.node.uuid
-                )));
-            }
-            if !gpus.iter().any(|g| g.node.uuid == slot.gpu.node.uuid) {
-                gpus.push(slot.gpu);
-            }
-        }
-        gpus.sort_by_key(|g| g.node.index);
-        let uuids = gpus
-            .iter()
-            .map(|g| g.node.uuid.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        let indices = gpus
-            .iter()
-            .map(|g| g.node.index.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let envs = [
-            (ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.clone()),
-            (ENV_GPU_INDICES.to_owned(), indices),
-            (ENV_GPU_UUIDS.to_owned(), uuids),
-        ]
-        .into_iter()
-        .collect();
-        Ok(api::ContainerAllocateResponse {
-            envs,
-            devices: self.device_nodes(&gpus),
-            ..Default::default()
-        })
-    }
-
-    fn device_nodes(&self, gpus: &[&Gpu]) -> Vec<api::DeviceSpec> {
-        let nvidia: Vec<&&Gpu> = gpus
-            .iter()
-            .filter(|g| g.node.vendor == NVIDIA_VENDOR)
-            .collect();
-        if nvidia.is_empty() {
-            return Vec::new();
-        }
-        nvidia
-            .iter()
-            .map(|g| format!("nvidia{}", g.device_minor()))
-            .chain(NVIDIA_CONTROL_DEVICES.iter().map(|d| (*d).to_owned()))
-            .filter(|name| self.dev_dir.join(name).exists())
-            .map(|name| api::DeviceSpec {
-                container_path: format!("/dev/{name}"),
-                host_path: format!("/dev/{name}"),
-                permissions: "rw".to_owned(),
-            })
-            .collect()
+        table
+            .allocate(&request.devices_ids, &self.dev_dir)
+            .map(|allocation| container_response(&allocation, &self.listing))
+            .map_err(|e| alloc_status(position, &e))
     }
 }
 
@@ -149,10 +160,14 @@ pub fn list_response(table: &SlotTable) -> api::ListAndWatchResponse {
     api::ListAndWatchResponse {
         devices: table
             .devices()
-            .map(|(id, healthy)| api::Device {
+            .map(|(id, healthy, numa_node)| api::Device {
                 id,
                 health: if healthy { HEALTHY } else { UNHEALTHY }.to_owned(),
-                topology: None,
+                topology: numa_node.map(|node| api::TopologyInfo {
+                    nodes: vec![api::NumaNode {
+                        id: i64::from(node),
+                    }],
+                }),
             })
             .collect(),
     }
@@ -267,5 +282,156 @@ impl DevicePlugin for DevicePluginService {
             )));
         }
         Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::AllocatedGpu;
+
+    fn allocation() -> Allocation {
+        Allocation {
+            gpus: vec![
+                AllocatedGpu {
+                    index: 0,
+                    uuid: "GPU-a".to_owned(),
+                },
+                AllocatedGpu {
+                    index: 2,
+                    uuid: "GPU-c".to_owned(),
+                },
+            ],
+            envs: vec![
+                (
+                    "NVIDIA_VISIBLE_DEVICES".to_owned(),
+                    "GPU-a,GPU-c".to_owned(),
+                ),
+                ("GPUPOOL_GPU_INDICES".to_owned(), "0,2".to_owned()),
+                ("GPUPOOL_GPU_UUIDS".to_owned(), "GPU-a,GPU-c".to_owned()),
+            ],
+            device_nodes: vec!["/dev/nvidia0".to_owned(), "/dev/nvidiactl".to_owned()],
+        }
+    }
+
+    #[test]
+    fn device_list_strategies_shape_the_response() {
+        struct Case {
+            strategies: &'static str,
+            kind: &'static str,
+            visible: &'static str,
+            device_nodes: usize,
+            annotation: Option<&'static str>,
+            cdi_devices: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                strategies: "envvar",
+                kind: "nvidia.com/gpu",
+                visible: "GPU-a,GPU-c",
+                device_nodes: 2,
+                annotation: None,
+                cdi_devices: &[],
+            },
+            Case {
+                strategies: "cdi-annotations",
+                kind: "nvidia.com/gpu",
+                visible: "void",
+                device_nodes: 0,
+                annotation: Some("nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-c"),
+                cdi_devices: &[],
+            },
+            Case {
+                strategies: "cdi-cri",
+                kind: "example.com/gpu",
+                visible: "void",
+                device_nodes: 0,
+                annotation: None,
+                cdi_devices: &["example.com/gpu=GPU-a", "example.com/gpu=GPU-c"],
+            },
+            Case {
+                strategies: "cdi-annotations,cdi-cri",
+                kind: "nvidia.com/gpu",
+                visible: "void",
+                device_nodes: 0,
+                annotation: Some("nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-c"),
+                cdi_devices: &["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-c"],
+            },
+            Case {
+                strategies: "envvar,cdi-cri",
+                kind: "nvidia.com/gpu",
+                visible: "GPU-a,GPU-c",
+                device_nodes: 2,
+                annotation: None,
+                cdi_devices: &["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-c"],
+            },
+        ];
+        for case in cases {
+            let listing = DeviceListing {
+                strategies: DeviceListStrategies::parse(case.strategies).expect("strategies"),
+                cdi_kind: CdiKind::parse(case.kind).expect("kind"),
+            };
+            let r = container_response(&allocation(), &listing);
+            let name = case.strategies;
+            assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], case.visible, "{name}");
+            assert_eq!(r.envs["GPUPOOL_GPU_INDICES"], "0,2", "{name}");
+            assert_eq!(r.envs["GPUPOOL_GPU_UUIDS"], "GPU-a,GPU-c", "{name}");
+            assert_eq!(r.devices.len(), case.device_nodes, "{name}");
+            assert!(
+                r.devices
+                    .iter()
+                    .all(|d| d.host_path == d.container_path && d.permissions == "rw")
+            );
+            assert_eq!(
+                r.annotations.get(CDI_ANNOTATION_KEY).map(String::as_str),
+                case.annotation,
+                "{name}"
+            );
+            assert_eq!(r.annotations.len(), usize::from(case.annotation.is_some()));
+            let cdi: Vec<&str> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+            assert_eq!(cdi, case.cdi_devices, "{name}");
+        }
+    }
+
+    #[test]
+    fn annotation_key_is_a_valid_cdi_key() {
+        // The CDI library accepts `cdi.k8s.io/<name>` with a name of at most
+        // 63 characters of letters, digits, '-', '_' and '.'.
+        let name = CDI_ANNOTATION_KEY
+            .strip_prefix(crate::cdi::CDI_ANNOTATION_PREFIX)
+            .expect("prefix");
+        assert!(name.len() <= 63);
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        );
+    }
+
+    #[test]
+    fn refusals_map_to_status_codes() {
+        let cases = [
+            (AllocError::NoDevices, tonic::Code::InvalidArgument),
+            (
+                AllocError::UnknownDevice("x".to_owned()),
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                AllocError::Duplicate("x".to_owned()),
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                AllocError::Unhealthy {
+                    id: "x".to_owned(),
+                    index: 0,
+                    uuid: "GPU-x".to_owned(),
+                },
+                tonic::Code::FailedPrecondition,
+            ),
+        ];
+        for (error, code) in cases {
+            let status = alloc_status(3, &error);
+            assert_eq!(status.code(), code, "{error}");
+            assert!(status.message().starts_with("container request 3: "));
+        }
     }
 }

@@ -1,10 +1,22 @@
 //! The resource manager: each GPU becomes `--sessions-per-gpu` slots, each
-//! slot a kubelet device with a stable ID, and the preferred-allocation
-//! policy (distinct GPUs per container, least-used GPUs first).
+//! slot a kubelet device with a stable ID, the preferred-allocation policy
+//! (distinct GPUs per container, least-used GPUs first) and the rules of an
+//! allocation (which IDs are acceptable, which GPUs and device nodes a
+//! container gets). Nothing here speaks gRPC.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+
+use gpupool_api::names::{ENV_GPU_INDICES, ENV_GPU_UUIDS, ENV_NVIDIA_VISIBLE_DEVICES};
 
 use crate::discovery::Gpu;
+
+/// Vendor whose GPUs get NVIDIA device nodes (`/dev/nvidia<minor>` and the
+/// control devices); every NVML GPU has it.
+pub const NVIDIA_VENDOR: &str = "NVIDIA";
+
+/// Control device nodes every NVIDIA container needs, handed out when present.
+pub const NVIDIA_CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
 
 /// Most sessions per GPU: keeps device IDs within 63 characters.
 pub const MAX_SESSIONS_PER_GPU: u32 = 100;
@@ -51,6 +63,82 @@ pub enum PreferenceError {
     },
 }
 
+/// Why an allocation was refused. Each message names the offending device.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AllocError {
+    /// The request lists no device at all.
+    #[error("lists no device IDs")]
+    NoDevices,
+    /// The same device ID appears twice.
+    #[error("device ID {0:?} is listed twice")]
+    Duplicate(String),
+    /// A device ID this plugin never advertised.
+    #[error("unknown device ID {0:?}: this plugin advertises no such device")]
+    UnknownDevice(String),
+    /// The device's GPU failed its health check.
+    #[error("device ID {id:?} is Unhealthy: GPU {index} ({uuid}) failed its health check")]
+    Unhealthy {
+        /// The device ID asked for.
+        id: String,
+        /// Its GPU's index.
+        index: u32,
+        /// Its GPU's UUID.
+        uuid: String,
+    },
+}
+
+impl AllocError {
+    /// True when the request is well formed but the device cannot be used
+    /// now (the kubelet should try another device), false when the request
+    /// itself is wrong.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, AllocError::Unhealthy { .. })
+    }
+}
+
+/// One GPU of an allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedGpu {
+    /// Index as the driver numbers it.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+}
+
+/// What one container gets: its GPUs (each once, in index order, however
+/// many of their slots it holds), its environment and its device nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The GPUs, each once, in index order.
+    pub gpus: Vec<AllocatedGpu>,
+    /// `NVIDIA_VISIBLE_DEVICES` (UUIDs), `GPUPOOL_GPU_INDICES` and
+    /// `GPUPOOL_GPU_UUIDS`, comma-separated in index order.
+    pub envs: Vec<(String, String)>,
+    /// Device nodes to hand to the container, as `/dev/<name>` (the same path
+    /// on the host and in the container): each NVIDIA GPU's `nvidia<minor>`,
+    /// then the NVIDIA control devices, each only if present on the host.
+    pub device_nodes: Vec<String>,
+}
+
+/// Which device nodes exist on the host.
+pub trait DeviceNodes {
+    /// True if `/dev/<name>` exists on the host.
+    fn present(&self, name: &str) -> bool;
+}
+
+/// A directory where the host's `/dev` is visible (`--dev-dir`).
+impl DeviceNodes for PathBuf {
+    fn present(&self, name: &str) -> bool {
+        self.join(name).exists()
+    }
+}
+
+impl<F: Fn(&str) -> bool> DeviceNodes for F {
+    fn present(&self, name: &str) -> bool {
+        self(name)
+    }
+}
+
 /// Every slot of the node, by device ID.
 #[derive(Debug)]
 pub struct SlotTable {
@@ -86,11 +174,17 @@ impl SlotTable {
         self.sessions_per_gpu
     }
 
-    /// Every slot as (device ID, healthy), GPU by GPU in index order.
-    pub fn devices(&self) -> impl Iterator<Item = (String, bool)> + '_ {
+    /// Every slot as (device ID, healthy, NUMA node of its GPU), GPU by GPU
+    /// in index order.
+    pub fn devices(&self) -> impl Iterator<Item = (String, bool, Option<u32>)> + '_ {
         self.gpus.iter().flat_map(move |gpu| {
-            (0..self.sessions_per_gpu)
-                .map(move |s| (device_id(&gpu.node.uuid, s), gpu.node.healthy))
+            (0..self.sessions_per_gpu).map(move |s| {
+                (
+                    device_id(&gpu.node.uuid, s),
+                    gpu.node.healthy,
+                    gpu.numa_node,
+                )
+            })
         })
     }
 
@@ -99,6 +193,78 @@ impl SlotTable {
         self.by_id.get(id).map(|(position, session)| Slot {
             gpu: &self.gpus[*position],
             session: *session,
+        })
+    }
+
+    /// Resolves one container's device IDs into what it gets. Refuses an
+    /// empty list, a repeated ID, an unknown ID and a slot of an Unhealthy
+    /// GPU (the first problem found, in request order); several slots of one
+    /// GPU give that GPU once. `nodes` says which device nodes exist: they
+    /// are checked on every call, because the driver creates some of them
+    /// (`nvidia-uvm`) only on first use.
+    pub fn allocate(
+        &self,
+        ids: &[String],
+        nodes: &dyn DeviceNodes,
+    ) -> Result<Allocation, AllocError> {
+        if ids.is_empty() {
+            return Err(AllocError::NoDevices);
+        }
+        let mut positions: Vec<usize> = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i].contains(id) {
+                return Err(AllocError::Duplicate(id.clone()));
+            }
+            let Some((position, _)) = self.by_id.get(id) else {
+                return Err(AllocError::UnknownDevice(id.clone()));
+            };
+            let gpu = &self.gpus[*position];
+            if !gpu.node.healthy {
+                return Err(AllocError::Unhealthy {
+                    id: id.clone(),
+                    index: gpu.node.index,
+                    uuid: gpu.node.uuid.clone(),
+                });
+            }
+            positions.push(*position);
+        }
+        // GPUs are kept in index order, so position order is index order.
+        positions.sort_unstable();
+        positions.dedup();
+        let gpus: Vec<&Gpu> = positions.iter().map(|p| &self.gpus[*p]).collect();
+        let join =
+            |f: &dyn Fn(&Gpu) -> String| gpus.iter().map(|g| f(g)).collect::<Vec<_>>().join(",");
+        let uuids = join(&|g| g.node.uuid.clone());
+        let indices = join(&|g| g.node.index.to_string());
+        let nvidia: Vec<&&Gpu> = gpus
+            .iter()
+            .filter(|g| g.node.vendor == NVIDIA_VENDOR)
+            .collect();
+        let device_nodes = if nvidia.is_empty() {
+            Vec::new()
+        } else {
+            nvidia
+                .iter()
+                .map(|g| format!("nvidia{}", g.device_minor()))
+                .chain(NVIDIA_CONTROL_DEVICES.iter().map(|d| (*d).to_owned()))
+                .filter(|name| nodes.present(name))
+                .map(|name| format!("/dev/{name}"))
+                .collect()
+        };
+        Ok(Allocation {
+            gpus: gpus
+                .iter()
+                .map(|g| AllocatedGpu {
+                    index: g.node.index,
+                    uuid: g.node.uuid.clone(),
+                })
+                .collect(),
+            envs: vec![
+                (ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.clone()),
+                (ENV_GPU_INDICES.to_owned(), indices),
+                (ENV_GPU_UUIDS.to_owned(), uuids),
+            ],
+            device_nodes,
         })
     }
 
@@ -196,8 +362,169 @@ mod tests {
         })
     }
 
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn allocate_resolves_gpus_envs_and_device_nodes() {
+        let mut with_minor = gpu(2, true);
+        with_minor.minor = Some(7);
+        let mut simulated = gpu(3, true);
+        simulated.node.vendor = "Simulated".to_owned();
+        let table = SlotTable::new(vec![gpu(0, true), gpu(1, true), with_minor, simulated], 2);
+        let all: fn(&str) -> bool = |_| true;
+        let no_uvm_tools: fn(&str) -> bool = |name| name != "nvidia-uvm-tools";
+        struct Case {
+            ids: &'static [&'static str],
+            nodes: fn(&str) -> bool,
+            indices: &'static str,
+            uuids: &'static str,
+            device_nodes: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                ids: &["GPU-1-s1"],
+                nodes: no_uvm_tools,
+                indices: "1",
+                uuids: "GPU-1",
+                device_nodes: &["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"],
+            },
+            // Request order does not matter; two slots of GPU 0 give it once.
+            Case {
+                ids: &["GPU-1-s0", "GPU-0-s1", "GPU-0-s0"],
+                nodes: all,
+                indices: "0,1",
+                uuids: "GPU-0,GPU-1",
+                device_nodes: &[
+                    "/dev/nvidia0",
+                    "/dev/nvidia1",
+                    "/dev/nvidiactl",
+                    "/dev/nvidia-uvm",
+                    "/dev/nvidia-uvm-tools",
+                ],
+            },
+            // The driver's minor number names the device node, not the index.
+            Case {
+                ids: &["GPU-2-s0"],
+                nodes: all,
+                indices: "2",
+                uuids: "GPU-2",
+                device_nodes: &[
+                    "/dev/nvidia7",
+                    "/dev/nvidiactl",
+                    "/dev/nvidia-uvm",
+                    "/dev/nvidia-uvm-tools",
+                ],
+            },
+            // Not an NVIDIA GPU: no NVIDIA device nodes at all.
+            Case {
+                ids: &["GPU-3-s0"],
+                nodes: all,
+                indices: "3",
+                uuids: "GPU-3",
+                device_nodes: &[],
+            },
+        ];
+        for case in cases {
+            let got = table
+                .allocate(&strings(case.ids), &case.nodes)
+                .unwrap_or_else(|e| panic!("{:?}: {e}", case.ids));
+            let env = |name: &str| {
+                got.envs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            assert_eq!(
+                env("GPUPOOL_GPU_INDICES"),
+                Some(case.indices),
+                "{:?}",
+                case.ids
+            );
+            assert_eq!(env("GPUPOOL_GPU_UUIDS"), Some(case.uuids), "{:?}", case.ids);
+            assert_eq!(
+                env("NVIDIA_VISIBLE_DEVICES"),
+                Some(case.uuids),
+                "{:?}",
+                case.ids
+            );
+            assert_eq!(
+                got.device_nodes,
+                strings(case.device_nodes),
+                "{:?}",
+                case.ids
+            );
+            let uuids: Vec<&str> = got.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            assert_eq!(uuids.join(","), case.uuids);
+        }
+    }
+
+    #[test]
+    fn allocate_refuses_bad_requests_naming_the_device() {
+        let table = SlotTable::new(vec![gpu(0, true), gpu(1, false)], 2);
+        let nodes = |_: &str| true;
+        let cases: [(&[&str], AllocError); 5] = [
+            (&[], AllocError::NoDevices),
+            (
+                &["GPU-0-s0", "GPU-0-s0"],
+                AllocError::Duplicate("GPU-0-s0".to_owned()),
+            ),
+            (
+                &["GPU-0-s2"],
+                AllocError::UnknownDevice("GPU-0-s2".to_owned()),
+            ),
+            (
+                &["GPU-0-s0", "GPU-1-s1"],
+                AllocError::Unhealthy {
+                    id: "GPU-1-s1".to_owned(),
+                    index: 1,
+                    uuid: "GPU-1".to_owned(),
+                },
+            ),
+            // The first problem in request order is the one reported.
+            (
+                &["nope", "GPU-1-s0"],
+                AllocError::UnknownDevice("nope".to_owned()),
+            ),
+        ];
+        for (ids, want) in cases {
+            let err = table.allocate(&strings(ids), &nodes).expect_err("refused");
+            let named = match &err {
+                AllocError::NoDevices => None,
+                AllocError::Duplicate(id)
+                | AllocError::UnknownDevice(id)
+                | AllocError::Unhealthy { id, .. } => Some(id.clone()),
+            };
+            if let Some(id) = named {
+                assert!(err.to_string().contains(&id), "{err}");
+            }
+            assert_eq!(err, want, "{ids:?}");
+        }
+        assert!(
+            AllocError::Unhealthy {
+                id: String::new(),
+                index: 0,
+                uuid: String::new()
+            }
+            .is_unavailable()
+        );
+        assert!(!AllocError::NoDevices.is_unavailable());
+    }
+
+    #[test]
+    fn allocate_checks_device_nodes_in_a_directory() {
+        let dev = tempfile::tempdir().expect("dev");
+        std::fs::write(dev.path().join("nvidia0"), "").expect("node");
+        let table = SlotTable::new(vec![gpu(0, true)], 1);
+        let got = table
+            .allocate(&strings(&["GPU-0-s0"]), &dev.path().to_path_buf())
+            .expect("allocates");
+        assert_eq!(got.device_nodes, vec!["/dev/nvidia0"]);
+    }
+
     fn ids(table: &SlotTable) -> Vec<String> {
-        table.devices().map(|(id, _)| id).collect()
+        table.devices().map(|(id, _, _)| id).collect()
     }
 
     #[test]

@@ -27,6 +27,14 @@ fn bad_flags_exit_2_naming_the_flag() {
         ),
         (vec!["--devices".into(), "0,,1".into()], "--devices"),
         (
+            vec!["--device-list-strategy".into(), "cdi".into()],
+            "--device-list-strategy",
+        ),
+        (
+            vec!["--cdi-kind".into(), "nvidia.com/".into()],
+            "--cdi-kind",
+        ),
+        (
             vec!["--resource-name".into(), "slot".into()],
             "--resource-name",
         ),
@@ -71,6 +79,57 @@ fn bad_flags_exit_2_naming_the_flag() {
             "{args:?} should mention {needle}: {stderr}"
         );
     }
+}
+
+#[test]
+fn devices_naming_a_missing_gpu_exits_2_naming_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &config,
+        "- {index: 0, uuid: GPU-a}\n- {index: 2, uuid: GPU-c}\n",
+    )
+    .expect("write");
+    let config = config.display().to_string();
+    let cases: [(&str, &[&str]); 4] = [
+        ("1", &["1"]),
+        ("0,7", &["7"]),
+        ("GPU-zzz", &["GPU-zzz"]),
+        ("2,GPU-q,5", &["GPU-q", "5"]),
+    ];
+    for (devices, missing) in cases {
+        let (code, stderr) = run_to_exit(&[
+            "--discovery",
+            "static",
+            "--static-config",
+            &config,
+            "--devices",
+            devices,
+        ]);
+        assert_eq!(code, Some(2), "--devices {devices}: {stderr}");
+        assert!(stderr.contains("--devices"), "{stderr}");
+        for name in missing {
+            assert!(
+                stderr.contains(name),
+                "--devices {devices} should name {name}: {stderr}"
+            );
+        }
+        assert!(
+            stderr.contains("0 (GPU-a), 2 (GPU-c)"),
+            "lists the GPUs it has: {stderr}"
+        );
+    }
+    // A node with no GPU at all is named as such.
+    let (code, stderr) = run_to_exit(&[
+        "--discovery",
+        "static",
+        "--static-gpus",
+        "0",
+        "--devices",
+        "0",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("its GPUs: none"), "{stderr}");
 }
 
 #[test]

@@ -312,6 +312,97 @@ async fn allocate_sets_env_and_device_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numa_topology_is_advertised() {
+    let kubelet = TestKubelet::start().await;
+    let config = kubelet.path().join("gpus.yaml");
+    std::fs::write(
+        &config,
+        "- {index: 0, uuid: GPU-a, numaNode: 0}\n\
+         - {index: 1, uuid: GPU-b, numaNode: 1}\n\
+         - {index: 2, uuid: GPU-c}\n",
+    )
+    .expect("write config");
+    let _plugin = Plugin::start(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-config",
+            config.to_str().unwrap(),
+            "--sessions-per-gpu",
+            "2",
+        ],
+    );
+    let devices = kubelet.wait_devices("six slots", |d| d.len() == 6).await;
+    let topology: Vec<(&str, Option<Vec<i64>>)> = devices
+        .iter()
+        .map(|d| {
+            (
+                d.id.as_str(),
+                d.topology
+                    .as_ref()
+                    .map(|t| t.nodes.iter().map(|n| n.id).collect()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        topology,
+        vec![
+            ("GPU-a-s0", Some(vec![0])),
+            ("GPU-a-s1", Some(vec![0])),
+            ("GPU-b-s0", Some(vec![1])),
+            ("GPU-b-s1", Some(vec![1])),
+            ("GPU-c-s0", None),
+            ("GPU-c-s1", None),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdi_strategies_name_gpus_by_uuid() {
+    let kubelet = TestKubelet::start().await;
+    let dev = tempfile::tempdir().expect("dev dir");
+    for node in ["nvidia0", "nvidiactl"] {
+        std::fs::write(dev.path().join(node), "").expect("fake device node");
+    }
+    let config = kubelet.path().join("gpus.yaml");
+    write_config(&config, &[(0, "GPU-a", true), (1, "GPU-b", true)]);
+    let _plugin = Plugin::start_with_env(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-config",
+            config.to_str().unwrap(),
+            "--dev-dir",
+            dev.path().to_str().unwrap(),
+            "--cdi-kind",
+            "example.com/gpu",
+        ],
+        // The environment variable works like the flag.
+        &[("GPUPOOL_DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri")],
+    );
+    kubelet.wait_devices("two slots", |d| d.len() == 2).await;
+    let response = kubelet
+        .plugin()
+        .await
+        .allocate(allocate_request(&[&["GPU-b-s0", "GPU-a-s0"]]))
+        .await
+        .expect("allocates")
+        .into_inner();
+    let c = &response.container_responses[0];
+    let cdi: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(cdi, vec!["example.com/gpu=GPU-a", "example.com/gpu=GPU-b"]);
+    assert_eq!(
+        c.annotations["cdi.k8s.io/gpupool-device-plugin_gpus"],
+        "example.com/gpu=GPU-a,example.com/gpu=GPU-b"
+    );
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "void");
+    assert_eq!(c.envs["GPUPOOL_GPU_UUIDS"], "GPU-a,GPU-b");
+    assert!(c.devices.is_empty(), "the CDI spec brings the device nodes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_errors_name_the_problem() {
     let kubelet = TestKubelet::start().await;
     let config = kubelet.path().join("gpus.yaml");
@@ -336,7 +427,7 @@ async fn allocate_errors_name_the_problem() {
         (
             allocate_request(&[&[]]),
             Code::InvalidArgument,
-            "container request 0 lists no device IDs",
+            "container request 0: lists no device IDs",
         ),
         (
             allocate_request(&[&["GPU-zzz-s0"]]),

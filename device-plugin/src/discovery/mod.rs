@@ -23,6 +23,9 @@ pub struct Gpu {
     /// Minor number of `/dev/nvidia<minor>`; `None` means "same as the index"
     /// (static GPUs).
     pub minor: Option<u32>,
+    /// The NUMA node the GPU is attached to; `None` when the host has no
+    /// NUMA topology or does not say. Sent to the kubelet's Topology Manager.
+    pub numa_node: Option<u32>,
 }
 
 impl Gpu {
@@ -34,8 +37,22 @@ impl Gpu {
 
 impl From<NodeGpu> for Gpu {
     fn from(node: NodeGpu) -> Self {
-        Gpu { node, minor: None }
+        Gpu {
+            node,
+            minor: None,
+            numa_node: None,
+        }
     }
+}
+
+/// What one poll of a backend found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Polled {
+    /// Nothing changed since the previous poll. Backends answer this on the
+    /// steady path so that an idle node allocates nothing per poll.
+    Unchanged,
+    /// The node's GPUs as they are now, health included, in index order.
+    Gpus(Vec<Gpu>),
 }
 
 /// A source of the node's GPUs.
@@ -43,10 +60,11 @@ impl From<NodeGpu> for Gpu {
 /// Backends are polled from one dedicated thread, so they may block (NVML
 /// waits for XID events) and need not be `Send` once created there.
 pub trait Discovery {
-    /// Returns the node's GPUs as they are now, health included, in index
-    /// order. May block for up to about a second; the monitor calls it in a
-    /// loop, so the blocking sets the polling rhythm.
-    fn poll(&mut self) -> Result<Vec<Gpu>, DiscoveryError>;
+    /// Returns the node's GPUs, or [`Polled::Unchanged`] when nothing changed
+    /// since the previous poll. The first poll always returns the list. May
+    /// block for up to about a second; the monitor calls it in a loop, so the
+    /// blocking sets the polling rhythm.
+    fn poll(&mut self) -> Result<Polled, DiscoveryError>;
 }
 
 /// Why discovery failed.
@@ -155,7 +173,30 @@ impl DeviceFilter {
             .collect()
     }
 
-    /// Entries that name none of `gpus`, for a warning.
+    /// Checks that every entry names one of `gpus` (the node's GPUs before
+    /// filtering). The error names the missing entries and lists the GPUs
+    /// the node has; it is a configuration error.
+    pub fn check(&self, gpus: &[Gpu]) -> Result<(), DiscoveryError> {
+        let unmatched = self.unmatched(gpus);
+        if unmatched.is_empty() {
+            return Ok(());
+        }
+        let have: Vec<String> = gpus
+            .iter()
+            .map(|g| format!("{} ({})", g.node.index, g.node.uuid))
+            .collect();
+        let have = if have.is_empty() {
+            "none".to_owned()
+        } else {
+            have.join(", ")
+        };
+        Err(DiscoveryError::InvalidConfig(format!(
+            "--devices names GPU(s) this node does not have: {}; its GPUs: {have}",
+            unmatched.join(", ")
+        )))
+    }
+
+    /// Entries that name none of `gpus`.
     pub fn unmatched(&self, gpus: &[Gpu]) -> Vec<String> {
         let indices = self
             .indices
@@ -188,12 +229,13 @@ impl NoGpus {
 }
 
 impl Discovery for NoGpus {
-    fn poll(&mut self) -> Result<Vec<Gpu>, DiscoveryError> {
+    fn poll(&mut self) -> Result<Polled, DiscoveryError> {
         if self.polled {
             std::thread::sleep(self.interval);
+            return Ok(Polled::Unchanged);
         }
         self.polled = true;
-        Ok(Vec::new())
+        Ok(Polled::Gpus(Vec::new()))
     }
 }
 
@@ -201,6 +243,10 @@ impl Discovery for NoGpus {
 /// first poll is returned here (so startup errors reach the caller), and every
 /// later change of the filtered list is passed to `publish`. The thread ends
 /// when `publish` returns false.
+///
+/// A `filter` entry naming a GPU the first poll did not find is a
+/// configuration error returned here; a GPU that disappears later (a driver
+/// reset, an edited static config) is only a change of the list.
 pub fn spawn_monitor<O, P>(
     open: O,
     filter: DeviceFilter,
@@ -215,8 +261,12 @@ where
         .name("gpu-discovery".to_owned())
         .spawn(move || {
             let first = open().and_then(|mut backend| {
-                let gpus = filter.apply(backend.poll()?);
-                Ok((backend, gpus))
+                let gpus = match backend.poll()? {
+                    Polled::Gpus(gpus) => gpus,
+                    Polled::Unchanged => Vec::new(),
+                };
+                filter.check(&gpus)?;
+                Ok((backend, filter.apply(gpus)))
             });
             let (mut backend, mut current) = match first {
                 Ok((backend, gpus)) => {
@@ -232,7 +282,8 @@ where
             };
             loop {
                 match backend.poll() {
-                    Ok(gpus) => {
+                    Ok(Polled::Unchanged) => {}
+                    Ok(Polled::Gpus(gpus)) => {
                         let gpus = filter.apply(gpus);
                         if gpus != current {
                             log_change(&current, &gpus);
@@ -313,6 +364,87 @@ mod tests {
             filter.unmatched(&[]),
             vec!["1".to_owned(), "GPU-d".to_owned()]
         );
+    }
+
+    #[test]
+    fn filter_check_names_missing_gpus_and_the_ones_present() {
+        let gpus = [gpu(0, "GPU-a"), gpu(2, "GPU-c")];
+        let cases: [(&str, Option<&str>); 5] = [
+            ("0", None),
+            ("2,GPU-a", None),
+            (
+                "1",
+                Some("does not have: 1; its GPUs: 0 (GPU-a), 2 (GPU-c)"),
+            ),
+            ("GPU-b,0,9", Some("does not have: 9, GPU-b;")),
+            ("GPU-a,GPU-z", Some("does not have: GPU-z;")),
+        ];
+        for (list, want) in cases {
+            let filter = DeviceFilter::parse(list).expect("valid");
+            match (filter.check(&gpus), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(needle)) => {
+                    assert!(e.is_config_error(), "{e}");
+                    let text = e.to_string();
+                    assert!(text.starts_with("--devices"), "{text}");
+                    assert!(text.contains(needle), "{list}: {text}");
+                }
+                (got, want) => panic!("{list}: got {got:?}, want {want:?}"),
+            }
+        }
+        let err = DeviceFilter::parse("0")
+            .expect("valid")
+            .check(&[])
+            .expect_err("none");
+        assert!(err.to_string().ends_with("its GPUs: none"), "{err}");
+        assert!(DeviceFilter::default().check(&[]).is_ok());
+    }
+
+    struct Script(std::collections::VecDeque<Result<Polled, DiscoveryError>>);
+
+    impl Discovery for Script {
+        fn poll(&mut self) -> Result<Polled, DiscoveryError> {
+            match self.0.pop_front() {
+                Some(next) => next,
+                None => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    Ok(Polled::Unchanged)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn monitor_publishes_changes_only_and_refuses_missing_devices() {
+        let script = Script(
+            [
+                Ok(Polled::Gpus(vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")])),
+                Ok(Polled::Unchanged),
+                Err(DiscoveryError::Nvml("transient".to_owned())),
+                // GPU 1 vanishes: a change, not an error.
+                Ok(Polled::Gpus(vec![gpu(0, "GPU-a")])),
+            ]
+            .into(),
+        );
+        let (tx, rx) = mpsc::channel();
+        let first = spawn_monitor(
+            move || Ok(Box::new(script) as Box<dyn Discovery>),
+            DeviceFilter::parse("0,1").expect("valid"),
+            move |gpus| tx.send(gpus.to_vec()).is_ok() && false,
+        )
+        .expect("first poll");
+        assert_eq!(first.len(), 2);
+        let published = rx.recv_timeout(Duration::from_secs(10)).expect("a change");
+        assert_eq!(published, vec![gpu(0, "GPU-a")]);
+
+        let script = Script([Ok(Polled::Gpus(vec![gpu(0, "GPU-a")]))].into());
+        let err = spawn_monitor(
+            move || Ok(Box::new(script) as Box<dyn Discovery>),
+            DeviceFilter::parse("3").expect("valid"),
+            |_| false,
+        )
+        .expect_err("GPU 3 is missing");
+        assert!(err.is_config_error(), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpupool_api::NodeGpu;
 use serde::Deserialize;
 
-use super::{Discovery, DiscoveryError, Gpu, validate_uuid};
+use super::{Discovery, DiscoveryError, Gpu, Polled, validate_uuid};
 
 /// Product name of GPUs synthesised by `--static-gpus`, and the default for
 /// file entries without one.
@@ -37,6 +37,9 @@ struct StaticGpu {
     memory_mib: u64,
     #[serde(default = "healthy_by_default")]
     healthy: bool,
+    /// NUMA node the GPU is attached to; absent means no topology.
+    #[serde(default)]
+    numa_node: Option<u32>,
 }
 
 fn healthy_by_default() -> bool {
@@ -67,20 +70,31 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
     })
 }
 
-/// Parses the `--static-config` file's text; `path` only names the file in
-/// errors. GPUs come back in index order.
+/// Parses the `--static-config` file's text into the node's view of its
+/// GPUs (what the `gpupool.io/gpus` annotation shows); `path` only names the
+/// file in errors. GPUs come back in index order.
 pub fn parse_config(path: &str, text: &str) -> Result<Vec<NodeGpu>, DiscoveryError> {
+    Ok(parse_gpus(path, text)?
+        .into_iter()
+        .map(|g| g.node)
+        .collect())
+}
+
+/// Parses the `--static-config` file's text into GPUs, each with its
+/// optional `numaNode`; `path` only names the file in errors. GPUs come back
+/// in index order.
+pub fn parse_gpus(path: &str, text: &str) -> Result<Vec<Gpu>, DiscoveryError> {
     let entries: Vec<StaticGpu> = if text.trim().is_empty() {
         Vec::new()
     } else {
         serde_yaml::from_str(text).map_err(|e| {
             DiscoveryError::InvalidConfig(format!(
                 "--static-config {path}: not a YAML list of GPUs \
-                 {{index, uuid, product, vendor, memoryMiB, healthy}}: {e}"
+                 {{index, uuid, product, vendor, memoryMiB, healthy, numaNode}}: {e}"
             ))
         })?
     };
-    let mut gpus: Vec<NodeGpu> = Vec::with_capacity(entries.len());
+    let mut gpus: Vec<Gpu> = Vec::with_capacity(entries.len());
     for (position, entry) in entries.into_iter().enumerate() {
         let invalid = |what: String| {
             DiscoveryError::InvalidConfig(format!(
@@ -89,27 +103,31 @@ pub fn parse_config(path: &str, text: &str) -> Result<Vec<NodeGpu>, DiscoveryErr
             ))
         };
         validate_uuid(&entry.uuid).map_err(invalid)?;
-        if let Some(other) = gpus.iter().find(|g| g.index == entry.index) {
+        if let Some(other) = gpus.iter().find(|g| g.node.index == entry.index) {
             return Err(invalid(format!(
                 "index {} is already used by uuid {}",
-                entry.index, other.uuid
+                entry.index, other.node.uuid
             )));
         }
-        if gpus.iter().any(|g| g.uuid == entry.uuid) {
+        if gpus.iter().any(|g| g.node.uuid == entry.uuid) {
             return Err(invalid(format!("uuid {} is listed twice", entry.uuid)));
         }
-        gpus.push(NodeGpu {
-            index: entry.index,
-            uuid: entry.uuid,
-            product: entry
-                .product
-                .unwrap_or_else(|| SIMULATED_PRODUCT.to_owned()),
-            vendor: entry.vendor.unwrap_or_else(|| SIMULATED_VENDOR.to_owned()),
-            memory_mib: entry.memory_mib,
-            healthy: entry.healthy,
+        gpus.push(Gpu {
+            node: NodeGpu {
+                index: entry.index,
+                uuid: entry.uuid,
+                product: entry
+                    .product
+                    .unwrap_or_else(|| SIMULATED_PRODUCT.to_owned()),
+                vendor: entry.vendor.unwrap_or_else(|| SIMULATED_VENDOR.to_owned()),
+                memory_mib: entry.memory_mib,
+                healthy: entry.healthy,
+            },
+            minor: None,
+            numa_node: entry.numa_node,
         });
     }
-    gpus.sort_by_key(|g| g.index);
+    gpus.sort_by_key(|g| g.node.index);
     Ok(gpus)
 }
 
@@ -126,8 +144,8 @@ pub enum StaticDiscovery {
     File {
         /// The file.
         path: PathBuf,
-        /// Contents and GPUs from the last successful read.
-        last: Option<(String, Vec<NodeGpu>)>,
+        /// Contents of the last successful read.
+        last: Option<String>,
     },
 }
 
@@ -147,51 +165,49 @@ impl StaticDiscovery {
 
     /// Reads and parses the file now (used at startup, so a bad file stops
     /// the plugin with exit code 2 before it serves anything).
-    pub fn load(path: &std::path::Path) -> Result<(String, Vec<NodeGpu>), DiscoveryError> {
+    pub fn load(path: &std::path::Path) -> Result<(String, Vec<Gpu>), DiscoveryError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| DiscoveryError::ReadConfig {
             path: shown.clone(),
             source,
         })?;
-        let gpus = parse_config(&shown, &text)?;
+        let gpus = parse_gpus(&shown, &text)?;
         Ok((text, gpus))
     }
 }
 
 impl Discovery for StaticDiscovery {
-    fn poll(&mut self) -> Result<Vec<Gpu>, DiscoveryError> {
+    fn poll(&mut self) -> Result<Polled, DiscoveryError> {
         match self {
             StaticDiscovery::Fixed { gpus, polled } => {
                 // Nothing can change: poll rarely.
                 if *polled {
                     std::thread::sleep(Duration::from_secs(5));
+                    return Ok(Polled::Unchanged);
                 }
                 *polled = true;
-                Ok(gpus.clone())
+                Ok(Polled::Gpus(gpus.clone()))
             }
-            StaticDiscovery::File { path, last } => match last {
-                None => {
-                    let (text, gpus) = Self::load(path)?;
-                    *last = Some((text, gpus.clone()));
-                    Ok(gpus.into_iter().map(Gpu::from).collect())
-                }
-                Some((old_text, old_gpus)) => {
+            StaticDiscovery::File { path, last } => {
+                if last.is_some() {
                     std::thread::sleep(CONFIG_POLL_INTERVAL);
-                    let shown = path.display().to_string();
-                    let text = std::fs::read_to_string(&*path).map_err(|source| {
-                        DiscoveryError::ReadConfig {
-                            path: shown.clone(),
-                            source,
-                        }
-                    })?;
-                    if text != *old_text {
-                        let gpus = parse_config(&shown, &text)?;
-                        *old_text = text;
-                        *old_gpus = gpus;
-                    }
-                    Ok(old_gpus.iter().cloned().map(Gpu::from).collect())
                 }
-            },
+                let shown = path.display().to_string();
+                let text = std::fs::read_to_string(&*path).map_err(|source| {
+                    DiscoveryError::ReadConfig {
+                        path: shown.clone(),
+                        source,
+                    }
+                })?;
+                if last.as_deref() == Some(text.as_str()) {
+                    return Ok(Polled::Unchanged);
+                }
+                // A bad edit leaves `last` as it was, so the monitor keeps the
+                // last good list and the next good edit is picked up.
+                let gpus = parse_gpus(&shown, &text)?;
+                *last = Some(text);
+                Ok(Polled::Gpus(gpus))
+            }
         }
     }
 }
@@ -235,6 +251,21 @@ mod tests {
     }
 
     #[test]
+    fn config_numa_node_is_optional() {
+        let gpus = parse_gpus(
+            "f.yaml",
+            "- {index: 0, uuid: GPU-a, numaNode: 1}\n- {index: 1, uuid: GPU-b}\n",
+        )
+        .expect("valid");
+        assert_eq!(gpus[0].numa_node, Some(1));
+        assert_eq!(gpus[1].numa_node, None);
+        let err = parse_gpus("f.yaml", "- {index: 0, uuid: GPU-a, numaNode: -1}")
+            .expect_err("negative")
+            .to_string();
+        assert!(err.contains("--static-config f.yaml"), "{err}");
+    }
+
+    #[test]
     fn config_errors_name_the_flag_file_and_entry() {
         let cases = [
             ("- {index: 0, uuid: GPU-a, colour: red}", "colour"),
@@ -262,10 +293,18 @@ mod tests {
         let path = dir.path().join("gpus.yaml");
         std::fs::write(&path, "- {index: 0, uuid: GPU-a}\n").expect("write");
         let mut backend = StaticDiscovery::file(path.clone());
-        assert!(backend.poll().expect("first")[0].node.healthy);
+        let gpus = |polled| match polled {
+            Polled::Gpus(gpus) => gpus,
+            Polled::Unchanged => panic!("expected a list"),
+        };
+        assert!(gpus(backend.poll().expect("first"))[0].node.healthy);
+        assert_eq!(backend.poll().expect("same text"), Polled::Unchanged);
         std::fs::write(&path, "- {index: 0, uuid: GPU-a, healthy: false}\n").expect("write");
-        assert!(!backend.poll().expect("second")[0].node.healthy);
+        assert!(!gpus(backend.poll().expect("second"))[0].node.healthy);
         std::fs::write(&path, "not: [valid").expect("write");
         assert!(backend.poll().is_err());
+        // The bad edit is not remembered: fixing it is picked up.
+        std::fs::write(&path, "- {index: 0, uuid: GPU-a, numaNode: 1}\n").expect("write");
+        assert_eq!(gpus(backend.poll().expect("fixed"))[0].numa_node, Some(1));
     }
 }
