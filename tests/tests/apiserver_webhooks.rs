@@ -2,20 +2,32 @@
 //! AdmissionReview it sends, patches applied, denials, timeouts and
 //! failurePolicy, service references, selectors and CA verification.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use gpupool_tests::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer};
+use gpupool_tests::apiserver::{
+    ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo,
+};
+use gpupool_tests::cluster::sim::NODE_NAME_EXTRA;
 
 /// A small HTTPS webhook server that records the reviews it receives.
 struct Hook {
@@ -67,6 +79,11 @@ fn answer(path: &str, review: &Value) -> Value {
             json!({"uid": uid, "allowed": false, "status": {"code": 400, "message": "bad slot count"}})
         }
         "/wrong-uid" => json!({"uid": "nope", "allowed": true}),
+        // Gates every pod, as the operator's pod webhook does.
+        "/gate" => {
+            let patch = json!([{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpupool.io/admission"}]}]);
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+        }
         // Adds a field ConfigMaps do not declare.
         "/unknown" => {
             let patch = json!([{"op": "add", "path": "/colour", "value": "red"}]);
@@ -682,4 +699,657 @@ async fn fields_a_webhook_adds_that_the_kind_lacks_are_dropped_silently() {
         .expect("stored");
     assert!(stored.get("colour").is_none());
     assert_eq!(hook.seen.lock().expect("lock").len(), 1, "the webhook ran");
+}
+
+// ---------------------------------------------------------------------------
+// Pods: nodeName and scheduling gates, refused as the real server refuses them.
+
+fn pod_json(name: &str, node: Option<&str>, gates: &[&str]) -> Pod {
+    let mut spec = json!({"containers": [{"name": "c", "image": "busybox"}]});
+    if let Some(n) = node {
+        spec["nodeName"] = json!(n);
+    }
+    if !gates.is_empty() {
+        spec["schedulingGates"] =
+            json!(gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>());
+    }
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("pod")
+}
+
+const GATED_NODE_NAME: &str =
+    "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared";
+
+#[tokio::test]
+async fn node_name_with_scheduling_gates_is_invalid_on_create_and_update() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let pods: Api<Pod> = Api::namespaced(client(&server).await, "default");
+
+    // Created with both: 422, the field error naming spec.nodeName.
+    let err = api_err(
+        pods.create(
+            &PostParams::default(),
+            &pod_json("both", Some("node-1"), &["g"]),
+        )
+        .await
+        .expect_err("nodeName with gates"),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        format!("Pod \"both\" is invalid: {GATED_NODE_NAME}")
+    );
+    assert!(pods.get_opt("both").await.expect("get").is_none());
+
+    // Either alone is fine.
+    pods.create(
+        &PostParams::default(),
+        &pod_json("named", Some("node-1"), &[]),
+    )
+    .await
+    .expect("nodeName alone");
+    pods.create(&PostParams::default(), &pod_json("gated", None, &["a"]))
+        .await
+        .expect("gates alone");
+
+    // UPDATE: a new gate is refused at its index; removing one is allowed.
+    let add = Patch::Merge(json!({"spec": {"schedulingGates": [{"name": "a"}, {"name": "b"}]}}));
+    let err = api_err(
+        pods.patch("gated", &PatchParams::default(), &add)
+            .await
+            .expect_err("adding a gate"),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        "Pod \"gated\" is invalid: spec.schedulingGates[1].name: Forbidden: only deletion is allowed, but found new scheduling gate 'b'"
+    );
+    let err = api_err(
+        pods.patch(
+            "named",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"schedulingGates": [{"name": "late"}]}})),
+        )
+        .await
+        .expect_err("gating a pod already named to a node"),
+    );
+    assert!(
+        err.message
+            .contains("spec.schedulingGates[0].name: Forbidden: only deletion is allowed"),
+        "{}",
+        err.message
+    );
+
+    // UPDATE: naming a node while gated (or at all) is a spec change the
+    // real server refuses; only the binding subresource sets nodeName.
+    let err = api_err(
+        pods.patch(
+            "gated",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "node-1"}})),
+        )
+        .await
+        .expect_err("naming a node while gated"),
+    );
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message
+            .contains("spec: Forbidden: pod updates may not change fields other than"),
+        "{}",
+        err.message
+    );
+    let stored = pods.get("gated").await.expect("gated pod");
+    assert_eq!(stored.spec.as_ref().and_then(|s| s.node_name.clone()), None);
+}
+
+#[tokio::test]
+async fn a_pod_gated_by_a_mutating_webhook_cannot_keep_its_node_name() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/gate", hook.addr.port());
+    let mut h = webhook("gate.gpupool.io", &url, &hook.ca_b64, json!({}));
+    h["rules"] = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]);
+    register(
+        &server,
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        "gpupool",
+        h,
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client(&server).await, "default");
+
+    // Validation runs after mutation: the gate the webhook adds makes the
+    // node the client named invalid, so the pod cannot skip the queue.
+    let err = api_err(
+        pods.create(
+            &PostParams::default(),
+            &pod_json("jumper", Some("node-1"), &[]),
+        )
+        .await
+        .expect_err("gated with nodeName"),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        format!("Pod \"jumper\" is invalid: {GATED_NODE_NAME}")
+    );
+    assert!(pods.get_opt("jumper").await.expect("get").is_none());
+    assert_eq!(
+        hook.seen.lock().expect("lock").len(),
+        1,
+        "the webhook was called"
+    );
+
+    // Without nodeName the same webhook gates the pod and it is stored.
+    let made = pods
+        .create(&PostParams::default(), &pod_json("queued", None, &[]))
+        .await
+        .expect("gated pod");
+    let gates: Vec<String> = made
+        .spec
+        .and_then(|s| s.scheduling_gates)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(gates, ["gpupool.io/admission"]);
+}
+
+// ---------------------------------------------------------------------------
+// userInfo.extra.
+
+#[tokio::test]
+async fn user_extra_reaches_the_webhook() {
+    let hook = start_hook().await;
+    let plugin = UserInfo::new(
+        "system:serviceaccount:gpupool-system:gpupool-device-plugin",
+        &["system:serviceaccounts"],
+    )
+    .with_extra(NODE_NAME_EXTRA, &["node-1"])
+    .with_extra("authentication.kubernetes.io/pod-name", &["plugin-abc"]);
+    let cfg = ApiServerConfig::default().with_user("plugin-token", plugin);
+    let server = ApiServer::start(cfg).await.expect("server");
+    let url = format!("https://127.0.0.1:{}/allow", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "v",
+        webhook("allow.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let as_plugin: Api<ConfigMap> = Api::namespaced(
+        server
+            .client_with_token("plugin-token")
+            .await
+            .expect("client"),
+        "default",
+    );
+    as_plugin
+        .create(&PostParams::default(), &cm("from-plugin"))
+        .await
+        .expect("create as the plugin");
+    let as_admin: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    as_admin
+        .create(&PostParams::default(), &cm("from-admin"))
+        .await
+        .expect("create as admin");
+
+    let seen = hook.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2);
+    let user = &seen[0]["review"]["request"]["userInfo"];
+    assert_eq!(
+        user["username"],
+        "system:serviceaccount:gpupool-system:gpupool-device-plugin"
+    );
+    assert_eq!(
+        user["extra"],
+        json!({
+            "authentication.kubernetes.io/node-name": ["node-1"],
+            "authentication.kubernetes.io/pod-name": ["plugin-abc"],
+        })
+    );
+    // A user without extra: the key is left out, as the real server's JSON omits it.
+    let admin = &seen[1]["review"]["request"]["userInfo"];
+    assert_eq!(admin["username"], "admin");
+    assert!(admin.get("extra").is_none(), "{admin}");
+}
+
+// ---------------------------------------------------------------------------
+// Custom resources and their status subresource.
+
+async fn install_crds(server: &RunningApiServer) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    for f in ["gpuleaseclasses.yaml", "gpuleases.yaml"] {
+        let yaml = std::fs::read_to_string(dir.join(f)).expect("crd file");
+        server
+            .create_crds_from_yaml(&yaml)
+            .await
+            .expect("crd created");
+    }
+}
+
+fn gpupool_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("gpupool.io", "v1alpha1", kind),
+        plural,
+    )
+}
+
+/// A hook on `resources` of gpupool.io/v1alpha1 (CREATE, UPDATE) calling `path`.
+fn gpupool_hook(name: &str, hook: &Hook, path: &str, resources: &[&str]) -> Value {
+    let url = format!("https://127.0.0.1:{}{path}", hook.addr.port());
+    let mut h = webhook(name, &url, &hook.ca_b64, json!({}));
+    h["rules"] = json!([{"operations": ["CREATE", "UPDATE"], "apiGroups": ["gpupool.io"], "apiVersions": ["v1alpha1"], "resources": resources}]);
+    h
+}
+
+/// The reviews the hook received at `path`, in order, and forgets them all.
+fn take(hook: &Hook) -> Vec<(String, Value)> {
+    std::mem::take(&mut *hook.seen.lock().expect("lock"))
+        .into_iter()
+        .map(|s| {
+            (
+                s["path"].as_str().unwrap_or_default().to_string(),
+                s["review"]["request"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn paths(reviews: &[(String, Value)]) -> BTreeSet<&str> {
+    reviews.iter().map(|(p, _)| p.as_str()).collect()
+}
+
+#[tokio::test]
+async fn custom_resources_and_their_status_go_through_the_matching_webhooks() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    install_crds(&server).await;
+    let cfg = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "gpupool"},
+        "webhooks": [
+            gpupool_hook("leases.gpupool.io", &hook, "/leases", &["gpuleases"]),
+            gpupool_hook("status.gpupool.io", &hook, "/status", &["gpuleases/status"]),
+            gpupool_hook("any-status.gpupool.io", &hook, "/any-status", &["*/status"]),
+            gpupool_hook("everything.gpupool.io", &hook, "/everything", &["*/*"]),
+            gpupool_hook("classes.gpupool.io", &hook, "/classes", &["gpuleaseclasses"]),
+        ],
+    });
+    server
+        .create(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            "",
+            cfg,
+        )
+        .await
+        .expect("validating configuration");
+    // A mutating webhook on /status that tries to add a label: the status
+    // strategy keeps only the status of what it returns.
+    server
+        .create(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingwebhookconfigurations",
+            "",
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "gpupool"},
+                "webhooks": [gpupool_hook("mutate-status.gpupool.io", &hook, "/mutate", &["gpuleases/status"])],
+            }),
+        )
+        .await
+        .expect("mutating configuration");
+    let c = client(&server).await;
+    let leases: Api<DynamicObject> = Api::namespaced_with(
+        c.clone(),
+        "default",
+        &gpupool_resource("GpuLease", "gpuleases"),
+    );
+    let classes: Api<DynamicObject> = Api::all_with(
+        c.clone(),
+        &gpupool_resource("GpuLeaseClass", "gpuleaseclasses"),
+    );
+
+    // CREATE of the main resource: the plain and the */* rules, no status rule.
+    let lease: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+        "metadata": {"name": "p1"},
+        "spec": {"className": "default", "podName": "p1", "podUID": "u1", "role": "primary", "slots": 1},
+    }))
+    .expect("lease");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("lease created");
+    let reviews = take(&hook);
+    assert_eq!(paths(&reviews), BTreeSet::from(["/leases", "/everything"]));
+    for (path, req) in &reviews {
+        assert_eq!(req["operation"], "CREATE", "{path}");
+        assert!(req.get("subResource").is_none(), "{path}: {req}");
+        assert_eq!(
+            req["resource"],
+            json!({"group": "gpupool.io", "version": "v1alpha1", "resource": "gpuleases"})
+        );
+        assert_eq!(
+            req["kind"],
+            json!({"group": "gpupool.io", "version": "v1alpha1", "kind": "GpuLease"})
+        );
+        assert_eq!(req["namespace"], "default");
+        assert_eq!(req["name"], "p1");
+        assert_eq!(req["object"]["spec"]["slots"], 1);
+        assert!(req["oldObject"].is_null());
+    }
+
+    // PATCH of /status: the status rules and */*, with the full object
+    // after the patch and the object before it.
+    let patched = leases
+        .patch_status(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Bound", "node": "node-1", "gpus": [{"index": 0, "uuid": "GPU-0"}]}})),
+        )
+        .await
+        .expect("status patched");
+    let reviews = take(&hook);
+    assert_eq!(
+        paths(&reviews),
+        BTreeSet::from(["/mutate", "/status", "/any-status", "/everything"])
+    );
+    for (path, req) in &reviews {
+        assert_eq!(req["operation"], "UPDATE", "{path}");
+        assert_eq!(req["subResource"], "status", "{path}");
+        assert_eq!(req["requestSubResource"], "status", "{path}");
+        assert_eq!(
+            req["resource"],
+            json!({"group": "gpupool.io", "version": "v1alpha1", "resource": "gpuleases"}),
+            "{path}"
+        );
+        assert_eq!(
+            req["kind"],
+            json!({"group": "gpupool.io", "version": "v1alpha1", "kind": "GpuLease"}),
+            "{path}"
+        );
+        assert_eq!(req["userInfo"]["username"], "admin");
+        assert_eq!(
+            req["object"]["spec"]["podName"], "p1",
+            "{path}: the whole object"
+        );
+        assert_eq!(req["object"]["status"]["node"], "node-1", "{path}");
+        assert_eq!(
+            req["object"]["status"]["gpus"][0]["uuid"], "GPU-0",
+            "{path}"
+        );
+        assert_eq!(req["oldObject"]["spec"]["slots"], 1, "{path}");
+        assert!(req["oldObject"].get("status").is_none(), "{path}");
+    }
+    assert!(
+        !patched.labels().contains_key("mutated"),
+        "a /status webhook cannot change metadata: {:?}",
+        patched.labels()
+    );
+
+    // A status patch that also touches spec: the spec part is dropped
+    // before validation, so validating webhooks see the stored spec.
+    leases
+        .patch_status(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"slots": 2}, "status": {"message": "hi"}})),
+        )
+        .await
+        .expect("status patched");
+    for (path, req) in take(&hook) {
+        assert_eq!(req["object"]["spec"]["slots"], 1, "{path}");
+        assert_eq!(req["object"]["status"]["message"], "hi", "{path}");
+    }
+
+    // UPDATE of the main resource: the plain and */* rules only.
+    leases
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"slots": 3}})),
+        )
+        .await
+        .expect("spec patched");
+    let reviews = take(&hook);
+    assert_eq!(paths(&reviews), BTreeSet::from(["/leases", "/everything"]));
+    for (path, req) in &reviews {
+        assert_eq!(req["operation"], "UPDATE");
+        assert!(req.get("subResource").is_none(), "{path}");
+        assert_eq!(req["oldObject"]["spec"]["slots"], 1, "{path}");
+        assert_eq!(req["object"]["spec"]["slots"], 3, "{path}");
+        assert_eq!(
+            req["object"]["status"]["node"], "node-1",
+            "{path}: status kept"
+        );
+    }
+
+    // A cluster-scoped custom resource: no namespace in the request.
+    let class: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+        "metadata": {"name": "default"},
+        "spec": {"default": true},
+    }))
+    .expect("class");
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("class created");
+    let reviews = take(&hook);
+    assert_eq!(paths(&reviews), BTreeSet::from(["/classes", "/everything"]));
+    for (path, req) in &reviews {
+        assert_eq!(
+            req["resource"],
+            json!({"group": "gpupool.io", "version": "v1alpha1", "resource": "gpuleaseclasses"}),
+            "{path}"
+        );
+        assert_eq!(req["kind"]["kind"], "GpuLeaseClass");
+        assert!(req.get("namespace").is_none(), "{path}: {req}");
+    }
+}
+
+#[tokio::test]
+async fn a_status_webhook_denial_refuses_the_status_write() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    install_crds(&server).await;
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "gpupool",
+        gpupool_hook("status.gpupool.io", &hook, "/deny", &["gpuleases/status"]),
+    )
+    .await;
+    let leases: Api<DynamicObject> = Api::namespaced_with(
+        client(&server).await,
+        "default",
+        &gpupool_resource("GpuLease", "gpuleases"),
+    );
+    let lease: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+        "metadata": {"name": "p1"},
+        "spec": {"className": "default", "podName": "p1", "podUID": "u1", "role": "primary", "slots": 1},
+    }))
+    .expect("lease");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("main resource not hooked");
+    let err = api_err(
+        leases
+            .patch_status(
+                "p1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"sequence": 1}})),
+            )
+            .await
+            .expect_err("status write denied"),
+    );
+    assert_eq!(err.code, 403);
+    assert_eq!(
+        err.message,
+        "admission webhook \"status.gpupool.io\" denied the request: no GPUs for you"
+    );
+    let stored = leases.get("p1").await.expect("lease");
+    assert!(
+        stored
+            .data
+            .get("status")
+            .is_none_or(|s| s.get("sequence").is_none())
+    );
+    // A replace (PUT) of /status goes through the same webhook.
+    let mut body = stored.clone();
+    body.data["status"] = json!({"sequence": 2});
+    let err = api_err(
+        leases
+            .replace_status("p1", &PostParams::default(), &body)
+            .await
+            .expect_err("status replace denied"),
+    );
+    assert_eq!(err.code, 403);
+}
+
+// ---------------------------------------------------------------------------
+// Watching the webhook configurations by name.
+
+/// Watches `K` objects named `gpupool` as the operator does (a kube-rs
+/// watcher with a metadata.name field selector) while another object of
+/// the kind changes beside it; checks which events arrive.
+/// The next watch event summary, or "nothing" after 5 s.
+async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "nothing".into())
+}
+
+async fn watch_by_name<K>(server: &RunningApiServer, plural: &str, kind: &str)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let c = client(server).await;
+    let make = |name: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "webhooks": [],
+        })
+    };
+    let create = |name: &'static str| {
+        let obj = make(name);
+        async move {
+            server
+                .create("admissionregistration.k8s.io", "v1", plural, "", obj)
+                .await
+                .expect("created");
+        }
+    };
+    create("gpupool").await;
+    create("other").await;
+    let api: Api<K> = Api::all(c.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(
+            api,
+            watcher::Config::default().fields("metadata.name=gpupool"),
+        )
+        .boxed();
+        while let Some(ev) = stream.next().await {
+            let summary = match ev {
+                Ok(watcher::Event::Init) => "init".to_string(),
+                Ok(watcher::Event::InitApply(o)) => {
+                    format!("init-apply {}", o.meta().name.clone().unwrap_or_default())
+                }
+                Ok(watcher::Event::InitDone) => "init-done".to_string(),
+                Ok(watcher::Event::Apply(o)) => {
+                    format!("apply {}", o.meta().name.clone().unwrap_or_default())
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    format!("delete {}", o.meta().name.clone().unwrap_or_default())
+                }
+                Err(e) => format!("error {e}"),
+            };
+            if tx.send(summary).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(next(&mut rx).await, "init", "{kind}");
+    assert_eq!(
+        next(&mut rx).await,
+        "init-apply gpupool",
+        "{kind}: only the named object is listed"
+    );
+    assert_eq!(next(&mut rx).await, "init-done", "{kind}");
+
+    let raw: Api<DynamicObject> = Api::all_with(
+        c,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+            plural,
+        ),
+    );
+    let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"changed": v}}}));
+    // Changes to another object are not seen; changes to the named one are.
+    raw.patch("other", &PatchParams::default(), &label("1"))
+        .await
+        .expect("other changed");
+    raw.patch("gpupool", &PatchParams::default(), &label("1"))
+        .await
+        .expect("gpupool changed");
+    assert_eq!(next(&mut rx).await, "apply gpupool", "{kind}");
+    raw.delete("other", &DeleteParams::default())
+        .await
+        .expect("other deleted");
+    raw.delete("gpupool", &DeleteParams::default())
+        .await
+        .expect("gpupool deleted");
+    assert_eq!(
+        next(&mut rx).await,
+        "delete gpupool",
+        "{kind}: DELETED event"
+    );
+    // Restored: seen again.
+    create("gpupool").await;
+    assert_eq!(next(&mut rx).await, "apply gpupool", "{kind}");
+    let quiet = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+    assert!(quiet.is_err(), "{kind}: unexpected event {quiet:?}");
+    task.abort();
+}
+
+#[tokio::test]
+async fn webhook_configurations_are_watched_by_name() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    watch_by_name::<MutatingWebhookConfiguration>(
+        &server,
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+    )
+    .await;
+    watch_by_name::<ValidatingWebhookConfiguration>(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+    )
+    .await;
 }

@@ -579,6 +579,11 @@ fn build_review(
     if !groups.iter().any(|g| g == "system:authenticated") {
         groups.push("system:authenticated".into());
     }
+    let mut user_info =
+        json!({"username": ctx.user.username, "uid": ctx.user.uid, "groups": groups});
+    if !ctx.user.extra.is_empty() {
+        user_info["extra"] = json!(ctx.user.extra);
+    }
     let options_kind = match op {
         Operation::Create => "CreateOptions",
         Operation::Update => "UpdateOptions",
@@ -592,7 +597,7 @@ fn build_review(
         "requestResource": resource,
         "name": name,
         "operation": op.as_str(),
-        "userInfo": {"username": ctx.user.username, "uid": ctx.user.uid, "groups": groups},
+        "userInfo": user_info,
         "object": if op == Operation::Delete { Value::Null } else { obj.clone() },
         "oldObject": old.cloned().unwrap_or(Value::Null),
         "dryRun": ctx.dry_run,

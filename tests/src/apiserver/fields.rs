@@ -256,7 +256,7 @@ fn builtins() -> &'static Builtins {
         use k8s_openapi::api::{
             admissionregistration::v1 as admission, apps::v1 as apps,
             coordination::v1 as coordination, core::v1 as core, events::v1 as events,
-            policy::v1 as policy, rbac::v1 as rbac,
+            networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
         };
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
         let mut generator = SchemaGenerator::default();
@@ -301,6 +301,19 @@ fn builtins() -> &'static Builtins {
             "admissionregistration.k8s.io",
             "validatingwebhookconfigurations",
         );
+        add::<admission::ValidatingAdmissionPolicy>(
+            g,
+            k,
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicies",
+        );
+        add::<admission::ValidatingAdmissionPolicyBinding>(
+            g,
+            k,
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicybindings",
+        );
+        add::<networking::NetworkPolicy>(g, k, "networking.k8s.io", "networkpolicies");
         add::<apps::Deployment>(g, k, "apps", "deployments");
         add::<apps::DaemonSet>(g, k, "apps", "daemonsets");
         add::<apps::StatefulSet>(g, k, "apps", "statefulsets");

@@ -20,6 +20,7 @@ fn gc_user() -> UserInfo {
             "system:serviceaccounts".into(),
             "system:serviceaccounts:kube-system".into(),
         ],
+        extra: Default::default(),
     }
 }
 

@@ -59,7 +59,7 @@ mod tls;
 mod util;
 mod watch;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -87,6 +87,42 @@ pub struct UserInfo {
     pub uid: String,
     /// `groups` (`system:authenticated` is added automatically).
     pub groups: Vec<String>,
+    /// `extra`: what the authenticator adds beyond name and groups (a bound
+    /// service-account token carries `authentication.kubernetes.io/node-name`
+    /// and friends). Sent in every AdmissionReview's `userInfo.extra`,
+    /// left out there when empty, as the real server's JSON omits it.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    /// A user with uid `<username>-uid` and no extra.
+    pub fn new(username: &str, groups: &[&str]) -> Self {
+        UserInfo {
+            username: username.to_string(),
+            uid: format!("{username}-uid"),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one `extra` key with its values (builder style).
+    pub fn with_extra(mut self, key: &str, values: &[&str]) -> Self {
+        self.extra.insert(
+            key.to_string(),
+            values.iter().map(|v| v.to_string()).collect(),
+        );
+        self
+    }
+}
+
+/// User `admin` in `system:masters`, whom [`ADMIN_TOKEN`] authenticates.
+fn admin_user() -> UserInfo {
+    UserInfo {
+        username: "admin".into(),
+        uid: "admin-uid".into(),
+        groups: vec!["system:masters".into()],
+        extra: BTreeMap::new(),
+    }
 }
 
 /// How to start the server.
@@ -112,14 +148,7 @@ pub struct ApiServerConfig {
 impl Default for ApiServerConfig {
     fn default() -> Self {
         let mut tokens = HashMap::new();
-        tokens.insert(
-            ADMIN_TOKEN.to_string(),
-            UserInfo {
-                username: "admin".into(),
-                uid: "admin-uid".into(),
-                groups: vec!["system:masters".into()],
-            },
-        );
+        tokens.insert(ADMIN_TOKEN.to_string(), admin_user());
         ApiServerConfig {
             port: 0,
             tokens,
@@ -132,16 +161,15 @@ impl Default for ApiServerConfig {
 }
 
 impl ApiServerConfig {
-    /// Adds a token for a user (builder style).
-    pub fn with_token(mut self, token: &str, username: &str, groups: &[&str]) -> Self {
-        self.tokens.insert(
-            token.to_string(),
-            UserInfo {
-                username: username.to_string(),
-                uid: format!("{username}-uid"),
-                groups: groups.iter().map(|g| g.to_string()).collect(),
-            },
-        );
+    /// Adds a token for a user with no `extra` (builder style).
+    pub fn with_token(self, token: &str, username: &str, groups: &[&str]) -> Self {
+        self.with_user(token, UserInfo::new(username, groups))
+    }
+
+    /// Adds a token for a user given in full, `extra` included (builder
+    /// style); a token added twice authenticates as the last user given.
+    pub fn with_user(mut self, token: &str, user: UserInfo) -> Self {
+        self.tokens.insert(token.to_string(), user);
         self
     }
 
@@ -362,11 +390,7 @@ impl RunningApiServer {
             .cloned()
             .ok_or_else(|| error::ApiError::not_found(group, plural, ""))?;
         let ctx = objects::WriteCtx {
-            user: UserInfo {
-                username: "admin".into(),
-                uid: "admin-uid".into(),
-                groups: vec!["system:masters".into()],
-            },
+            user: admin_user(),
             dry_run: false,
             validation: objects::FieldValidation::Warn,
             warnings: Default::default(),

@@ -354,6 +354,17 @@ async fn admit(
 ) -> Result<(), ApiError> {
     let sub = if part == Part::Status { "status" } else { "" };
     let mutated = admission::mutate(sh, def, op, sub, obj, old, ctx).await?;
+    if mutated
+        && part == Part::Status
+        && def.custom
+        && let Some(old) = old
+    {
+        // A custom resource's status strategy runs after mutating
+        // admission on the real server and keeps only the status of what
+        // the webhooks returned: a webhook on `/status` cannot change spec
+        // or metadata, and validating webhooks see what will be stored.
+        *obj = merge_update(def, Part::Status, old, obj.clone());
+    }
     validate(def, obj, old, part, mutated)?;
     admission::validate(sh, def, op, sub, obj, old, ctx).await
 }

@@ -163,7 +163,33 @@ pub fn validate_create(pod: &Value) -> Vec<FieldCause> {
             }
         }
     }
+    // The real server's ValidatePodCreate: a node may not be named while
+    // any gate remains, so a gated pod can never bypass whoever holds the
+    // gate (a mutating webhook adding a gate to a pod created with
+    // nodeName makes the create fail here, after mutation).
+    let named = spec
+        .get("nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    if named && !gate_names(spec).is_empty() {
+        causes.push(FieldCause::forbidden(
+            "spec.nodeName",
+            "cannot be set until all schedulingGates have been cleared",
+        ));
+    }
     causes
+}
+
+/// Names of the pod spec's scheduling gates, in order.
+fn gate_names(spec: &Value) -> Vec<String> {
+    spec.get("schedulingGates")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|g| g.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn render(v: Option<&Value>) -> String {
@@ -183,29 +209,17 @@ pub fn validate_update(old: &Value, new: &Value) -> Vec<FieldCause> {
     let mut causes = Vec::new();
     let os = &old["spec"];
     let ns = &new["spec"];
-    let gates = |s: &Value| -> Vec<String> {
-        s.get("schedulingGates")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|g| g.get("name").and_then(Value::as_str).map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let old_gates = gates(os);
-    let new_gates = gates(ns);
-    if new_gates.iter().any(|g| !old_gates.contains(g)) {
-        causes.push(FieldCause::forbidden(
-            "spec.schedulingGates",
-            "only deletion is allowed, but found new scheduling gate '".to_string()
-                + new_gates
-                    .iter()
-                    .find(|g| !old_gates.contains(g))
-                    .map(String::as_str)
-                    .unwrap_or_default()
-                + "'",
-        ));
+    let old_gates = gate_names(os);
+    let new_gates = gate_names(ns);
+    // One error per added gate, at its index, as the real server's
+    // validateOnlyDeletedSchedulingGates reports them.
+    for (i, g) in new_gates.iter().enumerate() {
+        if !old_gates.contains(g) {
+            causes.push(FieldCause::forbidden(
+                format!("spec.schedulingGates[{i}].name"),
+                format!("only deletion is allowed, but found new scheduling gate '{g}'"),
+            ));
+        }
     }
     let was_gated = !old_gates.is_empty();
     if was_gated {
@@ -557,10 +571,38 @@ mod tests {
         assert!(validate_update(&old, &removed).is_empty());
         let added = json!({"spec": {"schedulingGates": [{"name": "a"}, {"name": "b"}], "containers": [{"name": "c"}]}});
         let causes = validate_update(&old, &added);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(
+            causes[0].to_string(),
+            "spec.schedulingGates[1].name: Forbidden: only deletion is allowed, but found new scheduling gate 'b'"
+        );
+    }
+
+    #[test]
+    fn node_name_is_refused_while_gated() {
+        let gated = json!({"spec": {"nodeName": "node-1", "schedulingGates": [{"name": "a"}],
+            "containers": [{"name": "c"}]}});
+        let causes = validate_create(&gated);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(
+            causes[0].to_string(),
+            "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared"
+        );
+        let ungated = json!({"spec": {"nodeName": "node-1", "schedulingGates": [],
+            "containers": [{"name": "c"}]}});
+        assert!(validate_create(&ungated).is_empty());
+        // Setting nodeName on update is a spec change the real server refuses
+        // whether or not the pod is gated.
+        let old =
+            json!({"spec": {"schedulingGates": [{"name": "a"}], "containers": [{"name": "c"}]}});
+        let named = json!({"spec": {"nodeName": "node-1", "schedulingGates": [{"name": "a"}],
+            "containers": [{"name": "c"}]}});
+        let causes = validate_update(&old, &named);
         assert!(
-            causes[0].to_string().contains("only deletion is allowed"),
-            "{}",
-            causes[0]
+            causes.iter().any(|c| c
+                .to_string()
+                .starts_with("spec: Forbidden: pod updates may not change fields")),
+            "{causes:?}"
         );
     }
 

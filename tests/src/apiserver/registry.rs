@@ -325,8 +325,36 @@ const BUILTINS: &[Builtin] = &[
         status: false,
     },
     // Stored objects only: no controller acts on these (no pods are made
-    // for Deployments or DaemonSets); they are served so that Helm charts
+    // for Deployments or DaemonSets, admission policies are not evaluated,
+    // network policies filter nothing); they are served so that Helm charts
     // and manifests holding them install, list, upgrade and uninstall.
+    Builtin {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        kind: "ValidatingAdmissionPolicy",
+        plural: "validatingadmissionpolicies",
+        short: &[],
+        namespaced: false,
+        status: true,
+    },
+    Builtin {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        kind: "ValidatingAdmissionPolicyBinding",
+        plural: "validatingadmissionpolicybindings",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "networking.k8s.io",
+        version: "v1",
+        kind: "NetworkPolicy",
+        plural: "networkpolicies",
+        short: &["netpol"],
+        namespaced: true,
+        status: false,
+    },
     Builtin {
         group: "apps",
         version: "v1",

@@ -22,7 +22,9 @@ use super::kubelet::{KubeletConfig, KubeletError, RunningKubelet};
 use super::processes::{ChildProcess, ProcessError, ProcessSpec, find_binary};
 use super::proxy::ServiceProxy;
 use super::scheduler::RunningScheduler;
-use crate::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer};
+use crate::apiserver::{
+    ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
+};
 
 /// Namespace the operator runs in.
 pub const OPERATOR_NAMESPACE: &str = "gpupool-system";
@@ -30,13 +32,19 @@ pub const OPERATOR_NAMESPACE: &str = "gpupool-system";
 pub const OPERATOR_USER: &str = "system:serviceaccount:gpupool-system:gpupool-operator";
 /// User the device plugins authenticate as.
 pub const DEVICE_PLUGIN_USER: &str = "system:serviceaccount:gpupool-system:gpupool-device-plugin";
+/// The `userInfo.extra` key naming the node a bound service-account token
+/// was issued for (Kubernetes 1.32+ puts it in every projected token of a
+/// pod); each node's device plugin authenticates with it set to its node.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Name of the device-plugin binary.
 pub const DEVICE_PLUGIN_BIN: &str = "gpupool-device-plugin";
 /// Name of the operator binary.
 pub const OPERATOR_BIN: &str = "gpupool-operator";
 
 const OPERATOR_TOKEN: &str = "gpupool-sim-operator-token";
-const DEVICE_PLUGIN_TOKEN: &str = "gpupool-sim-device-plugin-token";
+/// Followed by the node's index: each node's device plugin has its own
+/// token, as each pod's projected token is its own on a real cluster.
+const DEVICE_PLUGIN_TOKEN_PREFIX: &str = "gpupool-sim-device-plugin-token-";
 const SCHEDULER_TOKEN: &str = "gpupool-sim-scheduler-token";
 const KUBELET_TOKEN_PREFIX: &str = "gpupool-sim-kubelet-token-";
 
@@ -77,7 +85,8 @@ pub struct ClusterConfig {
     /// Whether to run the operator.
     pub operator: OperatorMode,
     /// Flags given to the operator after the ones the cluster sets
-    /// (`--webhook-port`, `--metrics-port`, `--webhook-url`,
+    /// (`--webhook-port`, `--metrics-port`, `--webhook-bind-address`,
+    /// `--metrics-bind-address` (both 127.0.0.1), `--webhook-url`,
     /// `--leader-elect`, `--identity`, `--namespace`). Default:
     /// `--resync-seconds 2`.
     pub operator_args: Vec<String>,
@@ -315,16 +324,19 @@ impl SimCluster {
                 "system:serviceaccounts:gpupool-system",
             ],
         )
-        .with_token(
-            DEVICE_PLUGIN_TOKEN,
-            DEVICE_PLUGIN_USER,
-            &[
-                "system:serviceaccounts",
-                "system:serviceaccounts:gpupool-system",
-            ],
-        )
         .with_token(SCHEDULER_TOKEN, "system:kube-scheduler", &[]);
         for i in 1..=config.nodes {
+            api_config = api_config.with_user(
+                &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
+                UserInfo::new(
+                    DEVICE_PLUGIN_USER,
+                    &[
+                        "system:serviceaccounts",
+                        "system:serviceaccounts:gpupool-system",
+                    ],
+                )
+                .with_extra(NODE_NAME_EXTRA, &[&format!("node-{i}")]),
+            );
             api_config = api_config.with_token(
                 &format!("{KUBELET_TOKEN_PREFIX}{i}"),
                 &format!("system:node:node-{i}"),
@@ -338,10 +350,12 @@ impl SimCluster {
             .unwrap_or_else(|| run_dir.join("kubeconfig"));
         apiserver.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
         apiserver.write_kubeconfig(&run_dir.join("operator.kubeconfig"), OPERATOR_TOKEN)?;
-        apiserver.write_kubeconfig(
-            &run_dir.join("device-plugin.kubeconfig"),
-            DEVICE_PLUGIN_TOKEN,
-        )?;
+        for i in 1..=config.nodes {
+            apiserver.write_kubeconfig(
+                &device_plugin_kubeconfig(&run_dir, &format!("node-{i}")),
+                &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
+            )?;
+        }
         let client = apiserver.client().await?;
 
         install_crds_and_namespace(&client).await?;
@@ -574,7 +588,7 @@ impl SimCluster {
             ],
             env: vec![(
                 "KUBECONFIG".into(),
-                self.run_dir.join("device-plugin.kubeconfig").into(),
+                device_plugin_kubeconfig(&self.run_dir, &n.name).into(),
             )],
         };
         let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
@@ -669,6 +683,12 @@ impl SimCluster {
                 webhook_port.to_string().into(),
                 "--metrics-port".into(),
                 metrics_port.to_string().into(),
+                // Loopback only: nothing outside this machine has any
+                // business with a simulated cluster's operator.
+                "--webhook-bind-address".into(),
+                "127.0.0.1".into(),
+                "--metrics-bind-address".into(),
+                "127.0.0.1".into(),
                 "--webhook-url".into(),
                 format!("https://{}", self.webhook_proxy.addr()).into(),
                 "--namespace".into(),
@@ -830,6 +850,11 @@ impl Drop for SimCluster {
 }
 
 /// Leader-election identity of operator replica `i`.
+/// The kubeconfig of `node`'s device plugin in the run directory.
+fn device_plugin_kubeconfig(run_dir: &Path, node: &str) -> PathBuf {
+    run_dir.join(format!("device-plugin-{node}.kubeconfig"))
+}
+
 fn operator_identity(i: usize) -> String {
     format!("operator-{i}")
 }
