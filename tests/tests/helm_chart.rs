@@ -21,8 +21,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpupool_api::GpuLeaseClass;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -201,6 +205,9 @@ struct Manifests {
     crds: Vec<CustomResourceDefinition>,
     classes: Vec<GpuLeaseClass>,
     service_monitors: Vec<ServiceMonitor>,
+    admission_policies: Vec<ValidatingAdmissionPolicy>,
+    admission_policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    network_policies: Vec<NetworkPolicy>,
 }
 
 impl Manifests {
@@ -240,6 +247,15 @@ impl Manifests {
                 ("gpupool.io/v1alpha1", "GpuLeaseClass") => all.classes.push(strictly(&doc, &what)),
                 ("monitoring.coreos.com/v1", "ServiceMonitor") => {
                     all.service_monitors.push(strictly(&doc, &what))
+                }
+                ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+                    all.admission_policies.push(strictly(&doc, &what))
+                }
+                ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+                    all.admission_policy_bindings.push(strictly(&doc, &what))
+                }
+                ("networking.k8s.io/v1", "NetworkPolicy") => {
+                    all.network_policies.push(strictly(&doc, &what))
                 }
                 _ => panic!("{what}: no strict type check for this kind; add one to helm_chart.rs"),
             }
@@ -443,7 +459,12 @@ fn check_common(m: &Manifests, version: &str) {
         }
         let cluster_scoped = matches!(
             kind.as_str(),
-            "ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition" | "GpuLeaseClass"
+            "ClusterRole"
+                | "ClusterRoleBinding"
+                | "CustomResourceDefinition"
+                | "GpuLeaseClass"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         );
         let want_ns = (!cluster_scoped).then_some(NAMESPACE);
         assert_eq!(
@@ -620,16 +641,18 @@ fn check_common(m: &Manifests, version: &str) {
             &["get", "patch", "update"],
             &[],
         ),
+        // list and watch by name: the operator watches its configurations
+        // with fieldSelector metadata.name=gpupool to restore them at once.
         (
             "admissionregistration.k8s.io",
             "mutatingwebhookconfigurations",
-            &["get", "update", "patch"],
+            &["get", "list", "watch", "update", "patch"],
             &webhook_configs,
         ),
         (
             "admissionregistration.k8s.io",
             "validatingwebhookconfigurations",
-            &["get", "update", "patch"],
+            &["get", "list", "watch", "update", "patch"],
             &webhook_configs,
         ),
         (
@@ -694,6 +717,8 @@ fn check_common(m: &Manifests, version: &str) {
         args.contains(&owner.as_str()),
         "operator args {args:?} lack {owner}"
     );
+
+    check_aggregated_roles(m);
 
     // Every binding binds a role the chart renders to a ServiceAccount it renders.
     let accounts: BTreeSet<&str> = m
@@ -835,6 +860,15 @@ fn check_device_plugin(m: &Manifests, version: &str, want_args: &[&str], kubelet
         ("gpupool.io", "gpuleases/status", &["patch"], &[]),
     ]);
     assert_eq!(have, want, "device plugin ClusterRole");
+    let user = format!("system:serviceaccount:{NAMESPACE}:{name}");
+    check_node_restriction(m, name, &user);
+    // The operator lets this user write only GPUs/Bound of its node's leases.
+    let op_args = args_of(&pod_spec_of_deployment(m.operator()).containers[0]);
+    let flag = format!("--device-plugin-user={user}");
+    assert!(
+        op_args.contains(&flag.as_str()),
+        "operator args {op_args:?} lack {flag}"
+    );
 
     let ds_labels = pod_labels(
         ds.spec
@@ -853,6 +887,167 @@ fn check_device_plugin(m: &Manifests, version: &str, want_args: &[&str], kubelet
         selects(&selector, &ds_labels),
         "metrics Service selects the device plugin pods"
     );
+}
+
+/// The two ValidatingAdmissionPolicies holding the device plugin `name`
+/// (ServiceAccount user `user`) to the node its token names, each bound with
+/// Deny.
+fn check_node_restriction(m: &Manifests, name: &str, user: &str) {
+    const NODE_VAR: &str = "request.userInfo.extra['authentication.kubernetes.io/node-name']";
+    let policies: BTreeMap<&str, &ValidatingAdmissionPolicy> = m
+        .admission_policies
+        .iter()
+        .map(|p| (p.metadata.name.as_deref().unwrap_or_default(), p))
+        .collect();
+    let nodes_name = format!("{name}-nodes");
+    let leases_name = format!("{name}-leases");
+    assert_eq!(
+        policies.keys().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from([nodes_name.as_str(), leases_name.as_str()]),
+        "node-restriction policies"
+    );
+    let bindings: BTreeMap<&str, &ValidatingAdmissionPolicyBinding> = m
+        .admission_policy_bindings
+        .iter()
+        .map(|b| (b.metadata.name.as_deref().unwrap_or_default(), b))
+        .collect();
+    for (policy_name, resource, group, checks) in [
+        (
+            nodes_name.as_str(),
+            "nodes",
+            "",
+            &["object.metadata.name == variables.nodeName"][..],
+        ),
+        (
+            leases_name.as_str(),
+            "gpuleases/status",
+            "gpupool.io",
+            &[
+                "oldObject.status.node == variables.nodeName",
+                "object.status.node == variables.nodeName",
+            ][..],
+        ),
+    ] {
+        let spec = policies[policy_name].spec.as_ref().expect("policy spec");
+        assert_eq!(
+            spec.failure_policy.as_deref(),
+            Some("Fail"),
+            "{policy_name}"
+        );
+        let rules = spec
+            .match_constraints
+            .as_ref()
+            .and_then(|c| c.resource_rules.clone())
+            .unwrap_or_default();
+        assert_eq!(rules.len(), 1, "{policy_name}: one resource rule");
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&[resource.to_owned()][..])
+        );
+        assert_eq!(
+            rules[0].api_groups.as_deref(),
+            Some(&[group.to_owned()][..])
+        );
+        assert_eq!(
+            rules[0].operations.as_deref(),
+            Some(&["UPDATE".to_owned()][..]),
+            "{policy_name}: PATCH is admitted as UPDATE"
+        );
+        // Only requests by the device plugin's ServiceAccount are judged.
+        let conditions = spec.match_conditions.clone().unwrap_or_default();
+        assert_eq!(conditions.len(), 1, "{policy_name}");
+        assert_eq!(
+            conditions[0].expression,
+            format!("request.userInfo.username == '{user}'"),
+            "{policy_name}"
+        );
+        let variables = spec.variables.clone().unwrap_or_default();
+        assert_eq!(variables.len(), 1, "{policy_name}");
+        assert_eq!(variables[0].name, "nodeName");
+        assert!(
+            variables[0].expression.contains(NODE_VAR),
+            "{policy_name}: nodeName from the token's extra: {}",
+            variables[0].expression
+        );
+        let validations = spec.validations.clone().unwrap_or_default();
+        // A token that names no node is denied outright.
+        assert_eq!(
+            validations[0].expression, "variables.nodeName != ''",
+            "{policy_name}"
+        );
+        assert!(
+            validations[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("devicePlugin.nodeRestriction.enabled=false")),
+            "{policy_name}: the denial names the value that turns it off"
+        );
+        for check in checks {
+            assert!(
+                validations[1].expression.contains(check),
+                "{policy_name}: {:?} lacks {check}",
+                validations[1].expression
+            );
+        }
+        for v in &validations {
+            assert_eq!(v.reason.as_deref(), Some("Forbidden"), "{policy_name}");
+        }
+        let binding = bindings
+            .get(policy_name)
+            .map(|b| &b.spec)
+            .unwrap_or_else(|| panic!("no binding for {policy_name}"));
+        assert_eq!(binding.policy_name, policy_name);
+        assert_eq!(binding.validation_actions, ["Deny"], "{policy_name}");
+    }
+    assert_eq!(bindings.len(), 2, "one binding per policy");
+}
+
+/// The ClusterRoles the built-in view/edit/admin roles aggregate: read-only
+/// access to leases and classes.
+fn check_aggregated_roles(m: &Manifests) {
+    let read = expected_grants(&[
+        ("gpupool.io", "gpuleases", &["get", "list", "watch"], &[]),
+        (
+            "gpupool.io",
+            "gpuleaseclasses",
+            &["get", "list", "watch"],
+            &[],
+        ),
+    ]);
+    let aggregated: BTreeMap<&str, BTreeSet<&str>> = m
+        .cluster_roles
+        .iter()
+        .filter_map(|r| {
+            let labels: BTreeSet<&str> = r
+                .metadata
+                .labels
+                .iter()
+                .flatten()
+                .filter(|(k, v)| {
+                    k.starts_with("rbac.authorization.k8s.io/aggregate-to-") && v.as_str() == "true"
+                })
+                .map(|(k, _)| k.trim_start_matches("rbac.authorization.k8s.io/aggregate-to-"))
+                .collect();
+            (!labels.is_empty()).then(|| (r.metadata.name.as_deref().unwrap_or_default(), labels))
+        })
+        .collect();
+    assert_eq!(
+        aggregated,
+        BTreeMap::from([
+            ("gpupool-edit", BTreeSet::from(["admin", "edit"])),
+            ("gpupool-view", BTreeSet::from(["view"])),
+        ]),
+        "aggregated ClusterRoles and the roles they join"
+    );
+    for name in aggregated.keys() {
+        let role = m.cluster_role(name);
+        assert_eq!(
+            grants(role.rules.as_deref().unwrap_or_default()),
+            read,
+            "{name}: read-only on leases and classes"
+        );
+        assert!(role.aggregation_rule.is_none());
+    }
 }
 
 fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
@@ -929,7 +1124,7 @@ fn default_values_render_strictly_typed_manifests() {
     assert_eq!(
         m.kinds(),
         BTreeMap::from([
-            ("ClusterRole", 2),
+            ("ClusterRole", 4),
             ("ClusterRoleBinding", 2),
             ("CustomResourceDefinition", 2),
             ("DaemonSet", 1),
@@ -940,6 +1135,8 @@ fn default_values_render_strictly_typed_manifests() {
             ("RoleBinding", 1),
             ("Service", 2),
             ("ServiceAccount", 2),
+            ("ValidatingAdmissionPolicy", 2),
+            ("ValidatingAdmissionPolicyBinding", 2),
         ])
     );
     check_common(&m, version);
@@ -1081,8 +1278,136 @@ fn optional_objects_follow_their_switches() {
     assert!(m.classes.is_empty(), "no default class");
     assert!(m.daemon_sets.is_empty(), "no device plugin");
     assert!(m.pdbs.is_empty(), "no PodDisruptionBudget");
-    assert_eq!(m.cluster_roles.len(), 1, "only the operator's ClusterRole");
+    assert_eq!(
+        m.cluster_roles.len(),
+        3,
+        "the operator's ClusterRole and the two aggregated ones"
+    );
+    assert!(m.admission_policies.is_empty() && m.admission_policy_bindings.is_empty());
     assert_eq!(m.deployments.len(), 1, "the operator stays");
+    let op_args = args_of(&pod_spec_of_deployment(m.operator()).containers[0]);
+    assert!(
+        !op_args
+            .iter()
+            .any(|a| a.starts_with("--device-plugin-user")),
+        "no device plugin, no device plugin user: {op_args:?}"
+    );
+
+    // Node restriction off (clusters whose tokens lack the node name): the
+    // plugin runs with its RBAC only.
+    let m = render(
+        &helm,
+        &["--set", "devicePlugin.nodeRestriction.enabled=false"],
+    );
+    assert_eq!(m.daemon_sets.len(), 1);
+    assert!(m.admission_policies.is_empty() && m.admission_policy_bindings.is_empty());
+}
+
+#[test]
+fn network_policy_admits_only_the_configured_sources() {
+    let Some(helm) = helm() else { return };
+    assert!(
+        render(&helm, &[]).network_policies.is_empty(),
+        "no NetworkPolicy by default"
+    );
+    let m = render(
+        &helm,
+        &[
+            "--set",
+            "operator.networkPolicy.enabled=true",
+            "--set",
+            "operator.networkPolicy.webhook.apiServerCIDRs={10.0.0.0/28,fd00::/64}",
+            "--set",
+            "operator.networkPolicy.webhook.from[0].namespaceSelector.matchLabels.role=control-plane",
+            "--set",
+            "operator.networkPolicy.metrics.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+        ],
+    );
+    assert_eq!(m.network_policies.len(), 1);
+    let np = &m.network_policies[0];
+    assert_eq!(np.metadata.name.as_deref(), Some("gpupool-operator"));
+    assert_eq!(np.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let spec = np.spec.as_ref().expect("spec");
+    let op_labels = pod_labels(
+        m.operator()
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.as_ref()),
+    );
+    assert!(
+        selects(
+            spec.pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .expect("podSelector"),
+            &op_labels
+        ),
+        "the policy selects the operator pods"
+    );
+    assert_eq!(
+        spec.policy_types.as_deref(),
+        Some(&["Ingress".to_owned()][..])
+    );
+    let rules = spec.ingress.as_deref().unwrap_or_default();
+    assert_eq!(rules.len(), 2, "webhook and metrics rules");
+    let ports = |i: usize| -> Vec<i32> {
+        rules[i]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| match p.port {
+                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n)) => n,
+                ref other => panic!("numeric port expected, got {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ports(0), [9443], "webhook port");
+    assert_eq!(ports(1), [8080], "metrics port");
+    let peers = |i: usize| serde_json::to_value(&rules[i].from).expect("peers");
+    assert_eq!(
+        peers(0),
+        serde_json::json!([
+            {"ipBlock": {"cidr": "10.0.0.0/28"}},
+            {"ipBlock": {"cidr": "fd00::/64"}},
+            {"namespaceSelector": {"matchLabels": {"role": "control-plane"}}},
+        ]),
+        "the webhook admits the API server only"
+    );
+    assert_eq!(
+        peers(1),
+        serde_json::json!([
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        ])
+    );
+
+    // Without metrics sources, the metrics port gets no rule (closed to pods).
+    let m = render(
+        &helm,
+        &[
+            "--set",
+            "operator.networkPolicy.enabled=true",
+            "--set",
+            "operator.networkPolicy.webhook.apiServerCIDRs={192.168.0.10/32}",
+            "--set",
+            "operator.webhookPort=10250",
+        ],
+    );
+    let rules = m.network_policies[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .unwrap_or_default();
+    assert_eq!(rules.len(), 1, "the webhook rule only");
+    assert_eq!(
+        serde_json::to_value(&rules[0]).expect("rule"),
+        serde_json::json!({
+            "from": [{"ipBlock": {"cidr": "192.168.0.10/32"}}],
+            "ports": [{"port": 10250, "protocol": "TCP"}],
+        }),
+        "follows operator.webhookPort"
+    );
 }
 
 #[test]
@@ -1120,6 +1445,41 @@ fn wrong_value_types_fail_through_the_schema() {
         (
             &["--set", "defaultClass.spec.admission.ordering=LIFO"],
             &["/defaultClass/spec/admission/ordering"],
+        ),
+        (
+            &["--set", "operator.networkPolicy.enabled=yes"],
+            &["/operator/networkPolicy/enabled", "want boolean"],
+        ),
+        (
+            &[
+                "--set",
+                "operator.networkPolicy.webhook.apiServerCIDRs=10.0.0.1/32",
+            ],
+            &[
+                "/operator/networkPolicy/webhook/apiServerCIDRs",
+                "want array",
+            ],
+        ),
+        (
+            &[
+                "--set",
+                "operator.networkPolicy.webhook.apiServerCIDRs={apiserver}",
+            ],
+            &[
+                "/operator/networkPolicy/webhook/apiServerCIDRs/0",
+                "does not match pattern",
+            ],
+        ),
+        (
+            &["--set", "operator.networkPolicy.metrics.from[0].pods=all"],
+            &[
+                "/operator/networkPolicy/metrics/from/0",
+                "'pods' not allowed",
+            ],
+        ),
+        (
+            &["--set", "devicePlugin.nodeRestriction.enabled=1"],
+            &["/devicePlugin/nodeRestriction/enabled", "want boolean"],
         ),
     ];
     for (args, wants) in cases {
@@ -1161,6 +1521,10 @@ fn contradictory_values_fail_with_a_message_naming_them() {
         (
             &["--set", "operator.metricsPort=9443"],
             "operator.webhookPort and operator.metricsPort are both 9443",
+        ),
+        (
+            &["--set", "operator.networkPolicy.enabled=true"],
+            "operator.networkPolicy.enabled is true but neither operator.networkPolicy.webhook.apiServerCIDRs nor operator.networkPolicy.webhook.from is set",
         ),
         (
             &["--set", "devicePlugin.resourceName=example.com/gpu"],
@@ -1456,11 +1820,41 @@ fn flags_name_the_objects_of_any_release() {
         service.metadata.name.as_deref().expect("named")
     );
     let gate_owner = format!("--gate-owner=system:serviceaccount:ml-infra:{account}");
+    let plugin_user = "system:serviceaccount:ml-infra:team-a-gpupool-device-plugin";
+    let device_plugin_user = format!("--device-plugin-user={plugin_user}");
     for want in [
         webhook_service.as_str(),
         gate_owner.as_str(),
+        device_plugin_user.as_str(),
         "--namespace=ml-infra",
     ] {
         assert!(args.contains(&want), "operator args {args:?} lack {want}");
     }
+    assert_eq!(
+        pod_spec_of_daemon_set(m.device_plugin())
+            .service_account_name
+            .as_deref(),
+        Some("team-a-gpupool-device-plugin")
+    );
+    for policy in &m.admission_policies {
+        let conditions = policy
+            .spec
+            .as_ref()
+            .and_then(|s| s.match_conditions.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            conditions[0].expression,
+            format!("request.userInfo.username == '{plugin_user}'"),
+            "the policies judge this release's device plugin"
+        );
+    }
+    let roles: BTreeSet<&str> = m
+        .cluster_roles
+        .iter()
+        .filter_map(|r| r.metadata.name.as_deref())
+        .collect();
+    assert!(
+        roles.contains("team-a-gpupool-view") && roles.contains("team-a-gpupool-edit"),
+        "{roles:?}"
+    );
 }

@@ -81,6 +81,17 @@ fn storage(kind: &str) -> (&'static str, &'static str, bool) {
         "Role" => ("rbac.authorization.k8s.io", "roles", true),
         "RoleBinding" => ("rbac.authorization.k8s.io", "rolebindings", true),
         "GpuLeaseClass" => ("gpupool.io", "gpuleaseclasses", false),
+        "ValidatingAdmissionPolicy" => (
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicies",
+            false,
+        ),
+        "ValidatingAdmissionPolicyBinding" => (
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicybindings",
+            false,
+        ),
+        "NetworkPolicy" => ("networking.k8s.io", "networkpolicies", true),
         other => panic!("the chart renders {other}; add where it is stored"),
     }
 }
@@ -179,6 +190,8 @@ async fn helm_installs_lists_upgrades_and_uninstalls_the_chart() {
         "RoleBinding",
         "PodDisruptionBudget",
         "GpuLeaseClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(
             objects.iter().any(|(k, _)| k == kind),
