@@ -312,6 +312,99 @@ async fn allocate_sets_env_and_device_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sending_the_socket_path_as_authority_is_served() {
+    use common::raw_h2::{RawClient, decode, encode};
+    let kubelet = TestKubelet::start().await;
+    let config = kubelet.path().join("gpus.yaml");
+    write_config(&config, &[(0, "GPU-a", true), (1, "GPU-b", true)]);
+    let _plugin = Plugin::start(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-config",
+            config.to_str().unwrap(),
+        ],
+    );
+    kubelet.wait_devices("two slots", |d| d.len() == 2).await;
+    let socket = kubelet.plugin_socket();
+    let path = socket.to_str().unwrap().to_owned();
+    // What gRPC's C core sends for unix:<path> (the path, or since 1.57 its
+    // percent-encoding), and what older Go clients sent.
+    let authorities = [path.clone(), path.replace('/', "%2F")];
+    tokio::task::spawn_blocking(move || {
+        for authority in authorities {
+            let mut client = RawClient::connect(&socket, &authority);
+            let list = client.call(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+                &encode(&dp::Empty {}),
+                true,
+            );
+            assert_eq!(list.reset, None, "{authority}: {list:?}");
+            let list: dp::ListAndWatchResponse = decode(&list);
+            assert_eq!(ids(&list.devices), vec!["GPU-a-s0", "GPU-b-s0"]);
+
+            // Later calls reference the authority through the dynamic table.
+            for _ in 0..2 {
+                let allocated = client.call(
+                    "/v1beta1.DevicePlugin/Allocate",
+                    &encode(&allocate_request(&[&["GPU-b-s0"]])),
+                    false,
+                );
+                assert_eq!(
+                    allocated.grpc_status.as_deref(),
+                    Some("0"),
+                    "{authority}: {allocated:?}"
+                );
+                let allocated: dp::AllocateResponse = decode(&allocated);
+                assert_eq!(
+                    allocated.container_responses[0].envs["GPUPOOL_GPU_UUIDS"],
+                    "GPU-b"
+                );
+            }
+
+            let preferred = client.call(
+                "/v1beta1.DevicePlugin/GetPreferredAllocation",
+                &encode(&dp::PreferredAllocationRequest {
+                    container_requests: vec![dp::ContainerPreferredAllocationRequest {
+                        available_device_i_ds: vec!["GPU-a-s0".into(), "GPU-b-s0".into()],
+                        must_include_device_i_ds: vec![],
+                        allocation_size: 1,
+                    }],
+                }),
+                false,
+            );
+            assert_eq!(
+                preferred.grpc_status.as_deref(),
+                Some("0"),
+                "{authority}: {preferred:?}"
+            );
+            let preferred: dp::PreferredAllocationResponse = decode(&preferred);
+            assert_eq!(
+                preferred.container_responses[0].device_i_ds,
+                vec!["GPU-a-s0"]
+            );
+
+            // Errors still come back as gRPC statuses, not resets.
+            let refused = client.call(
+                "/v1beta1.DevicePlugin/Allocate",
+                &encode(&allocate_request(&[&["GPU-zzz-s0"]])),
+                false,
+            );
+            assert_eq!(refused.grpc_status.as_deref(), Some("3"), "{refused:?}");
+            assert!(
+                refused
+                    .grpc_message
+                    .unwrap_or_default()
+                    .contains("GPU-zzz-s0")
+            );
+        }
+    })
+    .await
+    .expect("raw client");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numa_topology_is_advertised() {
     let kubelet = TestKubelet::start().await;
     let config = kubelet.path().join("gpus.yaml");

@@ -430,7 +430,10 @@ mod tests {
         let first = spawn_monitor(
             move || Ok(Box::new(script) as Box<dyn Discovery>),
             DeviceFilter::parse("0,1").expect("valid"),
-            move |gpus| tx.send(gpus.to_vec()).is_ok() && false,
+            move |gpus| {
+                let _ = tx.send(gpus.to_vec());
+                false
+            },
         )
         .expect("first poll");
         assert_eq!(first.len(), 2);

@@ -1,4 +1,11 @@
 //! gRPC over unix sockets: how the plugin and the kubelet reach each other.
+//!
+//! Servers accept any HTTP/2 `:authority` (clients on gRPC's C core send the
+//! socket path, which the HTTP/2 layer would otherwise reset; see
+//! [`authority`]); clients send `localhost`, which every server accepts.
+
+pub mod authority;
+pub mod hpack;
 
 use std::future::Future;
 use std::io;
@@ -6,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -41,7 +49,14 @@ pub enum TransportError {
     },
 }
 
-/// Connects a gRPC channel to the unix socket at `path`.
+/// The URI of every client channel. Only its authority is used: it is the
+/// HTTP/2 `:authority` of each call, and `localhost` is what the kubelet
+/// (1.26 and later) sends over unix sockets and what every server accepts.
+/// The connector ignores it and dials the socket.
+pub const CLIENT_URI: &str = "http://localhost";
+
+/// Connects a gRPC channel to the unix socket at `path`; calls carry
+/// `:authority: localhost`.
 ///
 /// The connection is made before this returns, so a missing or dead socket is
 /// an error here rather than on the first call. The channel reconnects to the
@@ -49,8 +64,7 @@ pub enum TransportError {
 pub async fn connect_unix(path: impl AsRef<Path>) -> Result<Channel, TransportError> {
     let path = path.as_ref().to_path_buf();
     let dial_path = path.clone();
-    // The URI is required by tonic but never used: the connector ignores it.
-    Endpoint::from_static("http://[::1]:50051")
+    Endpoint::from_static(CLIENT_URI)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let dial_path = dial_path.clone();
             async move { UnixStream::connect(dial_path).await.map(TokioIo::new) }
@@ -110,7 +124,8 @@ where
 }
 
 /// Serves `router` on an already bound socket (see [`bind_unix`]) until
-/// `shutdown` completes; `path` only names the socket in errors.
+/// `shutdown` completes; `path` only names the socket in errors. Every
+/// connection accepts any `:authority` ([`authority::AnyAuthority`]).
 pub async fn serve_incoming<F>(
     router: Router,
     path: &Path,
@@ -120,6 +135,7 @@ pub async fn serve_incoming<F>(
 where
     F: Future<Output = ()> + Send,
 {
+    let incoming = incoming.map(|conn| conn.map(authority::AnyAuthority::new));
     router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
