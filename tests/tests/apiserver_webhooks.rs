@@ -3,15 +3,9 @@
 //! failurePolicy, service references, selectors and CA verification.
 
 use std::collections::BTreeSet;
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -24,169 +18,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+mod webhook_support;
+
+use webhook_support::{Hook, start_hook};
+
 use gpupool_tests::apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo,
 };
 use gpupool_tests::cluster::sim::NODE_NAME_EXTRA;
-
-/// A small HTTPS webhook server that records the reviews it receives.
-struct Hook {
-    addr: SocketAddr,
-    ca_b64: String,
-    seen: Arc<Mutex<Vec<Value>>>,
-    /// TCP connections accepted.
-    connections: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-fn b64(data: &[u8]) -> String {
-    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(T[(n >> 18) as usize & 63] as char);
-        out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            T[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            T[n as usize & 63] as char
-        } else {
-            '='
-        });
-    }
-    out
-}
-
-fn answer(path: &str, review: &Value) -> Value {
-    let uid = review["request"]["uid"].clone();
-    let response = match path {
-        "/mutate" => {
-            let patch =
-                json!([{"op": "add", "path": "/metadata/labels", "value": {"mutated": "yes"}}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
-        }
-        "/deny" => {
-            json!({"uid": uid, "allowed": false, "status": {"code": 403, "message": "no GPUs for you"}})
-        }
-        "/deny400" => {
-            json!({"uid": uid, "allowed": false, "status": {"code": 400, "message": "bad slot count"}})
-        }
-        "/wrong-uid" => json!({"uid": "nope", "allowed": true}),
-        // Gates every pod, as the operator's pod webhook does.
-        "/gate" => {
-            let patch = json!([{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpupool.io/admission"}]}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
-        }
-        // Adds a field ConfigMaps do not declare.
-        "/unknown" => {
-            let patch = json!([{"op": "add", "path": "/colour", "value": "red"}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
-        }
-        // Records what it saw of the label `/second` sets.
-        "/first" => {
-            let mut labels = review["request"]["object"]["metadata"]["labels"].clone();
-            let saw = labels["second"].as_str().unwrap_or("absent").to_string();
-            labels["first"] = json!(saw);
-            let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
-        }
-        // Counts its own calls in a label, so every call changes the object.
-        "/second" => {
-            let mut labels = review["request"]["object"]["metadata"]["labels"].clone();
-            let n = labels["second"]
-                .as_str()
-                .and_then(|v| v.parse::<u32>().ok())
-                .unwrap_or(0);
-            labels["second"] = json!((n + 1).to_string());
-            let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
-        }
-        _ => json!({"uid": uid, "allowed": true}),
-    };
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
-}
-
-async fn start_hook() -> Hook {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let params = rcgen::CertificateParams::new(vec![
-        "127.0.0.1".to_string(),
-        "hook.gpupool-system.svc".to_string(),
-    ])
-    .expect("params");
-    let cert = params.self_signed(&key).expect("cert");
-    let ca_b64 = b64(cert.pem().as_bytes());
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .expect("tls config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let seen2 = seen.clone();
-    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let accepted = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let acceptor = acceptor.clone();
-            let seen = seen2.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let seen = seen.clone();
-                        async move {
-                            let path = req.uri().path().to_string();
-                            let body = req.into_body().collect().await.expect("body").to_bytes();
-                            let review: Value = serde_json::from_slice(&body).expect("review json");
-                            seen.lock()
-                                .expect("lock")
-                                .push(json!({"path": path, "review": review}));
-                            if path == "/slow" {
-                                tokio::time::sleep(Duration::from_secs(3)).await;
-                            }
-                            let out = answer(&path, &review);
-                            let mut resp =
-                                http::Response::new(Full::new(Bytes::from(out.to_string())));
-                            if path == "/close" {
-                                resp.headers_mut()
-                                    .insert("connection", http::HeaderValue::from_static("close"));
-                            }
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    Hook {
-        addr,
-        ca_b64,
-        seen,
-        connections,
-    }
-}
 
 async fn client(server: &RunningApiServer) -> Client {
     let mut cfg = server.kube_config(ADMIN_TOKEN).await.expect("config");

@@ -4,6 +4,8 @@
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins`.
 
+mod webhook_support;
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -291,6 +293,77 @@ async fn health_kubelet_restart_and_pod_resources() {
             .iter()
             .find(|g| g.index == gpus[0].index)
             .map(|g| &g.uuid)
+    );
+    c.shutdown().await.expect("clean shutdown");
+}
+
+/// Each node's device plugin authenticates with its own token, whose user
+/// carries the node's name in `extra` as a bound service-account token does;
+/// webhooks (and admission policies) see it in `userInfo.extra`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_device_plugin_speaks_as_its_own_node() {
+    use gpupool_tests::cluster::sim::{DEVICE_PLUGIN_USER, NODE_NAME_EXTRA};
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let c = cluster(2, 1, 1).await;
+    let hook = webhook_support::start_hook().await;
+    let server = c.api_server().expect("API server");
+    server
+        .create(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            "",
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "record-nodes"},
+                "webhooks": [{
+                    "name": "nodes.record.test",
+                    "clientConfig": {"url": format!("https://127.0.0.1:{}/allow", hook.addr.port()), "caBundle": hook.ca_b64},
+                    "rules": [{"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["nodes"]}],
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                }],
+            }),
+        )
+        .await
+        .expect("webhook registered");
+    for node in ["node-1", "node-2"] {
+        // The kubeconfig the simulator hands that node's plugin.
+        let path = c.run_dir().join(format!("device-plugin-{node}.kubeconfig"));
+        let kc = kube::config::Kubeconfig::read_from(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("kubeconfig loads");
+        let nodes: Api<Node> = Api::all(Client::try_from(cfg).expect("client"));
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"touched-by-plugin": "yes"}}})),
+            )
+            .await
+            .expect("the plugin's credentials may patch its node");
+        let seen = std::mem::take(&mut *hook.seen.lock().expect("lock"));
+        let user = seen
+            .iter()
+            .map(|s| &s["review"]["request"])
+            .find(|r| r["name"] == node)
+            .map(|r| r["userInfo"].clone())
+            .unwrap_or_else(|| panic!("no review of the patch of {node}: {seen:?}"));
+        assert_eq!(user["username"], DEVICE_PLUGIN_USER, "{node}");
+        assert_eq!(
+            user["extra"],
+            json!({NODE_NAME_EXTRA: [node]}),
+            "{node}: the token names its node"
+        );
+    }
+    assert!(
+        !c.run_dir().join("device-plugin.kubeconfig").exists(),
+        "no shared device plugin kubeconfig"
     );
     c.shutdown().await.expect("clean shutdown");
 }
