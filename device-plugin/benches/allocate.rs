@@ -1,6 +1,11 @@
 //! Allocate latency over the unix socket (10,000 calls: p50/p99) against the
-//! real release binary with 8 static GPUs, its idle RSS, and a criterion
-//! measurement of one Allocate round trip.
+//! real release binary with 8 static GPUs, its idle RSS (with the largest
+//! mappings, from `/proc/<pid>/smaps`), and a criterion measurement of one
+//! Allocate round trip.
+//!
+//! `GPUPOOL_BENCH_DISCOVERY=nvml` runs it on the node's real GPUs instead, so
+//! the RSS breakdown shows what the NVIDIA library maps
+//! (`libnvidia-ml.so.*`) apart from the plugin's own heap.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -37,6 +42,41 @@ fn vm_rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS")
 }
 
+/// Resident KiB (total, anonymous) per mapping name from `/proc/<pid>/smaps`,
+/// largest first: a file's path, `[heap]`, `[stack]`, or `[anonymous]`.
+fn rss_by_mapping(pid: u32) -> Vec<(String, u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("proc smaps");
+    let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut current = String::new();
+    let kib = |line: &str| -> u64 {
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping header: address perms offset dev inode [name].
+            current = line
+                .split_whitespace()
+                .nth(5)
+                .unwrap_or("[anonymous]")
+                .to_owned();
+        } else if first == "Rss:" {
+            totals.entry(current.clone()).or_default().0 += kib(line);
+        } else if first == "Anonymous:" {
+            totals.entry(current.clone()).or_default().1 += kib(line);
+        }
+    }
+    let mut list: Vec<(String, u64, u64)> = totals
+        .into_iter()
+        .map(|(name, (rss, anon))| (name, rss, anon))
+        .collect();
+    list.sort_by_key(|entry| std::cmp::Reverse(entry.1));
+    list
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((sorted.len() as f64) * p).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
@@ -50,13 +90,20 @@ fn main() {
         .enable_all()
         .build()
         .expect("kubelet runtime");
+    let nvml = std::env::var("GPUPOOL_BENCH_DISCOVERY").as_deref() == Ok("nvml");
     let (kubelet, plugin, ids) = kubelet_runtime.block_on(async {
         let kubelet = TestKubelet::start().await;
-        let plugin = Plugin::start(
-            kubelet.path(),
-            &["--discovery", "static", "--static-gpus", "8"],
-        );
-        let devices = kubelet.wait_devices("8 devices", |d| d.len() == 8).await;
+        let args: &[&str] = if nvml {
+            &["--discovery", "nvml"]
+        } else {
+            &["--discovery", "static", "--static-gpus", "8"]
+        };
+        let plugin = Plugin::start(kubelet.path(), args);
+        let devices = kubelet
+            .wait_devices("the devices", |d| {
+                if nvml { !d.is_empty() } else { d.len() == 8 }
+            })
+            .await;
         let ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
         (kubelet, plugin, ids)
     });
@@ -65,11 +112,17 @@ fn main() {
     std::thread::sleep(Duration::from_secs(3));
     let idle_rss = vm_rss_kib(plugin.pid());
     println!(
-        "idle RSS with 8 GPUs: {idle_rss} KiB ({:.2} MiB): {} KiB anonymous, {} KiB file-backed (code)",
+        "idle RSS with {} GPUs ({}): {idle_rss} KiB ({:.2} MiB): {} KiB anonymous, {} KiB file-backed (code)",
+        ids.len(),
+        if nvml { "nvml" } else { "static" },
         idle_rss as f64 / 1024.0,
         status_kib(plugin.pid(), "RssAnon"),
         status_kib(plugin.pid(), "RssFile"),
     );
+    println!("largest mappings (RSS KiB, of which anonymous):");
+    for (name, rss, anon) in rss_by_mapping(plugin.pid()).iter().take(8) {
+        println!("  {rss:>7} {anon:>7}  {name}");
+    }
 
     // The client drives its connection on the calling thread, so a call's
     // latency is the plugin's answer plus the socket round trip, not thread
