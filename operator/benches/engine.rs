@@ -109,6 +109,7 @@ fn cluster() -> Snapshot {
                     admitted_at: Some(Time(at(seq as i64))),
                     ..GpuLeaseStatus::default()
                 }),
+                missing: false,
             });
         }
     }
@@ -136,6 +137,7 @@ fn cluster() -> Snapshot {
                 sequence: Some(seq),
                 ..GpuLeaseStatus::default()
             }),
+            missing: false,
         });
     }
     let mut s = Snapshot {
@@ -143,6 +145,7 @@ fn cluster() -> Snapshot {
         classes: vec![ClassInfo {
             name: "default".into(),
             generation: Some(1),
+            created_at: None,
             spec: GpuLeaseClassSpec {
                 default: true,
                 ..GpuLeaseClassSpec::default()

@@ -86,6 +86,7 @@ fn class_info(name: &str, cfg: &ClassCfg, narrow: bool) -> ClassInfo {
     ClassInfo {
         name: name.into(),
         generation: Some(1),
+        created_at: None,
         spec,
         status: None,
     }
@@ -493,6 +494,7 @@ impl World {
                     key: n.key.clone(),
                     spec: n.spec.clone(),
                     status: None,
+                    missing: false,
                 });
             }
             Step::CreateStatus(i) => {
@@ -664,6 +666,45 @@ impl World {
             ) {
                 prop_assert_eq!(new, old, "sequence of {} changed", l.key);
             }
+        }
+        // Across classes: a helper is never admitted to a node that a waiting
+        // primary of another class could use (DESIGN §5.4).
+        for a in plan.admissions.iter().filter(|a| a.role == Role::Helper) {
+            let helper_class = self
+                .s
+                .leases
+                .iter()
+                .find(|l| l.key == a.key)
+                .map(|l| l.spec.class_name.as_str());
+            let fits = |class: &str, slots: u32| {
+                let narrow = class == "narrow";
+                self.s.nodes.iter().any(|n| {
+                    n.name == a.node
+                        && (!narrow || n.labels.get("pool").is_some_and(|v| v == "x"))
+                        && n.allocatable.get(RES).copied().unwrap_or(0) >= slots
+                })
+            };
+            let blocking =
+                self.s.leases.iter().find(|l| {
+                    let Some(st) = self.lease_status(plan, &l.key) else {
+                        return false;
+                    };
+                    l.spec.role == Role::Primary
+                        && Some(l.spec.class_name.as_str()) != helper_class
+                        && self.s.classes.iter().any(|c| c.name == l.spec.class_name)
+                        && st.phase == LeasePhase::Queued
+                        && fits(&l.spec.class_name, l.spec.slots)
+                        && self.s.pods.iter().any(|p| {
+                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
+                        })
+                });
+            prop_assert!(
+                blocking.is_none(),
+                "helper {} admitted to {} while primary {:?} of another class waits and could use it",
+                a.key,
+                a.node,
+                blocking.map(|l| &l.key)
+            );
         }
         // FIFO order and helper gating, per class.
         for class in &self.s.classes {

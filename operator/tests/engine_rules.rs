@@ -16,7 +16,7 @@ use gpupool_operator::engine::{
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, Time,
+    Condition, LabelSelector, LabelSelectorRequirement, Time,
 };
 
 const RES: &str = "gpupool/slot";
@@ -29,6 +29,7 @@ fn class(name: &str) -> ClassInfo {
     ClassInfo {
         name: name.into(),
         generation: Some(1),
+        created_at: None,
         spec: GpuLeaseClassSpec {
             default: name == "default",
             ..GpuLeaseClassSpec::default()
@@ -101,9 +102,13 @@ fn apply(s: &mut Snapshot, plan: &Plan) {
             key: n.key.clone(),
             spec: n.spec.clone(),
             status: Some(n.status.clone()),
+            missing: false,
         });
     }
     for l in &mut s.leases {
+        if let Some(spec) = plan.lease_specs.get(&l.key) {
+            l.spec = spec.clone();
+        }
         if let Some(st) = plan.lease_statuses.get(&l.key) {
             l.status = Some(st.clone());
         }
@@ -142,6 +147,7 @@ fn settle(s: &mut Snapshot) -> Plan {
             && plan.admissions.is_empty()
             && plan.evictions.is_empty()
             && plan.lease_statuses.is_empty()
+            && plan.lease_specs.is_empty()
         {
             return plan;
         }
@@ -222,6 +228,7 @@ fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing()
             sequence: Some(41),
             ..GpuLeaseStatus::default()
         }),
+        missing: false,
     });
     let mut no_stamp = pod("c-no-stamp", 1, 5);
     no_stamp.enqueued_at = None;
@@ -721,52 +728,250 @@ fn an_ungated_pod_is_admitted_already_and_bound_once_gpus_are_reported() {
     assert_eq!(on_gpu1.lease.as_deref(), Some("team/outside"));
 }
 
+fn condition<'a>(s: &'a Snapshot, class: &str, type_: &str) -> &'a Condition {
+    s.classes
+        .iter()
+        .find(|c| c.name == class)
+        .and_then(|c| c.status.as_ref())
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("class {class} has a {type_} condition"))
+}
+
 #[test]
-fn two_default_classes_are_both_invalid_and_their_pods_rejected_until_fixed() {
-    let mut s = world(vec![node("n1", 1)], vec![pod("p1", 1, 1)]);
-    let mut second = class("zz-also-default");
-    second.spec.default = true;
-    s.classes.push(second);
+fn a_second_default_class_is_invalid_and_the_older_default_keeps_its_queue() {
+    let mut labelled = pod("p2", 1, 2);
+    labelled.class_label = Some("zz-also-default".into());
+    let mut s = world(vec![node("n1", 2)], vec![pod("p1", 1, 1), labelled]);
+    s.classes[0].created_at = Some(at(0));
+    let mut newcomer = class("aa-newer-default");
+    newcomer.spec.default = true;
+    newcomer.created_at = Some(at(500));
+    s.classes.push(newcomer);
+    let mut named = class("zz-also-default");
+    named.spec.default = true;
+    named.created_at = Some(at(600));
+    s.classes.push(named);
     settle(&mut s);
-    for (name, other) in [
-        ("default", "zz-also-default"),
-        ("zz-also-default", "default"),
-    ] {
-        let st = s
-            .classes
-            .iter()
-            .find(|c| c.name == name)
-            .and_then(|c| c.status.as_ref())
-            .expect("class status");
-        let invalid = st
-            .conditions
-            .iter()
-            .find(|c| c.type_ == CONDITION_INVALID)
-            .expect("Invalid condition");
+    assert_eq!(condition(&s, "default", CONDITION_READY).status, "True");
+    for newer in ["aa-newer-default", "zz-also-default"] {
+        let invalid = condition(&s, newer, CONDITION_INVALID);
         assert_eq!(invalid.status, "True");
         assert_eq!(invalid.reason, "MultipleDefaults");
-        assert!(invalid.message.contains(other), "{}", invalid.message);
+        assert!(
+            invalid
+                .message
+                .contains("class default is already the default"),
+            "{}",
+            invalid.message
+        );
     }
-    assert_eq!(phase(&s, "p1"), LeasePhase::Rejected);
+    // An unlabelled pod goes to the older default (not to the newcomer that
+    // sorts first by name) and is admitted; a pod naming a newcomer is
+    // rejected, saying why.
+    assert_eq!(phase(&s, "p1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "p2"), LeasePhase::Rejected);
     assert!(
-        message(&s, "p1").contains("is invalid"),
+        message(&s, "p2").contains("already the default"),
         "{}",
-        message(&s, "p1")
+        message(&s, "p2")
     );
-    s.classes.retain(|c| c.name == "default");
+    // Once the newcomer steps back, its pods queue and are admitted.
+    for c in &mut s.classes {
+        if c.name == "zz-also-default" {
+            c.spec.default = false;
+        }
+    }
     settle(&mut s);
     assert_eq!(
-        phase(&s, "p1"),
+        phase(&s, "p2"),
         LeasePhase::Admitted,
         "Rejected is not final"
     );
-    let st = s.classes[0].status.as_ref().expect("status");
-    let ready = st
-        .conditions
+    assert_eq!(
+        condition(&s, "zz-also-default", CONDITION_READY).status,
+        "True"
+    );
+}
+
+#[test]
+fn a_class_handing_out_a_builtin_resource_is_invalid() {
+    let mut s = world(vec![node("n1", 1)], vec![pod("p1", 1, 1)]);
+    let mut cpu = class("cpu");
+    cpu.spec.resource_name = "cpu".into();
+    s.classes.push(cpu);
+    let mut k8s = class("k8s");
+    k8s.spec.resource_name = "kubernetes.io/gpu".into();
+    s.classes.push(k8s);
+    settle(&mut s);
+    for name in ["cpu", "k8s"] {
+        let invalid = condition(&s, name, CONDITION_INVALID);
+        assert_eq!(invalid.status, "True", "{name}");
+        assert_eq!(invalid.reason, "InvalidResourceName", "{name}");
+    }
+    assert_eq!(condition(&s, "default", CONDITION_READY).status, "True");
+}
+
+/// Class `alt` covers the same nodes as `default`, as DESIGN §5.9 allows.
+fn overlapping_world(nodes: Vec<NodeInfo>, pods: Vec<PodInfo>) -> Snapshot {
+    let mut s = world(nodes, pods);
+    s.classes.push(class("alt"));
+    s
+}
+
+fn labelled(mut p: PodInfo, class: &str) -> PodInfo {
+    p.class_label = Some(class.into());
+    p
+}
+
+#[test]
+fn helpers_of_another_class_do_not_take_nodes_a_waiting_primary_could_use() {
+    // n2 has 2 free slots; the 3-slot primary waits for n2 (the only node
+    // large enough). A helper of class alt fits on n2 and on n3, which the
+    // primary can never use (1 slot).
+    let mut blocker = pod("running", 1, 0);
+    blocker.gated = false;
+    blocker.node_name = Some("n2".into());
+    blocker.phase = PodPhase::Running;
+    let mut s = overlapping_world(
+        vec![node("n2", 3), node("n3", 1)],
+        vec![
+            blocker,
+            pod("first", 3, 1),
+            labelled(helper("h-alt", 1, 3), "alt"),
+        ],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "first"), LeasePhase::Queued);
+    // The helper is placed only where no waiting primary could go.
+    assert_eq!(phase(&s, "h-alt"), LeasePhase::Admitted);
+    assert_eq!(lease(&s, "h-alt").node.as_deref(), Some("n3"));
+    // A second alt helper finds only nodes kept for the primary, and says so.
+    s.pods.push(labelled(helper("h-alt-2", 1, 4), "alt"));
+    settle(&mut s);
+    assert_eq!(phase(&s, "h-alt-2"), LeasePhase::Queued);
+    assert!(
+        message(&s, "h-alt-2").contains("kept free for primaries of other classes"),
+        "{}",
+        message(&s, "h-alt-2")
+    );
+}
+
+#[test]
+fn a_waiting_primary_evicts_helpers_of_any_class_and_of_a_deleted_class() {
+    let mut s = overlapping_world(
+        vec![node("n1", 2)],
+        vec![
+            labelled(helper("h-alt", 1, 1), "alt"),
+            labelled(helper("h-gone", 1, 2), "gone-soon"),
+        ],
+    );
+    s.classes.push(class("gone-soon"));
+    settle(&mut s);
+    assert_eq!(phase(&s, "h-alt"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "h-gone"), LeasePhase::Admitted);
+    // The helpers' classes are no shield: one is deleted, the other is not
+    // the primary's.
+    s.classes.retain(|c| c.name != "gone-soon");
+    s.now = at(2000);
+    s.pods.push(pod("primary", 2, 3));
+    let plan = settle(&mut s);
+    let _ = plan;
+    let evicted: Vec<&str> = s
+        .pods
         .iter()
-        .find(|c| c.type_ == CONDITION_READY)
-        .expect("Ready");
-    assert_eq!(ready.status, "True");
+        .filter(|p| p.terminating)
+        .map(|p| p.key.name.as_str())
+        .collect();
+    assert_eq!(evicted, ["h-alt", "h-gone"], "both helpers are evicted");
+    assert_eq!(phase(&s, "h-alt"), LeasePhase::Preempting);
+    assert_eq!(
+        lease(&s, "h-alt").preempted_by.as_deref(),
+        Some("team/primary")
+    );
+    finish(&mut s, "h-alt");
+    finish(&mut s, "h-gone");
+    settle(&mut s);
+    assert_eq!(phase(&s, "primary"), LeasePhase::Admitted);
+}
+
+#[test]
+fn the_pod_not_the_lease_says_slots_role_and_class() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![pod("big", 2, 1), pod("next", 1, 2)],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "big"), LeasePhase::Admitted);
+    // Someone writes the lease down to 1 slot and calls it a helper.
+    for l in &mut s.leases {
+        if l.key == key("big") {
+            l.spec.slots = 1;
+            l.spec.role = Role::Helper;
+            l.spec.class_name = "other".into();
+        }
+    }
+    s.pods.push(pod("primary-2", 1, 3));
+    let plan = decide(&s);
+    assert!(
+        plan.admissions.is_empty(),
+        "no slot is free: {:?}",
+        plan.admissions
+    );
+    assert!(
+        plan.evictions.is_empty(),
+        "a primary is never evicted as a helper"
+    );
+    let repaired = plan.lease_specs.get(&key("big")).expect("spec rewritten");
+    assert_eq!(repaired.slots, 2);
+    assert_eq!(repaired.role, Role::Primary);
+    assert_eq!(repaired.class_name, "default");
+    settle(&mut s);
+    let spec = &s
+        .leases
+        .iter()
+        .find(|l| l.key == key("big"))
+        .expect("lease")
+        .spec;
+    assert_eq!((spec.slots, spec.role), (2, Role::Primary));
+    assert_eq!(phase(&s, "next"), LeasePhase::Queued);
+}
+
+#[test]
+fn a_deleted_lease_is_recreated_with_its_place_and_state() {
+    let mut s = world(
+        vec![node("n1", 1)],
+        vec![pod("a", 1, 1), pod("b", 1, 2), pod("c", 1, 3)],
+    );
+    settle(&mut s);
+    let before_a = lease(&s, "a").clone();
+    let before_c = lease(&s, "c").clone();
+    for l in &mut s.leases {
+        if l.key == key("a") || l.key == key("c") {
+            l.missing = true;
+        }
+    }
+    s.now = at(1500);
+    let plan = decide(&s);
+    let recreated: BTreeMap<String, &GpuLeaseStatus> = plan
+        .create_leases
+        .iter()
+        .map(|n| (n.key.name.clone(), &n.status))
+        .collect();
+    assert_eq!(recreated.len(), 2, "{:?}", plan.create_leases);
+    let a = recreated["a"];
+    assert_eq!(a.sequence, before_a.sequence);
+    assert_eq!(a.phase, LeasePhase::Admitted);
+    assert_eq!(a.node, before_a.node);
+    assert_eq!(a.admitted_at, before_a.admitted_at);
+    let c = recreated["c"];
+    assert_eq!(c.sequence, before_c.sequence);
+    assert_eq!(c.phase, LeasePhase::Queued);
+    assert_eq!(c.position, Some(2), "c stays behind b");
+    assert!(
+        plan.lease_statuses
+            .keys()
+            .all(|k| k != &key("a") && k != &key("c"))
+    );
 }
 
 #[test]
@@ -848,6 +1053,9 @@ fn an_admitted_lease_holds_its_node_before_the_pod_shows_the_pin_and_is_driven_a
     assert_eq!(plan.admissions.len(), 1);
     // The lease status is written but the pod patch is lost (a restart).
     for l in &mut s.leases {
+        if let Some(spec) = plan.lease_specs.get(&l.key) {
+            l.spec = spec.clone();
+        }
         if let Some(st) = plan.lease_statuses.get(&l.key) {
             l.status = Some(st.clone());
         }
@@ -985,6 +1193,9 @@ fn a_helper_whose_admission_was_lost_is_not_started_while_a_primary_queues() {
     assert_eq!(plan.admissions.len(), 1);
     // Only the lease status landed; then a primary arrives and gets its lease.
     for l in &mut s.leases {
+        if let Some(spec) = plan.lease_specs.get(&l.key) {
+            l.spec = spec.clone();
+        }
         if let Some(st) = plan.lease_statuses.get(&l.key) {
             l.status = Some(st.clone());
         }

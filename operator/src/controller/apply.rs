@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, FIELD_MANAGER_OPERATOR};
-use gpupool_api::{GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseStatus, LeasePhase, Role};
+use gpupool_api::{
+    GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction as EvictionBody;
@@ -104,12 +106,19 @@ impl Applier {
         let mut errors = Vec::new();
 
         // 1. Stale leases go first: a new lease of the same name may follow.
-        let deletes: Vec<Chain> = plan
+        // Specs that disagree with their pods are put right before any
+        // status of theirs is written.
+        let mut first: Vec<Chain> = plan
             .delete_leases
             .iter()
             .filter_map(|s| self.delete_chain(s, input))
             .collect();
-        self.run_chains(deletes, overlay, &mut errors).await;
+        first.extend(
+            plan.lease_specs
+                .into_iter()
+                .map(|(key, spec)| self.spec_chain(key, spec)),
+        );
+        self.run_chains(first, overlay, &mut errors).await;
 
         // 2. Everything else, one chain per object, chains concurrently.
         let mut chains: Vec<Chain> = Vec::new();
@@ -262,6 +271,32 @@ impl Applier {
                 Err(source) => (vec![], vec![Error::DeleteLease { lease: key, source }]),
             }
         }))
+    }
+
+    fn spec_chain(&self, key: ObjectKey, spec: GpuLeaseSpec) -> Chain {
+        let api = self.leases(&key.namespace);
+        Box::pin(async move {
+            let body = serde_json::json!({ "spec": spec });
+            match api
+                .patch(&key.name, &patch_params(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(lease) => {
+                    tracing::warn!(lease = %key, "lease spec disagreed with its pod; rewritten from the pod");
+                    (
+                        vec![Done::Lease {
+                            lease,
+                            created: false,
+                        }],
+                        vec![],
+                    )
+                }
+                Err(e) if api_status(&e) == Some(409) => {
+                    (vec![], vec![Error::LeaseConflict { lease: key }])
+                }
+                Err(source) => (vec![], vec![Error::LeaseSpec { lease: key, source }]),
+            }
+        })
     }
 
     fn create_chain(&self, new: NewLease) -> Chain {

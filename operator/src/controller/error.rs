@@ -24,6 +24,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Rewriting a lease's spec from its pod failed.
+    #[error("rewriting the spec of lease {lease} from its pod: {source}")]
+    LeaseSpec {
+        /// The lease.
+        lease: ObjectKey,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
     /// The lease changed since the cache showed it: the write was refused.
     #[error("lease {lease} changed since it was read; deciding again on fresh data")]
     LeaseConflict {
@@ -93,6 +102,7 @@ impl Error {
         match self {
             Error::CreateLease { .. } => "create_lease",
             Error::LeaseStatus { .. } => "lease_status",
+            Error::LeaseSpec { .. } => "lease_spec",
             Error::LeaseConflict { .. } => "lease_conflict",
             Error::DeleteLease { .. } => "delete_lease",
             Error::AdmitPod { .. } => "admit_pod",
@@ -167,6 +177,10 @@ mod tests {
             Error::EvictionBlocked { pod: key() },
             Error::ClassStatus {
                 class: "ns".into(),
+                source: api_err(500),
+            },
+            Error::LeaseSpec {
+                lease: key(),
                 source: api_err(500),
             },
         ];

@@ -101,7 +101,8 @@ pub fn snapshot(
     let mut leases = Vec::with_capacity(lease_objs.len());
     let mut lease_map = HashMap::with_capacity(lease_objs.len());
     for l in lease_objs {
-        if let Some(info) = translate::lease_info(&l) {
+        if let Some(mut info) = translate::lease_info(&l) {
+            info.missing = overlay.is_missing(&info.key, at);
             lease_map.insert(info.key.clone(), l);
             leases.push(info);
         }
@@ -277,6 +278,7 @@ async fn pass(
         "decided"
     );
     let outcome = applier.apply(plan, &input, overlay).await;
+    let recreation = overlay.next_recreation(Instant::now());
     let protection = next_protection_expiry(&input.snapshot).map(|t| {
         let wait = t.duration_since(now).unsigned_abs();
         // A little past the end, so the pass sees the helper as unprotected.
@@ -287,10 +289,10 @@ async fn pass(
         .observe(started.elapsed().as_secs_f64());
     PassOutcome {
         failed: outcome.failed,
-        wake_at: match (outcome.wake_at, protection) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        },
+        wake_at: [outcome.wake_at, protection, recreation]
+            .into_iter()
+            .flatten()
+            .min(),
     }
 }
 
@@ -316,6 +318,7 @@ mod tests {
                 admitted_at: Some(Time(Timestamp::from_second(admitted).expect("t"))),
                 ..Default::default()
             }),
+            missing: false,
         }
     }
 
@@ -329,12 +332,14 @@ mod tests {
                 ClassInfo {
                     name: "slow".into(),
                     generation: None,
+                    created_at: None,
                     spec,
                     status: None,
                 },
                 ClassInfo {
                     name: "plain".into(),
                     generation: None,
+                    created_at: None,
                     spec: GpuLeaseClassSpec::default(),
                     status: None,
                 },

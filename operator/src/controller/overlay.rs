@@ -23,7 +23,11 @@ const CREATED_TTL: Duration = Duration::from_secs(30);
 /// How long a deletion or eviction is remembered without the cache confirming it.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(120);
 /// How long a lease that vanished while its pod is still cached is held.
-const VANISHED_TTL: Duration = Duration::from_secs(10);
+const VANISHED_TTL: Duration = Duration::from_secs(60);
+/// How long a lease must have been gone, with its pod still cached and live,
+/// before it is recreated: long enough for the pod watch to catch up when
+/// the garbage collector removed the lease after its pod.
+pub const RECREATE_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Written<K> {
@@ -214,7 +218,9 @@ impl Overlay {
     /// garbage collector deletes a lease because its pod is gone, the lease
     /// watch may report it before the pod watch does. Until the pod leaves the
     /// cache too (or [`VANISHED_TTL`] passes), the last seen lease stays in
-    /// `leases`, so a departing pod is never taken for a new one without a lease.
+    /// `leases`, so a departing pod is never taken for a new one without a
+    /// lease; and a lease deleted while its pod lives is recreated from it
+    /// (see [`Overlay::is_missing`]), keeping its sequence.
     pub fn hold_vanished(
         &mut self,
         leases: &mut Vec<Arc<GpuLease>>,
@@ -242,6 +248,23 @@ impl Overlay {
             .filter_map(|l| Some((key_of(l.as_ref())?, l.clone())))
             .collect();
         leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
+    }
+
+    /// True when the lease `key` is held because it vanished at least
+    /// [`RECREATE_AFTER`] ago while its pod stayed: it should be recreated.
+    pub fn is_missing(&self, key: &ObjectKey, now: Instant) -> bool {
+        self.vanished
+            .get(key)
+            .is_some_and(|(_, at)| now.duration_since(*at) >= RECREATE_AFTER)
+    }
+
+    /// When the next held lease becomes due for recreation, if any.
+    pub fn next_recreation(&self, now: Instant) -> Option<Instant> {
+        self.vanished
+            .values()
+            .map(|(_, at)| *at + RECREATE_AFTER)
+            .filter(|due| *due > now)
+            .min()
     }
 
     /// True while `key`'s eviction is not yet visible in the cache: treat the pod as terminating.

@@ -28,6 +28,7 @@ pub fn class_info(class: &GpuLeaseClass) -> Option<ClassInfo> {
     Some(ClassInfo {
         name: class.metadata.name.clone()?,
         generation: class.metadata.generation,
+        created_at: class.metadata.creation_timestamp.as_ref().map(|t| t.0),
         spec: class.spec.clone(),
         status: class.status.clone(),
     })
@@ -42,6 +43,7 @@ pub fn lease_info(lease: &GpuLease) -> Option<LeaseInfo> {
         ),
         spec: lease.spec.clone(),
         status: lease.status.clone(),
+        missing: false,
     })
 }
 

@@ -2,9 +2,53 @@
 //! (DESIGN §3): at most one default class, a node selector that can be
 //! evaluated.
 
+use jiff::Timestamp;
+
 use super::capacity::Nodes;
 use super::fit::{self, ClassSelector};
 use super::model::{ClassInfo, PodInfo};
+
+/// The class unlabelled pods use when several claim `default: true`: the
+/// one that was default first, i.e. the oldest by creation time (a class
+/// without one counts as newest), ties broken by name. Every other default
+/// is invalid (`MultipleDefaults`) until it steps back, so a newcomer never
+/// takes the queue away from the class that already had it. The webhook and
+/// the engine both decide with this function.
+pub fn established_default<'n>(
+    defaults: impl IntoIterator<Item = (&'n str, Option<Timestamp>)>,
+) -> Option<&'n str> {
+    defaults
+        .into_iter()
+        .min_by(|a, b| {
+            let age = |t: Option<Timestamp>| (t.is_none(), t);
+            age(a.1).cmp(&age(b.1)).then_with(|| a.0.cmp(b.0))
+        })
+        .map(|(name, _)| name)
+}
+
+/// True for an extended resource name a class may hand out: a
+/// domain-qualified name (`domain/name`) outside the `kubernetes.io`
+/// domains, which hold the built-in resources.
+pub fn is_extended_resource(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let label = |s: &str, extra: &[u8]| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || extra.contains(&b))
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+    };
+    let kubernetes = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
+    domain.len() <= 253
+        && rest.len() <= 63
+        && label(domain, b".")
+        && domain.bytes().all(|b| !b.is_ascii_uppercase())
+        && label(rest, b"._")
+        && !kubernetes
+        && !domain.starts_with("requests.")
+}
 
 /// Why a class cannot admit anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,9 +85,7 @@ impl ClassView<'_> {
 #[derive(Debug)]
 pub(crate) struct Classes<'a> {
     pub list: Vec<ClassView<'a>>,
-    /// The class unlabelled pods use: the only default, or with several
-    /// defaults the first by name (which is then invalid, so its pods are
-    /// rejected with a message naming the clash).
+    /// The class unlabelled pods use: see [`established_default`].
     pub default: Option<usize>,
 }
 
@@ -66,11 +108,12 @@ impl<'a> Classes<'a> {
         let mut sorted: Vec<&ClassInfo> = infos.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
         sorted.dedup_by(|a, b| a.name == b.name);
-        let defaults: Vec<&str> = sorted
-            .iter()
-            .filter(|c| c.spec.default)
-            .map(|c| c.name.as_str())
-            .collect();
+        let established = established_default(
+            sorted
+                .iter()
+                .filter(|c| c.spec.default)
+                .map(|c| (c.name.as_str(), c.created_at)),
+        );
         let mut list = Vec::with_capacity(sorted.len());
         for info in sorted {
             let res = resources
@@ -84,18 +127,23 @@ impl<'a> Classes<'a> {
                 plain_nodes: Vec::new(),
                 largest_plain: 0,
             };
-            if info.spec.default && defaults.len() > 1 {
-                let others: Vec<&str> = defaults
-                    .iter()
-                    .copied()
-                    .filter(|n| *n != info.name)
-                    .collect();
+            if info.spec.default
+                && let Some(older) = established.filter(|d| *d != info.name)
+            {
                 view.problem = Some(ClassProblem {
                     reason: "MultipleDefaults",
                     message: format!(
-                        "class {} and class {} are both marked default: true; at most one class may be the default",
-                        info.name,
-                        others.join(", ")
+                        "class {older} is already the default; at most one class may be marked default: true (class {} is ignored until it sets default: false or {older} steps back)",
+                        info.name
+                    ),
+                });
+            }
+            if !is_extended_resource(&info.spec.resource_name) {
+                view.problem = Some(ClassProblem {
+                    reason: "InvalidResourceName",
+                    message: format!(
+                        "class {}: resourceName {:?} is not an extended resource (a domain-qualified name such as gpupool/slot, outside the kubernetes.io domain)",
+                        info.name, info.spec.resource_name
                     ),
                 });
             }
@@ -124,7 +172,7 @@ impl<'a> Classes<'a> {
             }
             list.push(view);
         }
-        let default = list.iter().position(|c| c.info.spec.default);
+        let default = established.and_then(|name| list.iter().position(|c| c.info.name == name));
         Self { list, default }
     }
 

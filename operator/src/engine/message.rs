@@ -56,6 +56,9 @@ pub(crate) enum Message<'a> {
     },
     /// Helpers wait while primaries of the class do.
     PrimariesWaiting { primaries: u32, class: usize },
+    /// The helper fits nowhere but on nodes that waiting primaries of other
+    /// classes could use.
+    KeptForPrimaries { nodes: usize },
     /// The head waits for evicted helpers to terminate.
     VictimsTerminating(Vec<&'a ObjectKey>),
     /// The head cannot fit and no helper may be preempted for it.
@@ -175,6 +178,11 @@ impl Message<'_> {
                 out,
                 "waiting: {primaries} primaries of class {} are queued; helpers are admitted only while none wait",
                 classes.list[*class].name()
+            ),
+            Message::KeptForPrimaries { nodes } => write!(
+                out,
+                "waiting: {nodes} matching {} kept free for primaries of other classes that are queued",
+                if *nodes == 1 { "node is" } else { "nodes are" }
             ),
             Message::VictimsTerminating(victims) => {
                 let one = victims.len() == 1;

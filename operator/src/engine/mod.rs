@@ -15,6 +15,7 @@ mod queue;
 mod sequence;
 mod status;
 
+pub use classes::{established_default, is_extended_resource};
 pub use model::*;
 pub use status::QUEUE_HEAD;
 
@@ -38,6 +39,7 @@ pub fn decide(snapshot: &Snapshot) -> Plan {
     pass.retry_evictions();
     pass.run_queues();
     pass.readmit();
+    pass.emit_lease_specs();
     pass.emit_lease_statuses();
     pass.emit_class_statuses();
     pass.plan

@@ -58,6 +58,9 @@ pub struct ClassInfo {
     pub name: String,
     /// `metadata.generation`, echoed as `status.observedGeneration`.
     pub generation: Option<i64>,
+    /// `metadata.creationTimestamp`: of two default classes, the older stays
+    /// the default.
+    pub created_at: Option<Timestamp>,
     /// Its spec.
     pub spec: GpuLeaseClassSpec,
     /// Its status as persisted (`None` before the first status write); the
@@ -231,6 +234,10 @@ pub struct LeaseInfo {
     pub spec: GpuLeaseSpec,
     /// Its status (`None` before the first status write).
     pub status: Option<GpuLeaseStatus>,
+    /// The lease is gone from the API server although its pod lives (someone
+    /// deleted it): this is its last known state, and the pass recreates it
+    /// as it was, keeping the pod's place in the queue.
+    pub missing: bool,
 }
 
 /// What one decision pass wants done. Applying it and running the pass again
@@ -241,6 +248,9 @@ pub struct Plan {
     pub create_leases: Vec<NewLease>,
     /// Leases to delete: they belong to an older pod of the same name.
     pub delete_leases: Vec<StaleLease>,
+    /// Specs to rewrite because they disagree with their pod (the pod is the
+    /// source of truth for class, role and slots).
+    pub lease_specs: BTreeMap<ObjectKey, GpuLeaseSpec>,
     /// Pods to ungate and pin. Only leases whose sequence is already persisted are admitted.
     pub admissions: Vec<Admission>,
     /// Helper pods to evict for a waiting primary.

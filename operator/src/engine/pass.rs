@@ -63,6 +63,9 @@ pub(crate) struct Ticket<'a> {
     pub message: Message<'a>,
     /// A waiting primary or helper the queue step decides on.
     pub candidate: bool,
+    /// Left queued by the queue step and able to fit some day (not
+    /// impossible): such a primary holds helpers back.
+    pub waits: bool,
     /// For a preempted helper: the waiting primary it makes room for.
     pub serves: Option<usize>,
     /// Admitted in an earlier pass but the pod still shows its gate: the
@@ -238,6 +241,7 @@ impl<'a> Pass<'a> {
             preempted_by: None,
             message: Message::Unchanged,
             candidate: false,
+            waits: false,
             serves: None,
             redrive: false,
         }
@@ -249,31 +253,13 @@ impl<'a> Pass<'a> {
         resolved: Option<PodClass<'a>>,
         pod_counted: bool,
     ) -> Option<Ticket<'a>> {
-        let mut t = self.blank(&pod.key, Some(pod));
         match resolved? {
             PodClass::Unmanaged => return None,
-            PodClass::Class(c) => {
-                let class = &self.classes.list[c];
-                t.class = Some(c);
-                t.class_name = class.info.name.as_str();
-                t.res = Some(class.res);
-                t.slots = pod
-                    .requests
-                    .get(&class.info.spec.resource_name)
-                    .copied()
-                    .unwrap_or(0);
-            }
-            PodClass::Unknown(name) => {
-                t.class_name = name;
-                let (res, slots) = self.requested_resource(pod)?;
-                t.res = Some(res);
-                t.slots = slots;
-            }
+            PodClass::Unknown(_) if self.requested_resource(pod).is_none() => return None,
+            PodClass::Class(_) | PodClass::Unknown(_) => {}
         }
-        match &pod.role {
-            RoleLabel::Valid(role) => t.role = *role,
-            RoleLabel::Invalid(value) => t.bad_role = Some(value),
-        }
+        let mut t = self.blank(&pod.key, Some(pod));
+        self.derive_from_pod(&mut t, pod);
         t.pod_counted = pod_counted;
         self.settle(&mut t, LeasePhase::Queued);
         Some(t)
@@ -288,20 +274,24 @@ impl<'a> Pass<'a> {
         let mut t = self.blank(&lease.key, pod);
         t.lease = Some(lease);
         t.persisted = lease.status.as_ref();
+        t.pod_counted = pod_counted;
         t.class = self.classes.find(&lease.spec.class_name);
         t.class_name = &lease.spec.class_name;
-        t.res = match t.class {
-            Some(c) => Some(self.classes.list[c].res),
-            None => pod.and_then(|p| self.requested_resource(p)).map(|(r, _)| r),
-        };
         t.role = lease.spec.role;
         t.slots = lease.spec.slots;
-        t.pod_counted = pod_counted;
-        if let Some(RoleLabel::Invalid(value)) = pod.map(|p| &p.role) {
-            t.bad_role = Some(value);
+        match pod {
+            // The pod, not the lease, says what is wanted: class, role and
+            // slots are read from it on every pass, so a lease edited behind
+            // the operator's back changes nothing (and is put right).
+            Some(p) => self.derive_from_pod(&mut t, p),
+            None => {
+                t.res = t.class.map(|c| self.classes.list[c].res);
+            }
         }
         t.sequence = t.persisted.and_then(|s| s.sequence);
-        t.seq_persisted = t.sequence.is_some();
+        // A missing lease is recreated first; nothing is admitted on a
+        // sequence that is not stored.
+        t.seq_persisted = t.sequence.is_some() && !lease.missing;
         t.node = t.persisted.and_then(|s| s.node.as_deref());
         let persisted_phase = t.persisted.map(|s| s.phase).unwrap_or_default();
         if persisted_phase == LeasePhase::Preempting || persisted_phase == LeasePhase::Released {
@@ -312,6 +302,44 @@ impl<'a> Pass<'a> {
         }
         self.settle(&mut t, persisted_phase);
         t
+    }
+
+    /// Class, role and slots as the pod states them (DESIGN §5.10). A pod
+    /// whose class cannot be resolved keeps the class its lease names, with
+    /// the slots it requests of the first resource a class manages.
+    fn derive_from_pod(&self, t: &mut Ticket<'a>, pod: &'a PodInfo) {
+        match self.classes.resolve_pod(pod, &self.resources) {
+            PodClass::Class(c) => {
+                let class = &self.classes.list[c];
+                t.class = Some(c);
+                t.class_name = class.info.name.as_str();
+                t.res = Some(class.res);
+                t.slots = pod
+                    .requests
+                    .get(&class.info.spec.resource_name)
+                    .copied()
+                    .unwrap_or(0);
+            }
+            PodClass::Unknown(name) => {
+                t.class = None;
+                t.class_name = name;
+                if let Some((res, slots)) = self.requested_resource(pod) {
+                    t.res = Some(res);
+                    t.slots = slots;
+                }
+            }
+            PodClass::Unmanaged => {
+                t.res = t.class.map(|c| self.classes.list[c].res);
+                if let Some((res, slots)) = self.requested_resource(pod) {
+                    t.res = Some(res);
+                    t.slots = slots;
+                }
+            }
+        }
+        match &pod.role {
+            RoleLabel::Valid(role) => t.role = *role,
+            RoleLabel::Invalid(value) => t.bad_role = Some(value),
+        }
     }
 
     /// Sets the phase the lifecycle (not the queue) dictates.
@@ -433,6 +461,24 @@ impl<'a> Pass<'a> {
             }
             self.nodes.give_back(res, node, t.slots);
             queue_or_reject(&self.classes, &mut self.tickets[i]);
+        }
+    }
+
+    /// Specs to rewrite: leases whose spec no longer says what their live
+    /// pod does (written by someone else, or from before a relabelling the
+    /// webhook could not stop).
+    pub fn emit_lease_specs(&mut self) {
+        for t in &self.tickets {
+            let (Some(lease), Some(pod)) = (t.lease, t.pod) else {
+                continue;
+            };
+            if lease.missing || t.phase == LeasePhase::Released || !is_live(pod) {
+                continue;
+            }
+            let want = self.new_spec(t);
+            if want != lease.spec {
+                self.plan.lease_specs.insert(t.key.clone(), want);
+            }
         }
     }
 

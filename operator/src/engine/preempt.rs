@@ -1,6 +1,8 @@
-//! Preemption (DESIGN §5.5): when the head primary cannot fit, helpers of its
-//! class are evicted on one node, youngest first, only as many as it needs;
-//! the slots they free are reserved for that primary until it is admitted.
+//! Preemption (DESIGN §5.5): when the head primary of a class cannot fit,
+//! helpers of any class that hands out the same resource are evicted on one
+//! node, youngest first, only as many as it needs; the slots they free are
+//! reserved for that primary until it is admitted. Classes are decided in
+//! name order, so the head primary of the first class by name chooses first.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +10,7 @@ use gpupool_api::{LeasePhase, Preemption, Role};
 
 use super::message::Message;
 use super::model::Eviction;
-use super::pass::{Pass, PreemptedBy};
+use super::pass::{Pass, PreemptedBy, Ticket};
 
 impl<'a> Pass<'a> {
     /// Links preempted helpers to the waiting primaries they make room for
@@ -70,8 +72,16 @@ impl<'a> Pass<'a> {
         if spec.preemption == Preemption::Never {
             return no_room(0);
         }
-        let min_runtime = i64::from(spec.min_runtime_seconds);
-        let grace = spec.grace_period_seconds;
+        // Victims come from every class that hands out the same resource
+        // (and from helpers whose class is gone): a helper never keeps a slot
+        // a waiting primary could use, whatever its class label says. Each
+        // victim keeps its own class's protection and grace period; a helper
+        // whose class is gone gets the primary's class's.
+        let helper_spec = |t: &Ticket<'_>| {
+            t.class
+                .map(|h| &self.classes.list[h].info.spec.helpers)
+                .unwrap_or(spec)
+        };
         // Helpers being evicted count toward the need wherever they are:
         // those for `p`, and those whose primary no longer waits.
         let mut terminating: BTreeMap<u32, (u64, Vec<usize>)> = BTreeMap::new();
@@ -92,9 +102,7 @@ impl<'a> Pass<'a> {
                 // A helper whose pod has not started (admission driven
                 // again) is not a victim: it frees nothing by being evicted.
                 LeasePhase::Admitted | LeasePhase::Bound
-                    if t.class == Some(c)
-                        && !t.redrive
-                        && t.pod.is_some_and(|pod| !pod.terminating) =>
+                    if !t.redrive && t.pod.is_some_and(|pod| !pod.terminating) =>
                 {
                     evictable.entry(node).or_default().push(i);
                 }
@@ -149,6 +157,7 @@ impl<'a> Pass<'a> {
                         break;
                     }
                     let runtime = now.as_second() - admitted_at(h).as_second();
+                    let min_runtime = i64::from(helper_spec(&self.tickets[h]).min_runtime_seconds);
                     if runtime < min_runtime {
                         young += 1;
                         continue;
@@ -172,8 +181,12 @@ impl<'a> Pass<'a> {
         let Some((_, _, node, chosen)) = best else {
             return no_room(young);
         };
+        let graces: Vec<u32> = chosen
+            .iter()
+            .map(|&h| helper_spec(&self.tickets[h]).grace_period_seconds)
+            .collect();
         let primary_key = self.tickets[p].key;
-        for &h in &chosen {
+        for (&h, grace) in chosen.iter().zip(graces) {
             let t = &mut self.tickets[h];
             t.phase = LeasePhase::Preempting;
             t.preempted_by = Some(PreemptedBy::Primary(primary_key));
@@ -195,6 +208,34 @@ impl<'a> Pass<'a> {
         Message::VictimsTerminating(victims.iter().map(|&v| self.tickets[v].key).collect())
     }
 
+    /// The grace period a helper is evicted with: its class's, or for a
+    /// helper whose class is gone, that of the class of the primary it was
+    /// preempted for (else the API's default).
+    fn grace_of(&self, t: &Ticket<'_>) -> u32 {
+        if let Some(c) = t.class {
+            return self.classes.list[c].info.spec.helpers.grace_period_seconds;
+        }
+        let primary_class = match t.preempted_by {
+            Some(PreemptedBy::Persisted(k)) => {
+                self.find_ticket(k).and_then(|p| self.tickets[p].class)
+            }
+            Some(PreemptedBy::Primary(k)) => self
+                .find_ticket(&k.to_string())
+                .and_then(|p| self.tickets[p].class),
+            None => None,
+        };
+        primary_class
+            .map(|c| &self.classes.list[c].info.spec.helpers)
+            .map_or_else(
+                || {
+                    gpupool_api::GpuLeaseClassSpec::default()
+                        .helpers
+                        .grace_period_seconds
+                },
+                |h| h.grace_period_seconds,
+            )
+    }
+
     /// Evictions of helpers already Preempting whose pods do not show the
     /// deletion yet: the earlier eviction was refused (e.g. by a
     /// PodDisruptionBudget) or lost, so it is asked for again.
@@ -203,9 +244,6 @@ impl<'a> Pass<'a> {
             if t.phase != LeasePhase::Preempting || t.pod.is_none_or(|p| p.terminating) {
                 continue;
             }
-            let Some(class) = t.class.map(|c| &self.classes.list[c]) else {
-                continue;
-            };
             let for_primary = match t.preempted_by {
                 Some(PreemptedBy::Persisted(k)) => k
                     .split_once('/')
@@ -220,7 +258,7 @@ impl<'a> Pass<'a> {
                 key: t.key.clone(),
                 pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
                 for_primary,
-                grace_period_seconds: class.info.spec.helpers.grace_period_seconds,
+                grace_period_seconds: self.grace_of(t),
             });
         }
     }

@@ -53,7 +53,12 @@ pub(crate) fn place(
 }
 
 impl Pass<'_> {
-    /// Decides every valid class, in name order, over one shared capacity.
+    /// Decides every valid class over one shared capacity: first the
+    /// primaries of every class (classes in name order), then the helpers of
+    /// every class. A helper never takes a node that a waiting primary of any
+    /// class could use (DESIGN §5.4): its own class's primaries hold back all
+    /// its helpers (unless `admitWhileQueued`), and another class's waiting
+    /// primaries close the nodes they could be placed on.
     pub fn run_queues(&mut self) {
         let mut by_class: Vec<ClassQueue> = (0..self.classes.list.len())
             .map(|_| ClassQueue::default())
@@ -73,14 +78,20 @@ impl Pass<'_> {
                 .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
         }
         self.reserve_for_preemptions();
+        self.requeue_contested_redrives(&mut by_class);
+        let mut waiting = Vec::with_capacity(by_class.len());
+        let mut primaries = Vec::with_capacity(by_class.len());
+        for (c, q) in by_class.iter().enumerate() {
+            let (queued, w) = self.run_role(c, Role::Primary, &q.primaries, 0, &[]);
+            primaries.push(queued);
+            waiting.push(w);
+        }
+        let closed = self.nodes_closed_to_helpers(&primaries);
         self.queues = Vec::with_capacity(by_class.len());
-        for (c, mut q) in by_class.into_iter().enumerate() {
-            if !q.primaries.is_empty() && !self.classes.list[c].info.spec.helpers.admit_while_queued
-            {
-                self.requeue_redriven_helpers(c, &mut q.helpers);
-            }
-            let (primaries, waiting) = self.run_role(c, Role::Primary, &q.primaries, 0);
-            let helpers = self.run_role(c, Role::Helper, &q.helpers, waiting).0;
+        for (c, (q, primaries)) in by_class.into_iter().zip(primaries).enumerate() {
+            let helpers = self
+                .run_role(c, Role::Helper, &q.helpers, waiting[c], &closed[c])
+                .0;
             self.queues.push(ClassQueue { primaries, helpers });
         }
         // What is still held back for waiting primaries is not in use: the
@@ -93,6 +104,56 @@ impl Pass<'_> {
                 self.nodes.give_back(res, node, amount);
             }
         }
+    }
+
+    /// Per class, the nodes its helpers may not take: every node on which a
+    /// waiting primary of another class using the same resource could be
+    /// placed. (A class's own waiting primaries hold back all of its helpers
+    /// in `run_role`, unless `admitWhileQueued` allows them.)
+    fn nodes_closed_to_helpers(&self, primaries: &[Vec<usize>]) -> Vec<Vec<bool>> {
+        let n = self.nodes.list.len();
+        let mut wanted: Vec<Option<Vec<bool>>> = vec![None; primaries.len()];
+        for (c, queued) in primaries.iter().enumerate() {
+            let class = &self.classes.list[c];
+            for &t in queued {
+                if !self.tickets[t].waits {
+                    continue;
+                }
+                let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
+                let slots = self.tickets[t].slots;
+                let eligible = self.eligible(c, t);
+                let list = match &eligible {
+                    Eligible::Plain => class.plain_nodes.as_slice(),
+                    Eligible::Own(list) => list.as_slice(),
+                };
+                // Only nodes large enough for it: a node it can never fit on
+                // is no reason to keep helpers away.
+                for &node in list {
+                    if self.nodes.alloc(class.res, node) >= slots {
+                        marks[node as usize] = true;
+                    }
+                }
+            }
+        }
+        (0..primaries.len())
+            .map(|h| {
+                let res = self.classes.list[h].res;
+                let mut closed = Vec::new();
+                for (c, marks) in wanted.iter().enumerate() {
+                    let Some(marks) = marks else { continue };
+                    if c == h || self.classes.list[c].res != res {
+                        continue;
+                    }
+                    if closed.is_empty() {
+                        closed = vec![false; n];
+                    }
+                    for (slot, &m) in closed.iter_mut().zip(marks) {
+                        *slot |= m;
+                    }
+                }
+                closed
+            })
+            .collect()
     }
 
     fn eligible(&self, c: usize, t: usize) -> Eligible {
@@ -119,6 +180,7 @@ impl Pass<'_> {
         role: Role,
         order: &[usize],
         waiting_primaries: u32,
+        closed: &[bool],
     ) -> (Vec<usize>, u32) {
         let spec = &self.classes.list[c].info.spec;
         let strict = spec.admission.ordering == Ordering::StrictFIFO;
@@ -147,6 +209,15 @@ impl Pass<'_> {
                         .unwrap_or(0),
                 ),
             };
+            // Nodes another class's waiting primaries could use are not
+            // offered to helpers; the rest of the list is.
+            let open: Option<Vec<u32>> =
+                (!closed.is_empty() && list.iter().any(|&n| closed[n as usize])).then(|| {
+                    list.iter()
+                        .copied()
+                        .filter(|&n| !closed[n as usize])
+                        .collect()
+                });
             let impossible = class.nodes.is_empty() || list.is_empty() || largest < slots;
             if impossible && let Some(held) = self.reservations.remove(&t) {
                 // It can never fit: what its victims freed goes back to everyone.
@@ -189,7 +260,8 @@ impl Pass<'_> {
                 for &(node, amount) in reserved {
                     self.nodes.give_back(res, node, amount);
                 }
-                if let Some(node) = place(&self.nodes, list, res, slots, placement) {
+                let offered = open.as_deref().unwrap_or(list);
+                if let Some(node) = place(&self.nodes, offered, res, slots, placement) {
                     admit(
                         &mut self.nodes,
                         &mut self.tickets,
@@ -214,6 +286,12 @@ impl Pass<'_> {
                     // helpers, so evictions serve the queue's order.
                     let list = list.to_vec();
                     self.preempt_for(c, t, &list, free)
+                } else if let Some(open) = &open
+                    && role == Role::Helper
+                {
+                    Message::KeptForPrimaries {
+                        nodes: list.len() - open.len(),
+                    }
                 } else {
                     Message::NoFit {
                         role,
@@ -225,6 +303,7 @@ impl Pass<'_> {
                 }
             };
             let ticket = &mut self.tickets[t];
+            ticket.waits = !impossible;
             ticket.phase = LeasePhase::Queued;
             ticket.position = Some(ahead + 1);
             ticket.message = message;
@@ -234,25 +313,54 @@ impl Pass<'_> {
     }
 
     /// A helper whose admission never reached its pod (still gated) is not
-    /// started while primaries of its class queue: it goes back to its
-    /// queue, and its slots to the pool, before the primaries are decided.
-    fn requeue_redriven_helpers(&mut self, c: usize, helpers: &mut Vec<usize>) {
+    /// started where a primary may need its slots: while primaries of its
+    /// own class queue (unless `admitWhileQueued`), or on a node of another
+    /// class whose primaries queue. It goes back to its queue, and its slots
+    /// to the pool, before any primary is decided.
+    fn requeue_contested_redrives(&mut self, by_class: &mut [ClassQueue]) {
+        let queuing: Vec<usize> = (0..by_class.len())
+            .filter(|&c| !by_class[c].primaries.is_empty())
+            .collect();
+        if queuing.is_empty() {
+            return;
+        }
+        let mut requeued = Vec::new();
         for i in 0..self.tickets.len() {
-            let t = &mut self.tickets[i];
-            if !(t.redrive && t.class == Some(c) && t.role == Role::Helper) {
+            let t = &self.tickets[i];
+            let (true, Role::Helper, Some(h), Some(res), Some(node)) =
+                (t.redrive, t.role, t.class, t.res, t.node_idx)
+            else {
+                continue;
+            };
+            let contested = queuing.iter().any(|&c| {
+                let class = &self.classes.list[c];
+                if c == h {
+                    !class.info.spec.helpers.admit_while_queued
+                } else {
+                    class.res == res && class.nodes.binary_search(&node).is_ok()
+                }
+            });
+            if !contested {
                 continue;
             }
-            if let (Some(res), Some(node)) = (t.res, t.node_idx) {
-                self.nodes.give_back(res, node, t.slots);
-            }
+            self.nodes.give_back(res, node, t.slots);
+            let t = &mut self.tickets[i];
             t.redrive = false;
             t.phase = LeasePhase::Queued;
             t.node = None;
             t.node_idx = None;
             t.candidate = true;
-            helpers.push(i);
+            by_class[h].helpers.push(i);
+            requeued.push(h);
         }
-        helpers.sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
+        requeued.sort_unstable();
+        requeued.dedup();
+        for h in requeued {
+            let tickets = &self.tickets;
+            by_class[h]
+                .helpers
+                .sort_unstable_by_key(|&i| (tickets[i].sequence, i));
+        }
     }
 
     /// Drives again the admissions of leases admitted earlier whose pods
@@ -260,6 +368,7 @@ impl Pass<'_> {
     pub fn readmit(&mut self) {
         for t in &self.tickets {
             if t.redrive
+                && t.lease.is_none_or(|l| !l.missing)
                 && let Some(node) = t.node
             {
                 self.plan.admissions.push(Admission {

@@ -102,6 +102,18 @@ impl Pass<'_> {
                     spec: self.new_spec(t),
                     status: self.build(t),
                 }),
+                // Deleted while its pod lives: recreated as it was (same
+                // sequence, node, GPUs and times), so the pod keeps its place.
+                Some(l) if l.missing => {
+                    if t.phase != LeasePhase::Released && t.pod.is_some_and(|p| !p.terminating) {
+                        created.push(NewLease {
+                            key: t.key.clone(),
+                            pod_uid: l.spec.pod_uid.clone(),
+                            spec: self.new_spec(t),
+                            status: self.build(t),
+                        });
+                    }
+                }
                 Some(_) if t.message == Message::Unchanged => {}
                 Some(_) if self.differs(t, &mut scratch) => {
                     changed.push((t.key.clone(), self.build(t)));
