@@ -16,7 +16,7 @@ use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
 use gpupool_operator::webhook::certs;
-use gpupool_operator::webhook::review::{Users, StaticView, WebhookKind, review_body};
+use gpupool_operator::webhook::review::{Identities, StaticView, Users, WebhookKind, review_body};
 use gpupool_operator::webhook::server::{self, CertResolver, Handler, WebhookMetrics};
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -125,8 +125,13 @@ fn plain_review() -> Vec<u8> {
     review(pod(json!({"requests": {"cpu": "1", "memory": "1Gi"}})))
 }
 
-fn owners() -> Users {
-    Users::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()])
+fn identities() -> Identities {
+    Identities {
+        operator: Users::new(["system:serviceaccount:gpupool-system:gpupool-operator".to_owned()]),
+        device_plugins: Users::new([
+            "system:serviceaccount:gpupool-system:gpupool-device-plugin".to_owned()
+        ]),
+    }
 }
 
 fn pure_review(c: &mut Criterion) {
@@ -140,7 +145,7 @@ fn pure_review(c: &mut Criterion) {
             ..Default::default()
         },
     ))];
-    let owners = owners();
+    let identities = identities();
     let now = jiff::Timestamp::now();
     let mut group = c.benchmark_group("webhook_review");
     for (name, body, view) in [
@@ -150,7 +155,14 @@ fn pure_review(c: &mut Criterion) {
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
-                review_body(WebhookKind::Mutate, black_box(&body), view, &owners, now).unwrap()
+                review_body(
+                    WebhookKind::Mutate,
+                    black_box(&body),
+                    view,
+                    &identities,
+                    now,
+                )
+                .unwrap()
             })
         });
     }
@@ -174,11 +186,11 @@ fn https() -> Https {
             certs::generate(&["127.0.0.1".to_owned()], jiff::Timestamp::now(), None).unwrap();
         let resolver = CertResolver::new(bundle.certified_key().unwrap());
         let tls = server::tls_config(resolver).unwrap();
-        let handler = Arc::new(Handler {
-            view: view(),
-            gate_owners: owners(),
-            metrics: WebhookMetrics::default(),
-        });
+        let handler = Arc::new(Handler::new(
+            view(),
+            identities(),
+            WebhookMetrics::default(),
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(server::serve(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use gpupool_api::{GpuLeaseClass, GpuLeaseClassSpec};
 use gpupool_operator::webhook::certs::{self, TlsBundle};
-use gpupool_operator::webhook::review::{GateOwners, StaticView};
+use gpupool_operator::webhook::review::{Identities, StaticView, Users};
 use gpupool_operator::webhook::server::{self, CertResolver, Handler, WebhookMetrics};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -59,13 +59,16 @@ async fn start_webhook() -> Webhook {
         )],
         leases: vec![],
     };
-    let handler = Arc::new(Handler {
+    let handler = Arc::new(Handler::new(
         view,
-        gate_owners: GateOwners::new([
-            "system:serviceaccount:gpupool-system:gpupool-operator".to_owned()
-        ]),
+        Identities {
+            operator: Users::new([
+                "system:serviceaccount:gpupool-system:gpupool-operator".to_owned()
+            ]),
+            device_plugins: Users::new(Vec::<String>::new()),
+        },
         metrics,
-    });
+    ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -301,7 +304,7 @@ async fn bad_requests_get_http_errors_with_a_message() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(
         body,
-        "no webhook at /other; use /mutate-pods or /validate-pods"
+        "no webhook at /other; use /mutate-pods, /validate-pods, /validate-gpuleases or /validate-gpuleaseclasses"
     );
 
     let (status, body) = call(&webhook, "GET", "/mutate-pods", vec![]).await;
@@ -432,5 +435,134 @@ async fn shutdown_stops_the_server() {
     assert!(
         TcpStream::connect(webhook.addr).await.is_err(),
         "still listening"
+    );
+}
+
+/// Reads until the peer closes or `within` passes; true when it closed.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    within: std::time::Duration,
+) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_at_once_and_counted() {
+    let webhook = start_webhook().await;
+    // Peers that connect and never start TLS hold every slot...
+    let mut idle = Vec::new();
+    for _ in 0..server::MAX_CONNECTIONS {
+        idle.push(TcpStream::connect(webhook.addr).await.expect("connect"));
+    }
+    // ...so one more is closed straight away, long before any timeout.
+    let mut extra = TcpStream::connect(webhook.addr).await.expect("connect");
+    assert!(
+        closed_within(&mut extra, std::time::Duration::from_secs(2)).await,
+        "a connection over the cap was held"
+    );
+    let mut metrics = String::new();
+    prometheus_client::encoding::text::encode(&mut metrics, &webhook.registry).expect("encode");
+    assert!(
+        metrics.contains("gpupool_webhook_refused_total{reason=\"connections\"}"),
+        "{metrics}"
+    );
+    // The stalled ones are dropped at the handshake timeout, and the slots
+    // serve real reviews again.
+    for mut stream in idle.drain(..8) {
+        assert!(closed_within(&mut stream, std::time::Duration::from_secs(10)).await);
+    }
+    drop(idle);
+    let (status, _) = call(
+        &webhook,
+        "POST",
+        "/mutate-pods",
+        review("CREATE", "alice", pod(None, "1", false), None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_peer_that_stalls_in_its_headers_is_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let webhook = start_webhook().await;
+    let mut tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"http/1.1")
+        .await
+        .expect("TLS");
+    tls.write_all(b"POST /mutate-pods HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("partial headers");
+    assert!(
+        closed_within(&mut tls, std::time::Duration::from_secs(10)).await,
+        "a connection stalled mid-headers was held"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_body_gets_408_and_an_oversized_one_413_before_it_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let webhook = start_webhook().await;
+    let mut tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"http/1.1")
+        .await
+        .expect("TLS");
+    tls.write_all(
+        b"POST /mutate-pods HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"apiVersion\"",
+    )
+    .await
+    .expect("headers and a little body");
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), tls.read(&mut answer))
+        .await
+        .expect("answered before the test's own timeout")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // A declared size over the limit is refused from the headers alone, over
+    // HTTP/2 as an answer rather than a reset stream.
+    let tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"h2")
+        .await
+        .expect("TLS");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    use futures::StreamExt;
+    // One chunk, then nothing: the server must answer from the headers.
+    let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(
+        hyper::body::Frame::data(Bytes::from_static(b"{")),
+    )])
+    .chain(futures::stream::pending());
+    let body = http_body_util::StreamBody::new(chunks);
+    let request = Request::builder()
+        .method("POST")
+        .uri("https://127.0.0.1/mutate-pods")
+        .header("content-length", (server::MAX_BODY_BYTES + 1).to_string())
+        .body(body)
+        .expect("request");
+    let response = tokio::time::timeout(TIMEOUT, sender.send_request(request))
+        .await
+        .expect("answered in time")
+        .expect("a response, not a reset");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let text = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("larger than"),
+        "{text:?}"
     );
 }

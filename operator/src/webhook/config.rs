@@ -19,6 +19,10 @@ pub const DEFAULT_SERVICE_PORT: u16 = 443;
 pub const MUTATE_PATH: &str = "/mutate-pods";
 /// URL path of the validating (pod UPDATE) webhook.
 pub const VALIDATE_PATH: &str = "/validate-pods";
+/// Path of the GpuLease validating webhook.
+pub const LEASE_PATH: &str = "/validate-gpuleases";
+/// Path of the GpuLeaseClass validating webhook.
+pub const CLASS_PATH: &str = "/validate-gpuleaseclasses";
 
 /// A webhook flag value that cannot be used; the message names the flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -218,10 +222,7 @@ impl WebhookConfig {
         let namespace = namespace.into();
         let mut owners = Users::new(gate_owners);
         if owners.users().is_empty() {
-            owners = Users::new([Users::service_account(
-                &namespace,
-                DEFAULT_SERVICE_ACCOUNT,
-            )]);
+            owners = Users::new([Users::service_account(&namespace, DEFAULT_SERVICE_ACCOUNT)]);
         }
         let device_plugin_users = Users::new([Users::service_account(
             &namespace,

@@ -18,18 +18,33 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::certs::is_conflict;
-use super::config::{MUTATE_PATH, VALIDATE_PATH, WebhookConfig, WebhookEndpoint};
+use super::config::{
+    CLASS_PATH, LEASE_PATH, MUTATE_PATH, VALIDATE_PATH, WebhookConfig, WebhookEndpoint,
+};
 
 /// Name of the mutating webhook; users see it in denials as
 /// `admission webhook "queue.pods.gpupool.io" denied the request: ...`.
 pub const MUTATING_WEBHOOK_NAME: &str = "queue.pods.gpupool.io";
-/// Name of the validating webhook (gate removal).
+/// Name of the validating pod webhook (gate removal, queue labels).
 pub const VALIDATING_WEBHOOK_NAME: &str = "gate.pods.gpupool.io";
-/// CEL condition of the validating webhook: only updates of pods that carry
-/// the gate are sent, so ordinary pod updates never depend on the webhook
-/// being up. The webhook checks the same itself, so API servers that ignore
-/// match conditions stay correct.
-pub const GATED_PODS_ONLY: &str = "has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == 'gpupool.io/admission')";
+/// Name of the validating GpuLease webhook.
+pub const LEASE_WEBHOOK_NAME: &str = "leases.gpupool.io";
+/// Name of the validating GpuLeaseClass webhook.
+pub const CLASS_WEBHOOK_NAME: &str = "classes.gpupool.io";
+/// CEL condition of the validating pod webhook: only updates that touch what
+/// the webhook guards are sent (pods that carry the gate, or a change of the
+/// class or role label or of the enqueue stamp), so ordinary pod updates
+/// never depend on the webhook being up. The webhook checks the same itself,
+/// so API servers that ignore match conditions stay correct.
+pub const GUARDED_POD_UPDATES: &str = concat!(
+    "(has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == 'gpupool.io/admission'))",
+    " || (has(oldObject.metadata.labels) && 'gpupool.io/class' in oldObject.metadata.labels ? oldObject.metadata.labels['gpupool.io/class'] : '')",
+    " != (has(object.metadata.labels) && 'gpupool.io/class' in object.metadata.labels ? object.metadata.labels['gpupool.io/class'] : '')",
+    " || (has(oldObject.metadata.labels) && 'gpupool.io/role' in oldObject.metadata.labels ? oldObject.metadata.labels['gpupool.io/role'] : '')",
+    " != (has(object.metadata.labels) && 'gpupool.io/role' in object.metadata.labels ? object.metadata.labels['gpupool.io/role'] : '')",
+    " || (has(oldObject.metadata.annotations) && 'gpupool.io/enqueued-at' in oldObject.metadata.annotations ? oldObject.metadata.annotations['gpupool.io/enqueued-at'] : '')",
+    " != (has(object.metadata.annotations) && 'gpupool.io/enqueued-at' in object.metadata.annotations ? object.metadata.annotations['gpupool.io/enqueued-at'] : '')",
+);
 /// Seconds the API server waits for an answer before failing the request.
 pub const TIMEOUT_SECONDS: i32 = 5;
 
@@ -98,6 +113,32 @@ fn pod_rule(operation: &str) -> RuleWithOperations {
     }
 }
 
+fn gpupool_rule(resources: &[&str]) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![gpupool_api::names::GROUP.to_owned()]),
+        api_versions: Some(vec!["*".to_owned()]),
+        operations: Some(vec!["CREATE".to_owned(), "UPDATE".to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        scope: Some("*".to_owned()),
+    }
+}
+
+/// CEL condition sending a review only for users other than the operator,
+/// whose own writes the webhook would allow anyway.
+fn not_the_operator(config: &WebhookConfig) -> MatchCondition {
+    let users = config
+        .gate_owners
+        .users()
+        .iter()
+        .map(|u| format!("'{}'", u.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    MatchCondition {
+        name: "not-the-operator".to_owned(),
+        expression: format!("!(request.userInfo.username in [{users}])"),
+    }
+}
+
 fn namespace_selector(config: &WebhookConfig) -> LabelSelector {
     LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
@@ -151,7 +192,10 @@ pub fn mutating(
 }
 
 /// The ValidatingWebhookConfiguration: pod UPDATE to [`VALIDATE_PATH`], with
-/// the same policy, timeout and namespace exclusions as [`mutating`].
+/// the same policy, timeout and namespace exclusions as [`mutating`];
+/// GpuLease CREATE and UPDATE (main resource and status) by anyone but the
+/// operator to [`LEASE_PATH`]; GpuLeaseClass CREATE and UPDATE to
+/// [`CLASS_PATH`].
 pub fn validating(
     config: &WebhookConfig,
     ca_bundle: &str,
@@ -159,26 +203,65 @@ pub fn validating(
 ) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
         metadata: metadata(config, owner),
-        webhooks: Some(vec![ValidatingWebhook {
-            name: VALIDATING_WEBHOOK_NAME.to_owned(),
-            admission_review_versions: vec!["v1".to_owned()],
-            client_config: client_config(&config.endpoint, VALIDATE_PATH, ca_bundle),
-            failure_policy: Some("Fail".to_owned()),
-            match_conditions: Some(vec![MatchCondition {
-                name: "gated-pods-only".to_owned(),
-                expression: GATED_PODS_ONLY.to_owned(),
-            }]),
-            match_policy: Some("Equivalent".to_owned()),
-            namespace_selector: Some(namespace_selector(config)),
-            rules: Some(vec![pod_rule("UPDATE")]),
-            side_effects: "None".to_owned(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-            ..Default::default()
-        }]),
+        webhooks: Some(vec![
+            ValidatingWebhook {
+                name: VALIDATING_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(&config.endpoint, VALIDATE_PATH, ca_bundle),
+                failure_policy: Some("Fail".to_owned()),
+                match_conditions: Some(vec![MatchCondition {
+                    name: "guarded-pod-updates".to_owned(),
+                    expression: GUARDED_POD_UPDATES.to_owned(),
+                }]),
+                match_policy: Some("Equivalent".to_owned()),
+                namespace_selector: Some(namespace_selector(config)),
+                rules: Some(vec![pod_rule("UPDATE")]),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..Default::default()
+            },
+            ValidatingWebhook {
+                name: LEASE_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(&config.endpoint, LEASE_PATH, ca_bundle),
+                failure_policy: Some("Fail".to_owned()),
+                match_conditions: Some(vec![not_the_operator(config)]),
+                match_policy: Some("Equivalent".to_owned()),
+                rules: Some(vec![gpupool_rule(&["gpuleases", "gpuleases/status"])]),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..Default::default()
+            },
+            ValidatingWebhook {
+                name: CLASS_WEBHOOK_NAME.to_owned(),
+                admission_review_versions: vec!["v1".to_owned()],
+                client_config: client_config(&config.endpoint, CLASS_PATH, ca_bundle),
+                failure_policy: Some("Fail".to_owned()),
+                match_policy: Some("Equivalent".to_owned()),
+                rules: Some(vec![gpupool_rule(&["gpuleaseclasses"])]),
+                side_effects: "None".to_owned(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..Default::default()
+            },
+        ]),
     }
 }
 
 const ATTEMPTS: usize = 5;
+
+/// What [`apply`] found and did to one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// It was as wanted; nothing was written.
+    Unchanged,
+    /// It was missing and was created.
+    Created,
+    /// It differed (edited by someone, or an older certificate) and was replaced.
+    Replaced,
+}
+
+/// What [`apply`] did: (MutatingWebhookConfiguration, ValidatingWebhookConfiguration).
+pub type Applied = (Written, Written);
 
 /// Creates or replaces both configurations so they carry `ca_bundle`, point
 /// at `config.endpoint` and, with `config.owner_cluster_role`, name that
@@ -187,25 +270,26 @@ pub async fn apply(
     client: kube::Client,
     config: &WebhookConfig,
     ca_bundle: &str,
-) -> Result<(), ConfigurationError> {
+) -> Result<Applied, ConfigurationError> {
     let owner = match &config.owner_cluster_role {
         Some(name) => Some(owner_reference(client.clone(), name).await?),
         None => None,
     };
-    create_or_replace(
+    let mutating = create_or_replace(
         &Api::all(client.clone()),
         "MutatingWebhookConfiguration",
         mutating(config, ca_bundle, owner.as_ref()),
         |have, want| have.webhooks == want.webhooks && same_owners(have, want),
     )
     .await?;
-    create_or_replace(
+    let validating = create_or_replace(
         &Api::all(client),
         "ValidatingWebhookConfiguration",
         validating(config, ca_bundle, owner.as_ref()),
         |have, want| have.webhooks == want.webhooks && same_owners(have, want),
     )
-    .await
+    .await?;
+    Ok((mutating, validating))
 }
 
 /// The owner reference to ClusterRole `name`, which must exist (its uid is
@@ -246,7 +330,7 @@ async fn create_or_replace<K>(
     kind: &'static str,
     mut want: K,
     same: impl Fn(&K, &K) -> bool,
-) -> Result<(), ConfigurationError>
+) -> Result<Written, ConfigurationError>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
@@ -257,18 +341,24 @@ where
         source,
     };
     for _ in 0..ATTEMPTS {
-        let result = match api.get_opt(&name).await.map_err(api_error)? {
-            None => api.create(&PostParams::default(), &want).await,
-            Some(have) if same(&have, &want) => return Ok(()),
+        let (result, written) = match api.get_opt(&name).await.map_err(api_error)? {
+            None => (
+                api.create(&PostParams::default(), &want).await,
+                Written::Created,
+            ),
+            Some(have) if same(&have, &want) => return Ok(Written::Unchanged),
             Some(have) => {
                 want.meta_mut().resource_version = have.resource_version();
-                api.replace(&name, &PostParams::default(), &want).await
+                (
+                    api.replace(&name, &PostParams::default(), &want).await,
+                    Written::Replaced,
+                )
             }
         };
         match result {
             Ok(_) => {
-                tracing::info!(kind, name, "webhook configuration written");
-                return Ok(());
+                tracing::info!(kind, name, ?written, "webhook configuration written");
+                return Ok(written);
             }
             Err(e) if is_conflict(&e) => continue,
             Err(e) => return Err(api_error(e)),
@@ -344,7 +434,7 @@ mod tests {
         assert!(hook["clientConfig"].get("service").is_none());
         assert_eq!(
             hook["matchConditions"],
-            json!([{"name": "gated-pods-only", "expression": "has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == 'gpupool.io/admission')"}])
+            json!([{"name": "guarded-pod-updates", "expression": GUARDED_POD_UPDATES}])
         );
         assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],
@@ -353,9 +443,49 @@ mod tests {
     }
 
     #[test]
-    fn match_condition_names_the_gate() {
-        let gate = format!("'{}'", gpupool_api::names::SCHEDULING_GATE);
-        assert!(GATED_PODS_ONLY.contains(&gate), "{GATED_PODS_ONLY}");
+    fn match_condition_names_the_gate_and_the_guarded_keys() {
+        for key in [
+            gpupool_api::names::SCHEDULING_GATE,
+            gpupool_api::names::LABEL_CLASS,
+            gpupool_api::names::LABEL_ROLE,
+            gpupool_api::names::ANNOTATION_ENQUEUED_AT,
+        ] {
+            let quoted = format!("'{key}'");
+            assert!(GUARDED_POD_UPDATES.contains(&quoted), "{key}");
+        }
+    }
+
+    #[test]
+    fn lease_and_class_webhooks_route_gpupool_objects() {
+        let c = config("https://127.0.0.1:9443");
+        let v = serde_json::to_value(validating(&c, CA, None)).expect("json");
+        let hooks = v["webhooks"].as_array().expect("webhooks");
+        assert_eq!(hooks.len(), 3);
+        let lease = &hooks[1];
+        assert_eq!(lease["name"], json!(LEASE_WEBHOOK_NAME));
+        assert_eq!(
+            lease["rules"][0]["resources"],
+            json!(["gpuleases", "gpuleases/status"])
+        );
+        assert_eq!(lease["rules"][0]["apiGroups"], json!(["gpupool.io"]));
+        assert_eq!(lease["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+        assert_eq!(
+            lease["clientConfig"]["url"],
+            json!("https://127.0.0.1:9443/validate-gpuleases")
+        );
+        assert_eq!(
+            lease["matchConditions"][0]["expression"],
+            json!(
+                "!(request.userInfo.username in ['system:serviceaccount:gpupool-system:gpupool-operator'])"
+            )
+        );
+        let class = &hooks[2];
+        assert_eq!(class["name"], json!(CLASS_WEBHOOK_NAME));
+        assert_eq!(class["rules"][0]["resources"], json!(["gpuleaseclasses"]));
+        assert_eq!(
+            class["clientConfig"]["url"],
+            json!("https://127.0.0.1:9443/validate-gpuleaseclasses")
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@
 pub mod certs;
 pub mod config;
 pub mod configurations;
+pub mod guard;
 pub mod review;
 pub mod server;
 pub mod stores;
@@ -44,12 +45,13 @@ pub mod stores;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use tokio::net::TcpListener;
 
 pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, WebhookUrl};
-pub use review::Users;
+pub use review::{Identities, Users};
 pub use server::WebhookMetrics;
 
 use certs::{CertError, CertProblem, TlsBundle};
@@ -97,6 +99,7 @@ pub struct RunningWebhook {
     certs: Arc<CertResolver>,
     tls: Arc<rustls::ServerConfig>,
     handler: Arc<Handler<Stores>>,
+    metrics: WebhookMetrics,
 }
 
 /// Prepares the webhook (see the module docs for the order of steps),
@@ -136,11 +139,14 @@ pub async fn start(
     configurations::apply(client.clone(), &config, &bundle.ca_pem).await?;
     tracing::info!(%local_addr, endpoint = ?config.endpoint, "webhook ready");
 
-    let handler = Arc::new(Handler {
-        view: stores,
-        gate_owners: config.gate_owners.clone(),
-        metrics,
-    });
+    let handler = Arc::new(Handler::new(
+        stores,
+        Identities {
+            operator: config.gate_owners.clone(),
+            device_plugins: config.device_plugin_users.clone(),
+        },
+        metrics.clone(),
+    ));
     Ok(RunningWebhook {
         config,
         client,
@@ -150,6 +156,7 @@ pub async fn start(
         certs,
         tls,
         handler,
+        metrics,
     })
 }
 
@@ -181,14 +188,101 @@ impl RunningWebhook {
             certs,
             tls,
             handler,
+            metrics,
             ..
         } = self;
-        let refresh = refresh_loop(config, client, bundle, certs);
+        let (ca_tx, ca_rx) = tokio::sync::watch::channel(bundle.ca_pem.clone());
+        let guard = guard_configurations(config.clone(), client.clone(), ca_rx, metrics);
+        let refresh = refresh_loop(config, client, bundle, certs, ca_tx);
         tokio::select! {
             () = server::serve(listener, tls, handler, shutdown) => {}
             never = refresh => match never {},
+            never = guard => match never {},
         }
         Ok(())
+    }
+}
+
+/// Watches the two webhook configurations and rewrites them as soon as
+/// anyone deletes or edits them (a deleted or relaxed webhook lets pods run
+/// ungated, ahead of the queue): each change is repaired within about a
+/// second, with a warning and `gpupool_webhook_configuration_repairs_total`.
+/// A watch that fails is restarted with backoff; repairs that fail are
+/// retried on the next event or after a second.
+async fn guard_configurations(
+    config: WebhookConfig,
+    client: kube::Client,
+    ca: tokio::sync::watch::Receiver<String>,
+    metrics: WebhookMetrics,
+) -> std::convert::Infallible {
+    use futures::StreamExt;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let selector = format!("metadata.name={}", config.configuration_name);
+    let watch_config = watcher::Config::default().fields(&selector);
+    let mutating = watcher(
+        kube::Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        watch_config.clone(),
+    )
+    .default_backoff()
+    .map(|e| e.map(|_| ()));
+    let validating = watcher(
+        kube::Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        watch_config,
+    )
+    .default_backoff()
+    .map(|e| e.map(|_| ()));
+    let mut events = std::pin::pin!(futures::stream::select(mutating, validating));
+    let mut retry = false;
+    loop {
+        let event = if retry {
+            tokio::time::timeout(Duration::from_secs(1), events.next())
+                .await
+                .ok()
+        } else {
+            Some(events.next().await)
+        };
+        match event {
+            Some(Some(Err(error))) => {
+                tracing::warn!(%error, "watch of the webhook configurations failed; retrying");
+                continue;
+            }
+            Some(None) => {
+                // The watcher streams never end; should they, poll instead.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Some(Some(Ok(()))) | None => {}
+        }
+        let ca_pem = ca.borrow().clone();
+        match configurations::apply(client.clone(), &config, &ca_pem).await {
+            Ok((m, v)) => {
+                retry = false;
+                for (kind, written) in [
+                    ("MutatingWebhookConfiguration", m),
+                    ("ValidatingWebhookConfiguration", v),
+                ] {
+                    let found = match written {
+                        configurations::Written::Unchanged => continue,
+                        configurations::Written::Created => "missing",
+                        configurations::Written::Replaced => "changed",
+                    };
+                    metrics.configuration_repaired(kind);
+                    tracing::warn!(
+                        kind,
+                        name = %config.configuration_name,
+                        found,
+                        "webhook configuration was {found}; restored it (pods created meanwhile may have skipped the queue)"
+                    );
+                }
+            }
+            Err(error) => {
+                retry = true;
+                tracing::warn!(%error, "cannot restore the webhook configurations; retrying");
+            }
+        }
     }
 }
 
@@ -197,6 +291,7 @@ async fn refresh_loop(
     client: kube::Client,
     mut bundle: TlsBundle,
     certs: Arc<CertResolver>,
+    ca: tokio::sync::watch::Sender<String>,
 ) -> std::convert::Infallible {
     let names = config.endpoint.certificate_names();
     let mut ticker = tokio::time::interval(config.refresh_interval);
@@ -216,6 +311,7 @@ async fn refresh_loop(
             if fresh != bundle {
                 certs.replace(fresh.certified_key()?);
                 tracing::info!("webhook certificate reloaded from its Secret");
+                ca.send_replace(fresh.ca_pem.clone());
                 bundle = fresh;
             }
             configurations::apply(client.clone(), &config, &bundle.ca_pem).await?;

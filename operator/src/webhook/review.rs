@@ -12,10 +12,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpupool_api::names::{
-    ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, SCHEDULING_GATE,
+    ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, LABEL_ROLE, SCHEDULING_GATE,
 };
 use gpupool_api::pod::{self, PodError};
-use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
+
+use crate::engine::established_default;
+
+pub use super::guard::{Identities, validate_class, validate_lease};
 use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
@@ -96,8 +100,8 @@ impl Users {
 /// `admission webhook "..." denied the request: `.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denial {
-    /// The request carries no pod where the operation needs one.
-    #[error("the {operation} admission request carries no pod object")]
+    /// The request carries no object where the operation needs one.
+    #[error("the {operation} admission request carries no object")]
     MissingObject {
         /// The operation (CREATE, UPDATE).
         operation: String,
@@ -115,16 +119,6 @@ pub enum Denial {
     NoClass {
         /// The gpupool resource the pod requests.
         resource: String,
-    },
-    /// The pod names no class and several classes claim to be the default.
-    #[error(
-        "the pod names no GpuLeaseClass (label {LABEL_CLASS}) and {} classes are marked default: true ({}); set the label or leave one default",
-        classes.len(),
-        quoted(classes)
-    )]
-    SeveralDefaults {
-        /// The default classes, sorted by name.
-        classes: Vec<String>,
     },
     /// The role label or a slot quantity cannot be read.
     #[error("{0}")]
@@ -165,17 +159,68 @@ pub enum Denial {
         /// That node.
         node: String,
     },
-    /// The class's queue is full.
+    /// The class's queue is full for the pod's role.
     #[error(
-        "GpuLeaseClass {class:?} already has {queued} queued pods (admission.maxQueued is {max}); try again once the queue shrinks"
+        "GpuLeaseClass {class:?} already has {queued} queued {} (admission.maxQueued is {max}, counted for primaries and helpers apart); try again once the queue shrinks",
+        role_plural(*role, *queued)
     )]
     QueueFull {
         /// The class.
         class: String,
-        /// Leases of the class waiting now.
+        /// The pod's role: only leases of this role count.
+        role: Role,
+        /// Leases of the class and role waiting now.
         queued: usize,
         /// The class's bound.
         max: u32,
+    },
+    /// The pod names its node itself, which would bypass the queue.
+    #[error(
+        "the pod sets spec.nodeName ({node:?}) but requests {resource}: gpupool pods wait in the queue and are placed by the operator; remove spec.nodeName (use a nodeSelector to choose nodes)"
+    )]
+    NodeNameSet {
+        /// The node the pod names.
+        node: String,
+        /// The gpupool resource it requests.
+        resource: String,
+    },
+    /// An update changes a label or annotation fixed at creation.
+    #[error(
+        "{what} {key} cannot be changed after the pod is created (it decides the pod's class, role or place in the queue); delete and recreate the pod instead"
+    )]
+    Immutable {
+        /// `label` or `annotation`.
+        what: &'static str,
+        /// The key.
+        key: &'static str,
+    },
+    /// Someone other than the operator wrote what only the operator may.
+    #[error("user {user:?} may not {what}: GpuLeases are written by the gpupool operator")]
+    LeaseWrite {
+        /// The user who tried.
+        user: String,
+        /// What they tried.
+        what: String,
+    },
+    /// A class names a resource that is not an extended resource.
+    #[error(
+        "GpuLeaseClass {class:?}: resourceName {resource:?} is not an extended resource (a domain-qualified name such as gpupool/slot, outside the kubernetes.io domain)"
+    )]
+    NotExtendedResource {
+        /// The class.
+        class: String,
+        /// The name it gave.
+        resource: String,
+    },
+    /// A class claims the default while another one holds it.
+    #[error(
+        "GpuLeaseClass {default:?} is already the default; at most one class may be marked default: true (set default: false on {default:?} first, or leave it out of {class:?})"
+    )]
+    SecondDefault {
+        /// The class being written.
+        class: String,
+        /// The class that is the default now.
+        default: String,
     },
     /// Someone other than the operator removed the scheduling gate.
     #[error(
@@ -188,6 +233,15 @@ pub enum Denial {
         /// The users allowed to.
         owners: Vec<String>,
     },
+}
+
+fn role_plural(role: Role, n: usize) -> &'static str {
+    match (role, n) {
+        (Role::Primary, 1) => "primary",
+        (Role::Primary, _) => "primaries",
+        (Role::Helper, 1) => "helper",
+        (Role::Helper, _) => "helpers",
+    }
 }
 
 fn quoted(items: &[String]) -> String {
@@ -221,7 +275,10 @@ impl Decision {
 
     /// The AdmissionResponse for `request`: denials carry HTTP 403 and the
     /// message; patches are JSONPatch.
-    pub fn into_response(self, request: &AdmissionRequest<Pod>) -> AdmissionResponse {
+    pub fn into_response<K: kube::Resource>(
+        self,
+        request: &AdmissionRequest<K>,
+    ) -> AdmissionResponse {
         let response = AdmissionResponse::from(request);
         match self {
             Decision::Allow => response,
@@ -296,7 +353,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
 
     let class = resolve_class(pod, &classes, first)?;
     let class_name = class.name_any();
-    pod::role(pod)?;
+    let role = pod::role(pod)?;
     let resource = class.spec.resource_name.as_str();
     let slots = pod::requested_slots(spec, resource)?;
     for other in mentioned.iter().filter(|r| **r != resource) {
@@ -310,6 +367,12 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
     }
     if slots == 0 {
         return Ok(false);
+    }
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Err(Denial::NodeNameSet {
+            node: node.to_owned(),
+            resource: resource.to_owned(),
+        });
     }
 
     if let Some((node, largest)) = largest_matching_node(class, &class_name, &view.nodes())?
@@ -326,14 +389,17 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
 
     let max = class.spec.admission.max_queued;
     if max > 0 {
+        // Primaries and helpers are bounded apart, so queued helpers can
+        // never lock primaries out (nor the other way round).
         let queued = view
             .leases()
             .iter()
-            .filter(|l| l.spec.class_name == class_name && is_queued(l))
+            .filter(|l| l.spec.class_name == class_name && l.spec.role == role && is_queued(l))
             .count();
         if queued >= max as usize {
             return Err(Denial::QueueFull {
                 class: class_name,
+                role,
                 queued,
                 max,
             });
@@ -364,22 +430,25 @@ fn resolve_class<'a>(
                 class: name.to_owned(),
             });
     }
-    let defaults: Vec<&GpuLeaseClass> = classes
+    let defaults = classes.iter().filter(|c| c.spec.default).filter_map(|c| {
+        Some((
+            c.metadata.name.as_deref()?,
+            c.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ))
+    });
+    let default = established_default(defaults);
+    classes
         .iter()
-        .filter(|c| c.spec.default)
+        .find(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| Some(n) == default)
+        })
         .map(|c| c.as_ref())
-        .collect();
-    match defaults.as_slice() {
-        [] => Err(Denial::NoClass {
+        .ok_or_else(|| Denial::NoClass {
             resource: resource.to_owned(),
-        }),
-        [one] => Ok(one),
-        several => {
-            let mut classes: Vec<String> = several.iter().map(|c| c.name_any()).collect();
-            classes.sort();
-            Err(Denial::SeveralDefaults { classes })
-        }
-    }
+        })
 }
 
 /// The matching node with the most allocatable slots of the class's resource,
@@ -522,9 +591,12 @@ fn gate_and_stamp(pod: &Pod, spec: &PodSpec, now: Timestamp) -> Patch {
     Patch(ops)
 }
 
-/// Reviews a pod UPDATE for the validating webhook: removing the
+/// Reviews a pod UPDATE for the validating webhook. Removing the
 /// `gpupool.io/admission` gate is denied unless `userInfo.username` is one of
-/// `owners`. Every other update is allowed, without consulting any store.
+/// `owners`; changing the `gpupool.io/class` or `gpupool.io/role` label or
+/// the `gpupool.io/enqueued-at` stamp of a pod that requests an extended
+/// resource is denied to everyone (they fix the pod's class, role and place
+/// in the queue). Every other update is allowed, without consulting any store.
 pub fn validate(request: &AdmissionRequest<Pod>, owners: &Users) -> Decision {
     if request.operation != Operation::Update {
         return Decision::Allow;
@@ -534,6 +606,28 @@ pub fn validate(request: &AdmissionRequest<Pod>, owners: &Users) -> Decision {
             operation: "UPDATE".to_owned(),
         });
     };
+    if old.spec.as_ref().is_some_and(requests_extended_resources) {
+        let label =
+            |p: &Pod, key: &str| p.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned();
+        for key in [LABEL_CLASS, LABEL_ROLE] {
+            if label(old, key) != label(new, key) {
+                return Decision::Deny(Denial::Immutable { what: "label", key });
+            }
+        }
+        let stamp = |p: &Pod| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_ENQUEUED_AT))
+                .cloned()
+        };
+        if stamp(old).is_some() && stamp(old) != stamp(new) {
+            return Decision::Deny(Denial::Immutable {
+                what: "annotation",
+                key: ANNOTATION_ENQUEUED_AT,
+            });
+        }
+    }
     if !has_gate(old) || has_gate(new) {
         return Decision::Allow;
     }
@@ -567,21 +661,36 @@ pub fn response_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json:
     serde_json::to_vec(&review)
 }
 
-/// Which of the two webhooks a request was sent to.
+/// Which webhook a request was sent to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WebhookKind {
     /// Pod CREATE: queue the pod ([`mutate`]).
     Mutate,
-    /// Pod UPDATE: guard the gate ([`validate`]).
+    /// Pod UPDATE: guard the gate and the queue labels ([`validate`]).
     Validate,
+    /// GpuLease CREATE/UPDATE: only the operator writes leases ([`validate_lease`]).
+    Lease,
+    /// GpuLeaseClass CREATE/UPDATE: semantic checks ([`validate_class`]).
+    Class,
 }
 
 impl WebhookKind {
-    /// Label for metrics and logs: `mutate` or `validate`.
+    /// Label for metrics and logs: `mutate`, `validate`, `lease` or `class`.
     pub fn as_str(self) -> &'static str {
         match self {
             WebhookKind::Mutate => "mutate",
             WebhookKind::Validate => "validate",
+            WebhookKind::Lease => "lease",
+            WebhookKind::Class => "class",
+        }
+    }
+
+    /// The kind of object this webhook reviews, as `group/Kind`.
+    fn reviews(self) -> (&'static str, &'static str) {
+        match self {
+            WebhookKind::Mutate | WebhookKind::Validate => ("", "Pod"),
+            WebhookKind::Lease => ("gpupool.io", "GpuLease"),
+            WebhookKind::Class => ("gpupool.io", "GpuLeaseClass"),
         }
     }
 }
@@ -589,48 +698,73 @@ impl WebhookKind {
 /// A request body the webhook cannot answer with an AdmissionReview.
 #[derive(Debug, thiserror::Error)]
 pub enum BadReview {
-    /// The body is not an AdmissionReview carrying a pod.
+    /// The body is not an AdmissionReview carrying the expected object.
     #[error("malformed AdmissionReview: {0}")]
     Malformed(#[source] serde_json::Error),
     /// The AdmissionReview has no `request`.
     #[error("malformed AdmissionReview: it carries no request")]
     NoRequest,
-    /// The request is about something other than a core/v1 Pod.
-    #[error("this webhook reviews core/v1 Pods, not {0}")]
-    NotAPod(String),
+    /// The request is about another kind than the webhook reviews.
+    #[error("this webhook reviews {expected}, not {got}")]
+    WrongKind {
+        /// What the webhook reviews.
+        expected: String,
+        /// What the request carries.
+        got: String,
+    },
     /// The response could not be encoded (a server fault, not the caller's).
     #[error("cannot encode the AdmissionReview response: {0}")]
     Encode(#[source] serde_json::Error),
 }
 
-/// Answers one AdmissionReview body: parses it, decides with [`mutate`] or
-/// [`validate`], and returns the response body with the decision's
+/// Answers one AdmissionReview body: parses it, decides with the webhook's
+/// function ([`mutate`], [`validate`], [`validate_lease`],
+/// [`validate_class`]), and returns the response body with the decision's
 /// [`Decision::outcome`].
 pub fn review_body(
     kind: WebhookKind,
     body: &[u8],
     view: &impl ClusterView,
-    owners: &Users,
+    identities: &Identities,
     now: Timestamp,
 ) -> Result<(Vec<u8>, &'static str), BadReview> {
-    let review: AdmissionReview<Pod> =
-        serde_json::from_slice(body).map_err(BadReview::Malformed)?;
-    let request: AdmissionRequest<Pod> = review.try_into().map_err(|_| BadReview::NoRequest)?;
-    if !(request.kind.group.is_empty() && request.kind.kind == "Pod") {
-        return Err(BadReview::NotAPod(format!(
-            "{}/{} {}",
-            request.kind.group, request.kind.version, request.kind.kind
-        )));
+    match kind {
+        WebhookKind::Mutate => answer(kind, body, |r| mutate(r, view, now)),
+        WebhookKind::Validate => answer(kind, body, |r| validate(r, &identities.operator)),
+        WebhookKind::Lease => answer(kind, body, |r| validate_lease(r, identities)),
+        WebhookKind::Class => answer(kind, body, |r| validate_class(r, view)),
     }
-    let decision = match kind {
-        WebhookKind::Mutate => mutate(&request, view, now),
-        WebhookKind::Validate => validate(&request, owners),
-    };
+}
+
+fn answer<K>(
+    kind: WebhookKind,
+    body: &[u8],
+    decide: impl FnOnce(&AdmissionRequest<K>) -> Decision,
+) -> Result<(Vec<u8>, &'static str), BadReview>
+where
+    K: kube::Resource + serde::de::DeserializeOwned,
+{
+    let review: AdmissionReview<K> = serde_json::from_slice(body).map_err(BadReview::Malformed)?;
+    let request: AdmissionRequest<K> = review.try_into().map_err(|_| BadReview::NoRequest)?;
+    let (group, object_kind) = kind.reviews();
+    if !(request.kind.group == group && request.kind.kind == object_kind) {
+        return Err(BadReview::WrongKind {
+            expected: format!(
+                "{object_kind} ({})",
+                if group.is_empty() { "core" } else { group }
+            ),
+            got: format!(
+                "{}/{} {}",
+                request.kind.group, request.kind.version, request.kind.kind
+            ),
+        });
+    }
+    let decision = decide(&request);
     if let Decision::Deny(denial) = &decision {
         tracing::info!(
             webhook = kind.as_str(),
             namespace = request.namespace.as_deref().unwrap_or_default(),
-            pod = request.name.as_str(),
+            name = request.name.as_str(),
             user = request.user_info.username.as_deref().unwrap_or_default(),
             %denial,
             "denied"

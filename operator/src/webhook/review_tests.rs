@@ -280,16 +280,126 @@ fn no_label_and_no_default_is_denied() {
     assert!(matches!(d, Denial::NoClass { .. }), "{d:?}");
 }
 
+fn created_at(mut class: Arc<GpuLeaseClass>, second: i64) -> Arc<GpuLeaseClass> {
+    Arc::make_mut(&mut class).metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::from_second(second).expect("time"),
+        ));
+    class
+}
+
 #[test]
-fn two_defaults_are_denied_naming_both() {
+fn with_two_defaults_an_unlabelled_pod_goes_to_the_older_one() {
     let view = StaticView {
-        classes: vec![class("zeta", true), class("alpha", true)],
+        classes: vec![
+            created_at(class("zeta", true), 100),
+            created_at(class("alpha", true), 200),
+        ],
+        nodes: one_default_class().nodes,
         ..Default::default()
     };
-    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    // The engine makes the same choice: both ask `established_default`.
+    assert!(matches!(
+        mutate(&create(gpu_pod("1")), &view, now()),
+        Decision::Patch(_)
+    ));
+    assert_eq!(
+        established_default([
+            ("zeta", Some(Timestamp::from_second(100).expect("t"))),
+            ("alpha", Some(Timestamp::from_second(200).expect("t")))
+        ]),
+        Some("zeta")
+    );
+}
+
+#[test]
+fn a_pod_that_names_its_node_is_denied() {
+    let mut pod = gpu_pod("1");
+    pod["spec"]["nodeName"] = json!("node-1");
+    let d = denial(mutate(&create(pod), &one_default_class(), now()));
     assert_eq!(
         d.to_string(),
-        "the pod names no GpuLeaseClass (label gpupool.io/class) and 2 classes are marked default: true (\"alpha\", \"zeta\"); set the label or leave one default"
+        "the pod sets spec.nodeName (\"node-1\") but requests gpupool/slot: gpupool pods wait in the queue and are placed by the operator; remove spec.nodeName (use a nodeSelector to choose nodes)"
+    );
+    // A pod that asks for no gpupool slot may name its node.
+    let mut plain = json!({"metadata": {"name": "x", "namespace": "ml"}, "spec": {"nodeName": "node-1", "containers": [{"name": "c"}]}});
+    plain["spec"]["containers"][0]["resources"] = json!({"limits": {"example.com/fpga": "1"}});
+    assert_eq!(
+        mutate(&create(plain), &one_default_class(), now()),
+        Decision::Allow
+    );
+}
+
+#[test]
+fn class_and_role_labels_and_the_stamp_cannot_change_after_creation() {
+    let base = with_labels(
+        gpu_pod("1"),
+        json!({"gpupool.io/role": "helper", "gpupool.io/class": "a"}),
+    );
+    for (key, value) in [
+        ("gpupool.io/role", json!("primary")),
+        ("gpupool.io/class", json!("b")),
+        ("gpupool.io/role", serde_json::Value::Null),
+    ] {
+        let mut changed = base.clone();
+        match value {
+            serde_json::Value::Null => {
+                changed["metadata"]["labels"]
+                    .as_object_mut()
+                    .expect("labels")
+                    .remove(key);
+            }
+            v => changed["metadata"]["labels"][key] = v,
+        }
+        // Even the operator does not relabel pods.
+        for user in ["alice", "gpupool-operator"] {
+            let req = request("UPDATE", user, Some(changed.clone()), Some(base.clone()));
+            let d = denial(validate(&req, &owners()));
+            assert_eq!(
+                d.to_string(),
+                format!(
+                    "label {key} cannot be changed after the pod is created (it decides the pod's class, role or place in the queue); delete and recreate the pod instead"
+                )
+            );
+        }
+    }
+    let mut stamped = base.clone();
+    stamped["metadata"]["annotations"] = json!({"gpupool.io/enqueued-at": STAMP});
+    let mut earlier = stamped.clone();
+    earlier["metadata"]["annotations"]["gpupool.io/enqueued-at"] =
+        json!("2001-01-01T00:00:00.000000Z");
+    let d = denial(validate(
+        &request("UPDATE", "alice", Some(earlier), Some(stamped.clone())),
+        &owners(),
+    ));
+    assert!(
+        matches!(
+            d,
+            Denial::Immutable {
+                key: "gpupool.io/enqueued-at",
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    // Other labels change freely, and pods without extended resources too.
+    let mut other = stamped.clone();
+    other["metadata"]["labels"]["team"] = json!("x");
+    assert_eq!(
+        validate(
+            &request("UPDATE", "alice", Some(other), Some(stamped)),
+            &owners()
+        ),
+        Decision::Allow
+    );
+    let plain = json!({"metadata": {"name": "x", "namespace": "ml", "labels": {"gpupool.io/role": "helper"}}, "spec": {"containers": [{"name": "c"}]}});
+    let relabelled = json!({"metadata": {"name": "x", "namespace": "ml", "labels": {"gpupool.io/role": "primary"}}, "spec": {"containers": [{"name": "c"}]}});
+    assert_eq!(
+        validate(
+            &request("UPDATE", "alice", Some(relabelled), Some(plain)),
+            &owners()
+        ),
+        Decision::Allow
     );
 }
 
@@ -450,7 +560,29 @@ fn full_queue_is_denied_with_the_count() {
     let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
     assert_eq!(
         d.to_string(),
-        "GpuLeaseClass \"default\" already has 2 queued pods (admission.maxQueued is 2); try again once the queue shrinks"
+        "GpuLeaseClass \"default\" already has 2 queued primaries (admission.maxQueued is 2, counted for primaries and helpers apart); try again once the queue shrinks"
+    );
+}
+
+#[test]
+fn queued_helpers_never_lock_primaries_out() {
+    let mut view = one_default_class();
+    view.classes = vec![class_with("default", |s| {
+        s.default = true;
+        s.admission.max_queued = 1;
+    })];
+    let mut queued_helper = lease("h", "default", Some(LeasePhase::Queued));
+    Arc::make_mut(&mut queued_helper).spec.role = Role::Helper;
+    view.leases = vec![queued_helper];
+    assert!(matches!(
+        mutate(&create(gpu_pod("1")), &view, now()),
+        Decision::Patch(_)
+    ));
+    let helper = with_labels(gpu_pod("1"), json!({"gpupool.io/role": "helper"}));
+    let d = denial(mutate(&create(helper), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "GpuLeaseClass \"default\" already has 1 queued helper (admission.maxQueued is 1, counted for primaries and helpers apart); try again once the queue shrinks"
     );
 }
 
@@ -502,7 +634,7 @@ fn mutation_ignores_other_operations_and_needs_an_object() {
     let d = denial(mutate(&empty, &UntouchableView, now()));
     assert_eq!(
         d.to_string(),
-        "the CREATE admission request carries no pod object"
+        "the CREATE admission request carries no object"
     );
 }
 
@@ -517,6 +649,16 @@ fn owners() -> Users {
         Users::service_account("gpupool-system", "gpupool-operator"),
         "gpupool-operator".to_owned(),
     ])
+}
+
+fn identities() -> Identities {
+    Identities {
+        operator: owners(),
+        device_plugins: Users::new([Users::service_account(
+            "gpupool-system",
+            "gpupool-device-plugin",
+        )]),
+    }
 }
 
 #[test]
@@ -568,7 +710,7 @@ fn update_without_old_object_is_denied() {
     let d = denial(validate(&req, &owners()));
     assert_eq!(
         d.to_string(),
-        "the UPDATE admission request carries no pod object"
+        "the UPDATE admission request carries no object"
     );
 }
 
@@ -693,7 +835,7 @@ fn review_body_answers_both_webhooks() {
         WebhookKind::Mutate,
         &body,
         &one_default_class(),
-        &owners(),
+        &identities(),
         now(),
     )
     .expect("answers");
@@ -711,7 +853,7 @@ fn review_body_answers_both_webhooks() {
         WebhookKind::Validate,
         &body,
         &UntouchableView,
-        &owners(),
+        &identities(),
         now(),
     )
     .expect("answers");
@@ -730,7 +872,7 @@ fn review_body_rejects_malformed_input() {
         WebhookKind::Mutate,
         b"{not json",
         &UntouchableView,
-        &owners(),
+        &identities(),
         now(),
     )
     .expect_err("malformed");
@@ -744,7 +886,7 @@ fn review_body_rejects_malformed_input() {
         WebhookKind::Mutate,
         no_request,
         &UntouchableView,
-        &owners(),
+        &identities(),
         now(),
     )
     .expect_err("no request");
@@ -761,12 +903,12 @@ fn review_body_rejects_malformed_input() {
         WebhookKind::Mutate,
         &body,
         &UntouchableView,
-        &owners(),
+        &identities(),
         now(),
     )
     .expect_err("not a pod");
     assert_eq!(
         err.to_string(),
-        "this webhook reviews core/v1 Pods, not apps/v1 Deployment"
+        "this webhook reviews Pod (core), not apps/v1 Deployment"
     );
 }

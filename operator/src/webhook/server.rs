@@ -1,6 +1,15 @@
 //! The webhook's HTTPS server: rustls (ring) and hyper 1, AdmissionReview v1
-//! bodies on [`MUTATE_PATH`] and [`VALIDATE_PATH`], a latency histogram, and
-//! a certificate that can be swapped while serving.
+//! bodies on [`MUTATE_PATH`], [`VALIDATE_PATH`], [`LEASE_PATH`] and
+//! [`CLASS_PATH`], a latency histogram, and a certificate that can be
+//! swapped while serving.
+//!
+//! Anyone who can reach the port can talk to it, and the webhook runs in the
+//! operator's process, so what a peer can hold is bounded: connections
+//! ([`MAX_CONNECTIONS`]), time to finish the TLS handshake, the headers and
+//! the body, the size of one body ([`MAX_BODY_BYTES`]) and the bytes of all
+//! bodies being read or reviewed at once ([`BODY_BUDGET_BYTES`]). A request
+//! over a limit gets an HTTP answer saying which (over HTTP/2 too), not a
+//! silently closed stream.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,26 +21,45 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use super::config::{MUTATE_PATH, VALIDATE_PATH};
-use super::review::{BadReview, ClusterView, Users, WebhookKind, review_body};
+use super::config::{CLASS_PATH, LEASE_PATH, MUTATE_PATH, VALIDATE_PATH};
+use super::review::{BadReview, ClusterView, Identities, WebhookKind, review_body};
 
-/// Largest request body accepted. A pod is at most ~1.5 MiB in etcd and an
-/// UPDATE review carries two of them.
-pub const MAX_BODY_BYTES: usize = 8 << 20;
+/// Largest request body accepted. An object is at most 1.5 MiB in etcd and
+/// an UPDATE review carries two of them, plus the review's own fields.
+pub const MAX_BODY_BYTES: usize = (3 << 20) + (512 << 10);
+/// Bytes of request bodies being read or reviewed at once, all connections
+/// together: what peers can make the operator buffer.
+pub const BODY_BUDGET_BYTES: usize = 32 << 20;
+/// Connections served at once; further ones are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Concurrent requests (streams) on one HTTP/2 connection.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Largest header block accepted.
+const MAX_HEADER_BYTES: u32 = 64 << 10;
 /// A client that has not finished its TLS handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// An HTTP/1 client must send a request's headers within this time, also
+/// after an idle pause between requests; otherwise the connection is closed.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A request body must arrive whole within this time (the API server waits
+/// at most 30 seconds for a whole review, 5 by default in our configurations).
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 connections are pinged this often when idle, and closed when a
+/// ping goes unanswered for [`HEADER_TIMEOUT`].
+const PING_INTERVAL: Duration = Duration::from_secs(20);
 /// Connections still open this long after shutdown are cut.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -41,13 +69,28 @@ struct LatencyLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
 /// The webhook's metrics: `gpupool_webhook_request_duration_seconds`, a
-/// histogram by `webhook` (mutate, validate, unknown) and `outcome`
+/// histogram by `webhook` (mutate, validate, lease, class) and `outcome`
 /// (allowed, patched, denied, bad_request, error) of the time from a complete
-/// request body to a serialized response.
+/// request body to a serialized response; and
+/// `gpupool_webhook_refused_total` by `reason` (connections, body_too_large,
+/// body_timeout, busy): peers turned away by the server's limits; and
+/// `gpupool_webhook_configuration_repairs_total` by `kind`.
 #[derive(Clone, Debug)]
 pub struct WebhookMetrics {
     latency: Family<LatencyLabels, Histogram>,
+    refused: Family<RefusedLabels, Counter>,
+    repairs: Family<KindLabels, Counter>,
 }
 
 impl Default for WebhookMetrics {
@@ -57,6 +100,8 @@ impl Default for WebhookMetrics {
             latency: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(5e-5, 2.0, 16))
             }),
+            refused: Family::default(),
+            repairs: Family::default(),
         }
     }
 }
@@ -70,7 +115,26 @@ impl WebhookMetrics {
             "Time the pod admission webhook took to answer a review",
             metrics.latency.clone(),
         );
+        registry.register(
+            "gpupool_webhook_refused",
+            "Connections and requests the webhook server turned away at its limits",
+            metrics.refused.clone(),
+        );
+        registry.register(
+            "gpupool_webhook_configuration_repairs",
+            "Webhook configurations found deleted or changed by someone else and restored",
+            metrics.repairs.clone(),
+        );
         metrics
+    }
+
+    /// Counts one restored webhook configuration of `kind`.
+    pub fn configuration_repaired(&self, kind: &'static str) {
+        self.repairs.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    fn refuse(&self, reason: &'static str) {
+        self.refused.get_or_create(&RefusedLabels { reason }).inc();
     }
 
     fn observe(&self, webhook: &'static str, outcome: &'static str, started: Instant) {
@@ -125,14 +189,29 @@ pub fn tls_config(certs: Arc<CertResolver>) -> Result<Arc<rustls::ServerConfig>,
     Ok(Arc::new(config))
 }
 
-/// What answers each review: the cluster view, the gate owners and metrics.
+/// What answers each review: the cluster view, the trusted identities,
+/// metrics, and the budget of body bytes in flight.
 pub struct Handler<V> {
     /// Where class, node and lease data come from.
     pub view: V,
-    /// Who may remove the scheduling gate.
-    pub gate_owners: Users,
+    /// Who may remove the scheduling gate and write leases.
+    pub identities: Identities,
     /// Where latencies are recorded.
     pub metrics: WebhookMetrics,
+    /// KiB of request bodies being read or reviewed, at most [`BODY_BUDGET_BYTES`].
+    pub body_budget: Semaphore,
+}
+
+impl<V> Handler<V> {
+    /// A handler with the full body budget.
+    pub fn new(view: V, identities: Identities, metrics: WebhookMetrics) -> Self {
+        Self {
+            view,
+            identities,
+            metrics,
+            body_budget: Semaphore::new(BODY_BUDGET_BYTES >> 10),
+        }
+    }
 }
 
 impl<V: ClusterView> Handler<V> {
@@ -140,10 +219,14 @@ impl<V: ClusterView> Handler<V> {
         let kind = match request.uri().path() {
             MUTATE_PATH => WebhookKind::Mutate,
             VALIDATE_PATH => WebhookKind::Validate,
+            LEASE_PATH => WebhookKind::Lease,
+            CLASS_PATH => WebhookKind::Class,
             other => {
                 return text(
                     StatusCode::NOT_FOUND,
-                    format!("no webhook at {other}; use {MUTATE_PATH} or {VALIDATE_PATH}"),
+                    format!(
+                        "no webhook at {other}; use {MUTATE_PATH}, {VALIDATE_PATH}, {LEASE_PATH} or {CLASS_PATH}"
+                    ),
                 );
             }
         };
@@ -157,20 +240,66 @@ impl<V: ClusterView> Handler<V> {
                 ),
             );
         }
-        let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-        {
-            Ok(body) => body.to_bytes(),
-            Err(e) => {
+        let too_large = || {
+            text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is larger than {MAX_BODY_BYTES} bytes, more than any AdmissionReview"
+                ),
+            )
+        };
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+            self.metrics.refuse("body_too_large");
+            return too_large();
+        }
+        // Reserve the body's size (or the largest allowed, when not declared)
+        // before reading it, so peers together can never make the process
+        // buffer more than the budget.
+        let kib = declared.unwrap_or(MAX_BODY_BYTES).div_ceil(1024).max(1) as u32;
+        let permit =
+            match tokio::time::timeout(BODY_TIMEOUT, self.body_budget.acquire_many(kib)).await {
+                Ok(Ok(permit)) => permit,
+                _ => {
+                    self.metrics.refuse("busy");
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the webhook is reading too many request bodies at once; retry".to_owned(),
+                    );
+                }
+            };
+        let read = Limited::new(request.into_body(), MAX_BODY_BYTES).collect();
+        let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+            Ok(Ok(body)) => body.to_bytes(),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                self.metrics.refuse("body_too_large");
+                return too_large();
+            }
+            Ok(Err(e)) => {
                 return text(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("cannot read the request body (at most {MAX_BODY_BYTES} bytes): {e}"),
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {e}"),
+                );
+            }
+            Err(_) => {
+                self.metrics.refuse("body_timeout");
+                return text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body did not arrive within {} seconds",
+                        BODY_TIMEOUT.as_secs()
+                    ),
                 );
             }
         };
         let started = Instant::now();
-        let result = review_body(kind, &body, &self.view, &self.gate_owners, Timestamp::now());
+        let result = review_body(kind, &body, &self.view, &self.identities, Timestamp::now());
+        drop(body);
+        drop(permit);
         let (response, outcome) = match result {
             Ok((json, outcome)) => {
                 let mut r = Response::new(Full::new(Bytes::from(json)));
@@ -215,6 +344,7 @@ pub async fn serve<V>(
     V: ClusterView + Send + Sync + 'static,
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -234,10 +364,19 @@ pub async fn serve<V>(
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // At the cap: closing at once frees the peer's socket and ours;
+            // holding it in the backlog would only move the queue.
+            handler.metrics.refuse("connections");
+            tracing::debug!(%peer, "webhook connection refused: at the connection limit");
+            drop(tcp);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let handler = handler.clone();
         let mut stop = stop_rx.clone();
         connections.spawn(async move {
+            let _slot = slot;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
@@ -253,7 +392,19 @@ pub async fn serve<V>(
                 let handler = handler.clone();
                 async move { Ok::<_, Infallible>(handler.handle(request).await) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES as usize);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                .max_header_list_size(MAX_HEADER_BYTES)
+                .keep_alive_interval(PING_INTERVAL)
+                .keep_alive_timeout(HEADER_TIMEOUT);
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
