@@ -43,9 +43,16 @@ pub struct GpuLeaseClassSpec {
     /// Pods without the `gpupool.io/class` label use this class. At most one class may be the default.
     #[serde(default)]
     pub default: bool,
-    /// Extended resource the class's pods request and its nodes advertise.
+    /// Extended resource the class's pods request and its nodes advertise: a
+    /// domain-qualified name (`domain/name`, e.g. gpupool/slot or
+    /// nvidia.com/gpu) outside the kubernetes.io domain.
     #[serde(default = "default_resource_name")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 3, max = 253),
+        regex(
+            pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+        )
+    )]
     pub resource_name: String,
     /// Nodes the class spans; empty selects every node that advertises `resourceName`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

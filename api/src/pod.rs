@@ -26,6 +26,17 @@ pub enum PodError {
         /// The quantity as written.
         quantity: String,
     },
+    /// The pod requests more slots than any node could ever advertise.
+    #[error(
+        "the pod requests {slots} {resource} slots; at most {} can be requested",
+        u32::MAX
+    )]
+    TooManySlots {
+        /// Resource it requests.
+        resource: String,
+        /// Slots it requests.
+        slots: u64,
+    },
 }
 
 /// The pod's role, from its `gpupool.io/role` label (absent = primary).
@@ -78,7 +89,11 @@ pub fn requested_slots(spec: &PodSpec, resource: &str) -> Result<u32, PodError> 
             largest_init = largest_init.max(n);
         }
     }
-    Ok(u32::try_from(long_running.max(largest_init)).unwrap_or(u32::MAX))
+    let slots = long_running.max(largest_init);
+    u32::try_from(slots).map_err(|_| PodError::TooManySlots {
+        resource: resource.to_owned(),
+        slots,
+    })
 }
 
 /// Slots one container requests (requests, else limits).
@@ -107,29 +122,129 @@ fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .chain(spec.init_containers.iter().flatten())
 }
 
-/// Parses a whole, non-negative quantity (`2`, `1k`, `3Ki`); `None` for
-/// anything fractional or negative, which extended resources do not allow.
+/// Parses a Kubernetes quantity that is a whole, non-negative number, in
+/// any of its spellings: plain (`2`, `+1`, `2.0`), decimal or binary suffixes
+/// (`1k`, `1T`, `3Ki`, `2000m`) and exponents (`1e9`, `1E3`). `None` for
+/// anything fractional, negative, malformed or beyond `u64`: extended
+/// resources are whole numbers.
 pub fn parse_whole(q: &Quantity) -> Option<u64> {
     let s = q.0.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    let base: u64 = digits.parse().ok()?;
-    let mult: u64 = match suffix {
-        "" => 1,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
+    let s = s.strip_prefix('+').unwrap_or(s);
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(end);
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') {
+        return None;
+    }
+    let (mut exp10, binary): (i32, u32) = match suffix {
+        "" => (0, 0),
+        "n" => (-9, 0),
+        "u" => (-6, 0),
+        "m" => (-3, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        exp if exp.starts_with(['e', 'E']) => {
+            let e = &exp[1..];
+            let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            (e.parse().ok()?, 0)
+        }
         _ => return None,
     };
-    base.checked_mul(mult)
+    // The number's digits as one integer, the fraction moved into the exponent.
+    let digits = format!("{int}{frac}");
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some(0);
+    }
+    exp10 -= i32::try_from(frac.len()).ok()?;
+    let mut value: u128 = digits.parse().ok()?;
+    value = value.checked_mul(1u128.checked_shl(binary)?)?;
+    if exp10 >= 0 {
+        value = value.checked_mul(10u128.checked_pow(exp10.unsigned_abs())?)?;
+    } else {
+        let divisor = 10u128.checked_pow(exp10.unsigned_abs())?;
+        if value % divisor != 0 {
+            return None;
+        }
+        value /= divisor;
+    }
+    u64::try_from(value).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_quantities_in_every_spelling() {
+        let q = |s: &str| parse_whole(&Quantity(s.to_owned()));
+        for (text, want) in [
+            ("0", Some(0)),
+            ("2", Some(2)),
+            ("+1", Some(1)),
+            ("2.0", Some(2)),
+            ("1e9", Some(1_000_000_000)),
+            ("1E3", Some(1000)),
+            ("1e+2", Some(100)),
+            ("1k", Some(1000)),
+            ("1T", Some(1_000_000_000_000)),
+            ("3Ki", Some(3072)),
+            ("1Ti", Some(1 << 40)),
+            ("2000m", Some(2)),
+            ("1.5k", Some(1500)),
+            ("0.5", None),
+            ("1500m", None),
+            ("1e-1", None),
+            ("-1", None),
+            ("1x", None),
+            ("", None),
+            (".", None),
+            ("1.2.3", None),
+            ("1e", None),
+            ("20E", None),
+            ("4294967296", Some(4_294_967_296)),
+        ] {
+            assert_eq!(q(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn more_slots_than_u32_is_an_error_naming_the_number() {
+        let spec = PodSpec {
+            containers: vec![Container {
+                name: "a".into(),
+                resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                    limits: Some(std::collections::BTreeMap::from([(
+                        "gpupool/slot".to_owned(),
+                        Quantity("4294967296".into()),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let e = requested_slots(&spec, "gpupool/slot").expect_err("too many");
+        assert_eq!(
+            e.to_string(),
+            "the pod requests 4294967296 gpupool/slot slots; at most 4294967295 can be requested"
+        );
+    }
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use std::collections::BTreeMap;
 
