@@ -6,7 +6,9 @@ mod operator_support;
 
 use std::collections::BTreeMap;
 
-use gpupool_api::LeasePhase;
+use gpupool_api::{GpuLeaseClass, LeasePhase};
+use kube::Api;
+use kube::api::PostParams;
 use operator_support::{PodSpec, Sim, gated, wait_for};
 use serde_json::json;
 
@@ -477,57 +479,47 @@ async fn condition(sim: &Sim, class: &str, type_: &str) -> Option<(String, Strin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_default_classes_are_invalid_until_one_steps_back() {
+async fn a_second_default_class_is_refused_and_the_first_keeps_its_queue() {
     let sim = Sim::start(1, 1).await;
     sim.class("alpha", json!({"default": true})).await;
-    sim.class("beta", json!({"default": true})).await;
-    for (class, other) in [("alpha", "beta"), ("beta", "alpha")] {
-        let (status, reason, message) = wait_for(&format!("{class} Invalid"), 10, || async {
-            condition(&sim, class, "Invalid")
-                .await
-                .filter(|(s, _, _)| s == "True")
-        })
-        .await;
-        assert_eq!(
-            (status.as_str(), reason.as_str()),
-            ("True", "MultipleDefaults")
-        );
-        assert!(message.contains(other), "{class}: {message}");
-        let (ready, _, _) = condition(&sim, class, "Ready").await.expect("Ready");
-        assert_eq!(ready, "False", "{class} is not Ready while invalid");
-    }
-
-    // A pod naming an invalid class gets a Rejected lease that says why (and
-    // that it queues once the class is fixed).
-    sim.pod(PodSpec::primary("p", 1).class("alpha")).await;
-    let lease = wait_for("p's lease names the clash", 10, || async {
-        sim.lease("p").await.filter(|l| {
-            l.status
-                .as_ref()
-                .and_then(|s| s.message.as_deref())
-                .is_some_and(|m| m.contains("default"))
-        })
-    })
-    .await;
-    let status = lease.status.expect("status");
-    assert_eq!(status.phase, LeasePhase::Rejected, "{:?}", status.message);
+    let api: Api<GpuLeaseClass> = Api::all(sim.client.clone());
+    let beta: GpuLeaseClass = serde_json::from_value(json!({
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+        "metadata": {"name": "beta"}, "spec": {"default": true}
+    }))
+    .expect("class");
+    let err = api
+        .create(&PostParams::default(), &beta)
+        .await
+        .expect_err("a second default is refused at apply time");
     assert!(
-        status
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains("beta")),
-        "{:?}",
-        status.message
+        err.to_string().contains(
+            "GpuLeaseClass \"alpha\" is already the default; at most one class may be marked default: true"
+        ),
+        "{err}"
     );
-
-    // Once beta steps back, alpha is valid again and p is admitted.
-    sim.class("beta", json!({"default": false})).await;
-    wait_for("alpha valid", 10, || async {
-        condition(&sim, "alpha", "Invalid")
+    // A non-default class may be created and may not become a default later.
+    sim.class("beta", json!({})).await;
+    let mut edited = api.get("beta").await.expect("beta");
+    edited.spec.default = true;
+    let err = api
+        .replace("beta", &PostParams::default(), &edited)
+        .await
+        .expect_err("turning a second class into a default is refused");
+    assert!(err.to_string().contains("already the default"), "{err}");
+    // The default keeps working, for labelled and unlabelled pods alike.
+    let (ready, _, _) = wait_for("alpha Ready", 10, || async {
+        condition(&sim, "alpha", "Ready")
             .await
-            .filter(|(s, _, _)| s == "False")
+            .filter(|(s, _, _)| s == "True")
     })
     .await;
+    assert_eq!(ready, "True");
+    sim.pod(PodSpec::primary("p", 1)).await;
     assert_eq!(sim.wait_admitted("p", 20).await, "node-1");
+    assert_eq!(
+        sim.lease("p").await.expect("lease").spec.class_name,
+        "alpha"
+    );
     sim.stop().await;
 }

@@ -79,7 +79,11 @@ pub fn lease_status_patch(
     resource_version: Option<&str>,
 ) -> Value {
     let mut status = to_object(new);
-    status.remove(DEVICE_PLUGIN_FIELD);
+    // The GPUs are the device plugin's to write; only the first status of a
+    // lease recreated after a deletion carries the last ones it reported.
+    if old.is_some() || new.gpus.is_empty() {
+        status.remove(DEVICE_PLUGIN_FIELD);
+    }
     if let Some(old) = old {
         for key in to_object(old).keys() {
             if key != DEVICE_PLUGIN_FIELD && !status.contains_key(key) {
