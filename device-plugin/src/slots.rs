@@ -9,11 +9,7 @@ use std::path::PathBuf;
 
 use gpupool_api::names::{ENV_GPU_INDICES, ENV_GPU_UUIDS, ENV_NVIDIA_VISIBLE_DEVICES};
 
-use crate::discovery::Gpu;
-
-/// Vendor whose GPUs get NVIDIA device nodes (`/dev/nvidia<minor>` and the
-/// control devices); every NVML GPU has it.
-pub const NVIDIA_VENDOR: &str = "NVIDIA";
+use crate::discovery::{Gpu, NVIDIA_VENDOR};
 
 /// Control device nodes every NVIDIA container needs, handed out when present.
 pub const NVIDIA_CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use gpupool_api::NodeGpu;
 
+/// Vendor of every NVIDIA GPU; GPUs of this vendor get NVIDIA device nodes
+/// when allocated.
+pub const NVIDIA_VENDOR: &str = "NVIDIA";
+
 /// Longest GPU UUID accepted, so that a slot's device ID (`<uuid>-s<k>`)
 /// stays within the kubelet's 63-character limit.
 pub const MAX_UUID_LEN: usize = 59;

@@ -49,7 +49,7 @@ pub const EVENT_WAIT: Duration = Duration::from_secs(1);
 const MAX_EVENTS_PER_POLL: usize = 64;
 
 /// Vendor reported for every NVML GPU.
-pub const NVIDIA_VENDOR: &str = crate::slots::NVIDIA_VENDOR;
+pub const NVIDIA_VENDOR: &str = super::NVIDIA_VENDOR;
 
 /// Where sysfs is mounted on a real node.
 pub const SYSFS_ROOT: &str = "/sys";
