@@ -178,7 +178,7 @@ pub fn parse_whole(q: &Quantity) -> Option<u64> {
         value = value.checked_mul(10u128.checked_pow(exp10.unsigned_abs())?)?;
     } else {
         let divisor = 10u128.checked_pow(exp10.unsigned_abs())?;
-        if value % divisor != 0 {
+        if !value.is_multiple_of(divisor) {
             return None;
         }
         value /= divisor;

@@ -44,6 +44,7 @@ fn pod(name: String, uid: String, role: Role, slots: u32, enq: i64) -> PodInfo {
         node_selector: BTreeMap::new(),
         required_affinity: None,
         tolerations: vec![],
+        unmanaged: false,
     }
 }
 

@@ -99,6 +99,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     webhook_config.owner_cluster_role = config.webhook_owner_cluster_role.clone();
     webhook_config.listen = SocketAddr::new(config.webhook_bind_address, config.webhook_port);
     webhook_config.set_device_plugin_users(config.device_plugin_users.clone());
+    // Pods the webhook never sees are never queued by the controller either.
+    let unmanaged_namespaces = webhook_config.excluded_namespaces();
     tasks.spawn({
         let (client, health) = (client.clone(), health.clone());
         async move {
@@ -126,6 +128,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             resync: config.resync,
             instance: config.identity.clone(),
             decide: gpupool_operator::engine::decide,
+            unmanaged_namespaces: unmanaged_namespaces.clone(),
         };
         async move {
             controller::run(

@@ -312,6 +312,7 @@ impl World {
                     node_selector: BTreeMap::new(),
                     required_affinity: None,
                     tolerations: vec![],
+                    unmanaged: false,
                 });
             }
             Event::Pass {

@@ -73,6 +73,7 @@ fn pod(name: &str, slots: u32, enq: i64) -> PodInfo {
         node_selector: BTreeMap::new(),
         required_affinity: None,
         tolerations: vec![],
+        unmanaged: false,
     }
 }
 
@@ -1225,4 +1226,34 @@ fn best_effort_only_the_first_blocked_primary_preempts() {
     let plan = settle_until_eviction(&mut s);
     assert_eq!(plan.evictions.len(), 1, "one helper, for the head only");
     assert_eq!(plan.evictions[0].for_primary, key("p1"));
+}
+
+#[test]
+fn a_pods_own_node_selector_is_named_when_it_is_why_the_pod_waits() {
+    let mut picky = pod("picky", 1, 2);
+    picky.node_selector = [("zone".to_owned(), "b".to_owned())].into();
+    let mut n2 = node("n2", 1);
+    n2.labels = [("zone".to_owned(), "b".to_owned())].into();
+    let mut s = world(vec![node("n1", 2), n2], vec![pod("first", 1, 1), picky]);
+    // n2 is taken by a pod the operator does not manage.
+    let mut other = pod("other", 1, 0);
+    other.gated = false;
+    other.node_name = Some("n2".into());
+    other.phase = PodPhase::Running;
+    other.unmanaged = true;
+    s.pods.push(other);
+    settle(&mut s);
+    assert_eq!(phase(&s, "first"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "picky"), LeasePhase::Queued);
+    let msg = message(&s, "picky");
+    assert!(
+        msg.contains(
+            "one of the 1 nodes its own nodeSelector, affinity and tolerations allow (0 free there"
+        ),
+        "{msg}"
+    );
+    assert!(
+        s.leases.iter().all(|l| l.key != key("other")),
+        "a pod in an unmanaged namespace gets no lease"
+    );
 }

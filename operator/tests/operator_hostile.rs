@@ -357,3 +357,52 @@ async fn classes_must_hand_out_an_extended_resource() {
     }
     sim.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_lease_tells_the_pod_and_unwatched_namespaces_get_no_lease() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.class("alt", json!({})).await;
+    // A pod in the operator's own namespace skips the webhook: it holds its
+    // slot, but is never queued and gets no lease.
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), "gpupool-system");
+    let mut own = PodSpec::primary("system-job", 1).build();
+    own.metadata.namespace = Some("gpupool-system".into());
+    pods.create(&PostParams::default(), &own)
+        .await
+        .expect("a pod in the operator's namespace");
+    wait_for("system-job running on node-1", 20, || async {
+        pods.get("system-job")
+            .await
+            .ok()
+            .and_then(|p| p.spec?.node_name)
+    })
+    .await;
+    sim.pod(PodSpec::primary("waits", 1).class("alt")).await;
+    let lease = sim.wait_phase("waits", LeasePhase::Queued, 20).await;
+    assert_eq!(lease.status.and_then(|s| s.position), Some(1));
+    let system: Api<GpuLease> = Api::namespaced(sim.client.clone(), "gpupool-system");
+    assert!(
+        system.get_opt("system-job").await.expect("get").is_none(),
+        "no lease for a pod the webhook never saw"
+    );
+    // Its class goes away: the lease is Rejected and the pod is told.
+    let classes: Api<GpuLeaseClass> = Api::all(sim.client.clone());
+    classes
+        .delete("alt", &DeleteParams::default())
+        .await
+        .expect("delete class");
+    sim.wait_phase("waits", LeasePhase::Rejected, 20).await;
+    let events = wait_for("a Rejected event", 10, || async {
+        let events = sim.events("waits").await;
+        events
+            .iter()
+            .any(|(reason, note)| {
+                reason == "Rejected" && note.contains("GpuLeaseClass alt does not exist")
+            })
+            .then_some(events)
+    })
+    .await;
+    eprintln!("{events:?}");
+    sim.stop().await;
+}

@@ -350,14 +350,21 @@ impl Applier {
                 .await
             {
                 Ok(l) => {
-                    tracing::info!(lease = %new.key, sequence = ?new.status.sequence, "queued");
-                    events.emit(
-                        &new.key,
-                        &new.pod_uid,
-                        PodEvent::Queued {
+                    tracing::info!(lease = %new.key, sequence = ?new.status.sequence, phase = ?new.status.phase, "lease created");
+                    let event = match new.status.phase {
+                        LeasePhase::Rejected => Some(PodEvent::Rejected {
+                            why: new.status.message.clone().unwrap_or_default(),
+                        }),
+                        LeasePhase::Queued => Some(PodEvent::Queued {
                             position: new.status.position,
-                        },
-                    );
+                        }),
+                        // A lease recreated after a deletion: nothing new
+                        // happened to the pod.
+                        _ => None,
+                    };
+                    if let Some(event) = event {
+                        events.emit(&new.key, &new.pod_uid, event);
+                    }
                     done.push(Done::Lease {
                         lease: l,
                         created: true,
@@ -391,6 +398,8 @@ impl Applier {
         let api = self.leases(&key.namespace);
         let was = old.map(|s| s.phase);
         let released = status.phase == LeasePhase::Released && was != Some(LeasePhase::Released);
+        let rejected = (status.phase == LeasePhase::Rejected && was != Some(LeasePhase::Rejected))
+            .then(|| status.message.clone().unwrap_or_default());
         let pod_uid = obj.spec.pod_uid.clone();
         let admit = admission.map(|a| self.admit_chain(a, input));
         let events = self.events.clone();
@@ -403,6 +412,10 @@ impl Applier {
                     if released {
                         tracing::info!(lease = %key, "released");
                         events.emit(&key, &pod_uid, PodEvent::Released);
+                    }
+                    if let Some(why) = rejected {
+                        tracing::info!(lease = %key, %why, "rejected");
+                        events.emit(&key, &pod_uid, PodEvent::Rejected { why });
                     }
                     let mut done = vec![Done::Lease {
                         lease: l,

@@ -1,4 +1,4 @@
-//! Kubernetes Events on pods (Queued, Admitted, Preempted, Released).
+//! Kubernetes Events on pods (Queued, Admitted, Preempted, Released, Rejected).
 //!
 //! Events are published off the decision path by one task with a bounded
 //! queue: a slow or failing Events API never delays an admission, and when
@@ -35,6 +35,11 @@ pub enum PodEvent {
     },
     /// Its lease was released (the pod finished or is gone).
     Released,
+    /// Its lease was rejected: the pod cannot queue as it is (the note says why).
+    Rejected {
+        /// The lease's message.
+        why: String,
+    },
 }
 
 impl PodEvent {
@@ -51,7 +56,13 @@ impl PodEvent {
                 format!("evicted to free GPU slots for primary {by}"),
             ),
             PodEvent::Released => ("Released", "GPU slots released".to_owned()),
+            PodEvent::Rejected { why } => ("Rejected", why.clone()),
         }
+    }
+
+    /// `Warning` for what the pod's owner must act on, `Normal` otherwise.
+    pub fn is_warning(&self) -> bool {
+        matches!(self, PodEvent::Rejected { .. })
     }
 }
 
@@ -97,7 +108,11 @@ impl EventSink {
                     ..Default::default()
                 };
                 let ev = Event {
-                    type_: EventType::Normal,
+                    type_: if e.event.is_warning() {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
                     reason: reason.to_owned(),
                     note: Some(note),
                     action: reason.to_owned(),

@@ -55,6 +55,8 @@ pub struct LoopConfig {
     pub instance: String,
     /// The decision function (the engine's `decide`).
     pub decide: fn(&Snapshot) -> Plan,
+    /// Namespaces the webhook never sees: their pods are counted, never queued.
+    pub unmanaged_namespaces: Vec<String>,
 }
 
 /// One decision pass's inputs, with the raw objects the writes need.
@@ -71,6 +73,7 @@ pub struct PassInput {
 pub fn snapshot(
     caches: &Caches,
     overlay: &mut overlay::Overlay,
+    unmanaged_namespaces: &[String],
     now: Timestamp,
     at: Instant,
 ) -> PassInput {
@@ -116,6 +119,7 @@ pub fn snapshot(
             if overlay.is_evicted(&info.key) {
                 info.terminating = true;
             }
+            info.unmanaged = unmanaged_namespaces.contains(&info.key.namespace);
             pod_map.insert(info.key.clone(), p);
             pods.push(info);
         }
@@ -223,7 +227,7 @@ pub async fn run(
                         }
                     }
                 } => None,
-                o = pass(&caches, &mut overlay, &mut applier, &metrics, config.decide) => Some(o),
+                o = pass(&caches, &mut overlay, &mut applier, &metrics, &config) => Some(o),
             };
             let Some(outcome) = outcome else {
                 tracing::warn!("lost leadership during a pass; stopped writing");
@@ -261,12 +265,12 @@ async fn pass(
     overlay: &mut overlay::Overlay,
     applier: &mut Applier,
     metrics: &Metrics,
-    decide: fn(&Snapshot) -> Plan,
+    config: &LoopConfig,
 ) -> PassOutcome {
     let started = Instant::now();
     let now = Timestamp::now();
-    let input = snapshot(caches, overlay, now, started);
-    let plan = decide(&input.snapshot);
+    let input = snapshot(caches, overlay, &config.unmanaged_namespaces, now, started);
+    let plan = (config.decide)(&input.snapshot);
     tracing::debug!(
         pods = input.snapshot.pods.len(),
         leases = input.snapshot.leases.len(),

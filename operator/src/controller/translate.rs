@@ -215,6 +215,7 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         required_affinity,
         tolerations,
+        unmanaged: false,
         key,
     })
 }

@@ -250,6 +250,7 @@ mod tests {
             node_selector: BTreeMap::new(),
             required_affinity: None,
             tolerations: vec![],
+            unmanaged: false,
         }
     }
 

@@ -53,6 +53,9 @@ pub(crate) enum Message<'a> {
         slots: u32,
         free: u64,
         nodes: usize,
+        /// The pod's own nodeSelector, affinity or tolerations narrow the
+        /// class's nodes to this many, with this many free slots.
+        own: Option<(usize, u64)>,
     },
     /// Helpers wait while primaries of the class do.
     PrimariesWaiting { primaries: u32, class: usize },
@@ -62,7 +65,13 @@ pub(crate) enum Message<'a> {
     /// The head waits for evicted helpers to terminate.
     VictimsTerminating(Vec<&'a ObjectKey>),
     /// The head cannot fit and no helper may be preempted for it.
-    NoVictims { slots: u32, free: u64, young: u32 },
+    NoVictims {
+        slots: u32,
+        free: u64,
+        young: u32,
+        /// As in `NoFit`.
+        own: Option<(usize, u64)>,
+    },
 }
 
 impl Message<'_> {
@@ -169,9 +178,22 @@ impl Message<'_> {
                 slots,
                 free,
                 nodes,
+                own: None,
             } => write!(
                 out,
                 "waiting: {ahead} {} ahead; needs {slots} slots on one node, {free} free slots on {nodes} matching nodes",
+                role_plural(*role)
+            ),
+            Message::NoFit {
+                role,
+                ahead,
+                slots,
+                free,
+                nodes,
+                own: Some((own_nodes, own_free)),
+            } => write!(
+                out,
+                "waiting: {ahead} {} ahead; needs {slots} slots on one of the {own_nodes} nodes its own nodeSelector, affinity and tolerations allow ({own_free} free there; {free} free slots on {nodes} matching nodes)",
                 role_plural(*role)
             ),
             Message::PrimariesWaiting { primaries, class } => write!(
@@ -199,11 +221,22 @@ impl Message<'_> {
                 }
                 out.write_str(" to terminate")
             }
-            Message::NoVictims { slots, free, young } => {
-                write!(
-                    out,
-                    "waiting: needs {slots} slots on one node, {free} free slots; no helper can be preempted to make room"
-                )?;
+            Message::NoVictims {
+                slots,
+                free,
+                young,
+                own,
+            } => {
+                match own {
+                    None => write!(
+                        out,
+                        "waiting: needs {slots} slots on one node, {free} free slots; no helper can be preempted to make room"
+                    )?,
+                    Some((own_nodes, own_free)) => write!(
+                        out,
+                        "waiting: needs {slots} slots on one of the {own_nodes} nodes its own nodeSelector, affinity and tolerations allow ({own_free} free there, {free} on the class's nodes); no helper can be preempted to make room"
+                    )?,
+                }
                 if *young > 0 {
                     write!(out, " ({young} helpers are younger than minRuntimeSeconds)")?;
                 }

@@ -223,6 +223,10 @@ pub struct PodInfo {
     pub required_affinity: Option<Vec<NodeSelectorTerm>>,
     /// Tolerations.
     pub tolerations: Vec<Toleration>,
+    /// In a namespace the webhook never sees (`kube-system`, the operator's
+    /// own): the pod holds what it requests where it runs, but is never
+    /// queued and gets no lease.
+    pub unmanaged: bool,
 }
 
 /// A GpuLease as persisted.

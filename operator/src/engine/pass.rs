@@ -161,7 +161,13 @@ impl<'a> Pass<'a> {
     }
 
     fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
-        let resolved = pod.map(|p| self.classes.resolve_pod(p, &self.resources));
+        let resolved = pod.map(|p| {
+            if p.unmanaged {
+                PodClass::Unmanaged
+            } else {
+                self.classes.resolve_pod(p, &self.resources)
+            }
+        });
         let managed_pod = pod.filter(|_| !matches!(resolved, Some(PodClass::Unmanaged) | None));
         // A gated pod the operator manages holds nothing until its lease is
         // admitted; everything else holds what it requests where it is bound

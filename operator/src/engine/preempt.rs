@@ -68,7 +68,12 @@ impl<'a> Pass<'a> {
         let spec = &class.info.spec.helpers;
         let res = class.res;
         let slots = self.tickets[p].slots;
-        let no_room = |young| Message::NoVictims { slots, free, young };
+        let no_room = |young| Message::NoVictims {
+            slots,
+            free,
+            young,
+            own: None,
+        };
         if spec.preemption == Preemption::Never {
             return no_room(0);
         }

@@ -253,7 +253,11 @@ impl Pass<'_> {
                     nodes: class_nodes,
                 }
             } else if !self.tickets[t].seq_persisted {
+                // Its sequence is not stored yet (a new lease, or one being
+                // recreated with its old place): it cannot be admitted in this
+                // pass, and under StrictFIFO no one behind it may pass it.
                 waiting += 1;
+                blocked = blocked.or(Some(t));
                 Message::NewlyQueued
             } else {
                 let reserved = self.reservations.get(&t).map(Vec::as_slice).unwrap_or(&[]);
@@ -281,11 +285,21 @@ impl Pass<'_> {
                 let free = *class_free.get_or_insert_with(|| self.nodes.free_on(res, &class.nodes));
                 let first = blocked.is_none();
                 blocked = blocked.or(Some(t));
+                let own = match &eligible {
+                    Eligible::Own(own) if own.len() < class.plain_nodes.len() => {
+                        Some((own.len(), self.nodes.free_on(res, own)))
+                    }
+                    _ => None,
+                };
                 if role == Role::Primary && first {
                     // Only the first primary that does not fit may preempt
                     // helpers, so evictions serve the queue's order.
                     let list = list.to_vec();
-                    self.preempt_for(c, t, &list, free)
+                    let mut message = self.preempt_for(c, t, &list, free);
+                    if let Message::NoVictims { own: o, .. } = &mut message {
+                        *o = own;
+                    }
+                    message
                 } else if let Some(open) = &open
                     && role == Role::Helper
                 {
@@ -299,6 +313,7 @@ impl Pass<'_> {
                         slots,
                         free,
                         nodes: class_nodes,
+                        own,
                     }
                 }
             };
