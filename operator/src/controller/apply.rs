@@ -8,11 +8,12 @@
 //!   the pod's one JSON patch; if the status write fails, the pod is not touched;
 //! - writes of different pods run concurrently, each chain in its own order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use gpupool_api::class::CONDITION_INVALID;
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, FIELD_MANAGER_OPERATOR};
 use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
@@ -59,6 +60,9 @@ struct ClassWrite {
     status: GpuLeaseClassStatus,
     at: Instant,
 }
+
+/// Immediate retries of an admission's lease write that failed.
+const ADMISSION_WRITE_RETRIES: usize = 2;
 
 /// Applies plans; remembers what it must across passes (class status
 /// throttling, evictions a PodDisruptionBudget blocks).
@@ -139,36 +143,101 @@ impl Applier {
             statuses.remove(&new.key);
             chains.push(self.create_chain(new));
         }
-        let mut admissions: BTreeMap<ObjectKey, Admission> = plan
+        let admissions: BTreeMap<ObjectKey, Admission> = plan
             .admissions
             .into_iter()
             .map(|a| (a.key.clone(), a))
             .collect();
+        // Admissions whose lease status is written first: key → (role,
+        // sequence). Their pods are ungated only afterwards, in step 3.
+        let mut pending: HashMap<ObjectKey, (Role, Option<u64>)> = HashMap::new();
+        let mut admitted_statuses: Vec<(ObjectKey, GpuLeaseStatus)> = Vec::new();
         for (key, mut status) in statuses {
             if status.phase == LeasePhase::Preempting
                 && let Some(msg) = self.blocked_evictions.get(&key)
             {
                 status.message = Some(msg.clone());
             }
-            let admission = admissions.remove(&key);
-            if let Some(chain) = self.status_chain(key, status, admission, input) {
-                chains.push(chain);
+            let role_and_sequence = admissions.get(&key).map(|a| (a.role, status.sequence));
+            if role_and_sequence.is_some() {
+                admitted_statuses.push((key.clone(), status.clone()));
             }
-        }
-        // Admissions whose lease status is already persisted (e.g. after a
-        // restart between the status write and the pod patch).
-        for (_, a) in admissions {
-            chains.push(self.admit_chain(a, input));
+            if let Some(chain) = self.status_chain(key.clone(), status, input) {
+                chains.push(chain);
+                if let Some(rs) = role_and_sequence {
+                    pending.insert(key, rs);
+                }
+            }
         }
         for e in plan.evictions {
             chains.push(self.evict_chain(e, input));
         }
-        self.run_chains(chains, overlay, &mut errors).await;
+        let mut written = self.run_chains(chains, overlay, &mut errors).await;
+        // An admission whose lease write failed (a 5xx, a timeout) is tried
+        // again at once with the same status, so the pods behind it are not
+        // held back a whole pass, and its admittedAt stays the one decided
+        // together with theirs.
+        for _ in 0..ADMISSION_WRITE_RETRIES {
+            let retry: Vec<Chain> = admitted_statuses
+                .iter()
+                .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
+                .filter_map(|(k, st)| self.status_chain(k.clone(), st.clone(), input))
+                .collect();
+            if retry.is_empty() {
+                break;
+            }
+            written.extend(self.run_chains(retry, overlay, &mut errors).await);
+        }
 
-        // 3. Class statuses, at most once per second each.
+        // 3. Pods are ungated once their leases say Admitted. When a lease
+        // write failed, no pod of its role with a later sequence is ungated
+        // in this pass: the failed one is decided again first, so pods start
+        // in queue order even when the API server refuses a write.
+        let mut first_failed: BTreeMap<Role, u64> = BTreeMap::new();
+        for (key, (role, sequence)) in &pending {
+            if !written.contains(key) {
+                let seq = sequence.unwrap_or(0);
+                let e = first_failed.entry(*role).or_insert(seq);
+                *e = (*e).min(seq);
+            }
+        }
+        let sequence_of = |a: &Admission| {
+            input
+                .leases
+                .get(&a.key)
+                .and_then(|l| l.status.as_ref())
+                .and_then(|s| s.sequence)
+        };
+        let admit: Vec<Chain> = admissions
+            .into_values()
+            .filter(|a| {
+                let (lease_ok, seq) = match pending.get(&a.key) {
+                    Some((_, seq)) => (written.contains(&a.key), *seq),
+                    None => (true, sequence_of(a)),
+                };
+                lease_ok
+                    && first_failed
+                        .get(&a.role)
+                        .is_none_or(|&failed| seq.is_some_and(|s| s < failed))
+            })
+            .map(|a| self.admit_chain(a, input))
+            .collect();
+        self.run_chains(admit, overlay, &mut errors).await;
+
+        // 4. Class statuses, at most once per second each.
         let now = Instant::now();
         for (class, status) in plan.class_statuses {
             self.record_queue_depth(&class, &status);
+            let before = input
+                .snapshot
+                .classes
+                .iter()
+                .find(|c| c.name == class)
+                .and_then(|c| c.status.as_ref());
+            if let Some(why) = newly_invalid(before, &status) {
+                tracing::warn!(class = %class, %why, "class is invalid");
+                self.events.emit_class_invalid(&class, None, why);
+            }
             match self.class_status_due(&class, &status, now) {
                 ClassDue::No => {}
                 ClassDue::Later(at) => {
@@ -203,14 +272,16 @@ impl Applier {
         outcome
     }
 
+    /// Runs `chains` concurrently; returns the keys of the leases written.
     async fn run_chains(
         &mut self,
         chains: Vec<Chain>,
         overlay: &mut Overlay,
         errors: &mut Vec<Error>,
-    ) {
+    ) -> HashSet<ObjectKey> {
+        let mut written = HashSet::new();
         if chains.is_empty() {
-            return;
+            return written;
         }
         let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
         let mut stream = futures::stream::iter(chains).buffer_unordered(CONCURRENCY);
@@ -219,7 +290,15 @@ impl Applier {
             let now = Instant::now();
             for d in done {
                 match d {
-                    Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
+                    Done::Lease { lease, created } => {
+                        if let (Some(ns), Some(name)) = (
+                            lease.metadata.namespace.as_ref(),
+                            lease.metadata.name.as_ref(),
+                        ) {
+                            written.insert(ObjectKey::new(ns.clone(), name.clone()));
+                        }
+                        overlay.record_lease(lease, created, now)
+                    }
                     Done::Pod(pod) => overlay.record_pod(pod, now),
                     Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
                     Done::PodReread(None) => {}
@@ -238,6 +317,7 @@ impl Applier {
                 }
             }
         }
+        written
     }
 
     fn leases(&self, ns: &str) -> Api<GpuLease> {
@@ -376,23 +456,19 @@ impl Applier {
         })
     }
 
-    /// Writes one lease status if it changed; for an admission, then patches the pod.
+    /// Writes one lease status; `None` when there is nothing to write (it is
+    /// unchanged, or the lease is not known).
     fn status_chain(
         &self,
         key: ObjectKey,
         status: GpuLeaseStatus,
-        admission: Option<Admission>,
         input: &PassInput,
     ) -> Option<Chain> {
-        let obj = input.leases.get(&key);
-        let old = obj.and_then(|l| l.status.as_ref());
-        let changed = patch::lease_status_differs(old, &status);
-        if !changed {
-            return admission.map(|a| self.admit_chain(a, input));
+        let obj = input.leases.get(&key)?;
+        let old = obj.status.as_ref();
+        if !patch::lease_status_differs(old, &status) {
+            return None;
         }
-        let Some(obj) = obj else {
-            return admission.map(|a| self.admit_chain(a, input));
-        };
         let body =
             patch::lease_status_patch(old, &status, obj.metadata.resource_version.as_deref());
         let api = self.leases(&key.namespace);
@@ -401,7 +477,6 @@ impl Applier {
         let rejected = (status.phase == LeasePhase::Rejected && was != Some(LeasePhase::Rejected))
             .then(|| status.message.clone().unwrap_or_default());
         let pod_uid = obj.spec.pod_uid.clone();
-        let admit = admission.map(|a| self.admit_chain(a, input));
         let events = self.events.clone();
         Some(Box::pin(async move {
             match api
@@ -417,17 +492,13 @@ impl Applier {
                         tracing::info!(lease = %key, %why, "rejected");
                         events.emit(&key, &pod_uid, PodEvent::Rejected { why });
                     }
-                    let mut done = vec![Done::Lease {
-                        lease: l,
-                        created: false,
-                    }];
-                    let mut errs = vec![];
-                    if let Some(admit) = admit {
-                        let (d, e) = admit.await;
-                        done.extend(d);
-                        errs.extend(e);
-                    }
-                    (done, errs)
+                    (
+                        vec![Done::Lease {
+                            lease: l,
+                            created: false,
+                        }],
+                        vec![],
+                    )
                 }
                 // Gone with its pod: nothing left to write.
                 Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
@@ -643,6 +714,26 @@ impl Applier {
     }
 }
 
+/// The message of the class's `Invalid` condition when it has just become
+/// true (or its reason changed): the class's owner is told once, not on every
+/// status write.
+fn newly_invalid(
+    before: Option<&GpuLeaseClassStatus>,
+    after: &GpuLeaseClassStatus,
+) -> Option<String> {
+    let invalid = |s: &GpuLeaseClassStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_INVALID && c.status == "True")
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (reason, message) = invalid(after)?;
+    match before.and_then(invalid) {
+        Some((old, _)) if old == reason => None,
+        _ => Some(message),
+    }
+}
+
 enum ClassDue {
     No,
     Later(Instant),
@@ -720,6 +811,42 @@ mod tests {
         assert_eq!(v["kind"], "Eviction");
         assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 30);
         assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "u");
+    }
+
+    #[test]
+    fn a_class_is_told_once_when_it_turns_invalid() {
+        let with = |reason: &str| GpuLeaseClassStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: CONDITION_INVALID.into(),
+                status: if reason.is_empty() { "False" } else { "True" }.into(),
+                reason: reason.into(),
+                message: format!("because {reason}"),
+                last_transition_time: Time(Timestamp::from_second(1).expect("t")),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        };
+        let valid = with("");
+        assert_eq!(
+            newly_invalid(Some(&valid), &with("MultipleDefaults")),
+            Some("because MultipleDefaults".into())
+        );
+        assert_eq!(
+            newly_invalid(None, &with("MultipleDefaults")),
+            Some("because MultipleDefaults".into())
+        );
+        assert_eq!(
+            newly_invalid(Some(&with("MultipleDefaults")), &with("MultipleDefaults")),
+            None
+        );
+        assert_eq!(
+            newly_invalid(
+                Some(&with("MultipleDefaults")),
+                &with("InvalidNodeSelector")
+            ),
+            Some("because InvalidNodeSelector".into())
+        );
+        assert_eq!(newly_invalid(Some(&with("X")), &valid), None);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Kubernetes Events on pods (Queued, Admitted, Preempted, Released, Rejected).
+//! Kubernetes Events on pods (Queued, Admitted, Preempted, Released,
+//! Rejected) and on classes (Invalid).
 //!
 //! Events are published off the decision path by one task with a bounded
 //! queue: a slow or failing Events API never delays an admission, and when
@@ -66,15 +67,16 @@ impl PodEvent {
     }
 }
 
-/// A pod event to publish.
+/// An event to publish.
 #[derive(Debug, Clone)]
-pub struct Emit {
-    /// The pod.
-    pub pod: ObjectKey,
-    /// Its uid.
-    pub uid: String,
-    /// What happened.
-    pub event: PodEvent,
+struct Emit {
+    /// The object it is about.
+    reference: ObjectReference,
+    /// `namespace/name` for logs.
+    what: String,
+    reason: &'static str,
+    note: String,
+    warning: bool,
 }
 
 /// Hands events to the publishing task.
@@ -98,42 +100,68 @@ impl EventSink {
         let task_metrics = metrics.clone();
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
-                let (reason, note) = e.event.reason_and_note();
-                let reference = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(e.pod.namespace.clone()),
-                    name: Some(e.pod.name.clone()),
-                    uid: Some(e.uid.clone()),
-                    ..Default::default()
-                };
                 let ev = Event {
-                    type_: if e.event.is_warning() {
+                    type_: if e.warning {
                         EventType::Warning
                     } else {
                         EventType::Normal
                     },
-                    reason: reason.to_owned(),
-                    note: Some(note),
-                    action: reason.to_owned(),
+                    reason: e.reason.to_owned(),
+                    note: Some(e.note),
+                    action: e.reason.to_owned(),
                     secondary: None,
                 };
-                if let Err(err) = recorder.publish(&ev, &reference).await {
+                if let Err(err) = recorder.publish(&ev, &e.reference).await {
                     task_metrics.error("publish_event");
-                    tracing::warn!(pod = %e.pod, reason, error = %err, "cannot publish event");
+                    tracing::warn!(object = %e.what, reason = e.reason, error = %err, "cannot publish event");
                 }
             }
         });
         Self { tx, metrics }
     }
 
-    /// Queues an event; drops (and counts) it when the queue is full.
+    /// Queues an event about a pod; drops (and counts) it when the queue is full.
     pub fn emit(&self, pod: &ObjectKey, uid: &str, event: PodEvent) {
-        let e = Emit {
-            pod: pod.clone(),
-            uid: uid.to_owned(),
-            event,
-        };
+        let (reason, note) = event.reason_and_note();
+        self.send(Emit {
+            reference: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(pod.namespace.clone()),
+                name: Some(pod.name.clone()),
+                uid: Some(uid.to_owned()),
+                ..Default::default()
+            },
+            what: pod.to_string(),
+            reason,
+            note,
+            warning: event.is_warning(),
+        });
+    }
+
+    /// Queues a Warning `Invalid` event on class `class` saying why it
+    /// cannot admit anything.
+    pub fn emit_class_invalid(&self, class: &str, uid: Option<String>, why: String) {
+        self.send(Emit {
+            reference: ObjectReference {
+                api_version: Some(format!(
+                    "{}/{}",
+                    gpupool_api::names::GROUP,
+                    gpupool_api::names::VERSION
+                )),
+                kind: Some("GpuLeaseClass".into()),
+                name: Some(class.to_owned()),
+                uid,
+                ..Default::default()
+            },
+            what: class.to_owned(),
+            reason: "Invalid",
+            note: why,
+            warning: true,
+        });
+    }
+
+    fn send(&self, e: Emit) {
         if self.tx.try_send(e).is_err() {
             self.metrics.events_dropped.inc();
         }
