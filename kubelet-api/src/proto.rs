@@ -1,5 +1,5 @@
 //! Types, clients and servers generated from the kubelet's protos in
-//! `device-plugin/proto/` (the wire contract with every kubelet).
+//! `kubelet-api/proto/` (the wire contract with every kubelet).
 
 /// The kubelet's device-plugin API (`Registration`, `DevicePlugin`).
 pub mod deviceplugin {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use gpupool_tests::apiserver::bench::{BenchConfig, run};
+use gpupool_sim_apiserver::bench::{BenchConfig, run};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)

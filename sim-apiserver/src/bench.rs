@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde::Serialize;
 use serde_json::json;
 
-use super::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
+use crate::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, Reason};
-use super::util::SplitMix;
+use crate::error::{ApiError, Reason};
+use crate::util::SplitMix;
 
 /// What to inject. The default injects nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use k8s_openapi::schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{Map, Value};
 
-use super::registry::ResourceDef;
+use crate::registry::ResourceDef;
 
 /// What a request asked for with `fieldValidation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -392,8 +392,8 @@ fn push_key(path: &mut String, key: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::registry::Registry;
     use super::*;
+    use crate::registry::Registry;
     use serde_json::json;
 
     fn def(group: &str, version: &str, plural: &str) -> ResourceDef {

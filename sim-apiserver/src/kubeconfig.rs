@@ -10,7 +10,7 @@ pub fn render(server: &str, ca_pem: Option<&str>, token: &str) -> String {
         .map(|pem| {
             format!(
                 "    certificate-authority-data: {}\n",
-                super::util::base64_encode(pem.as_bytes())
+                crate::util::base64_encode(pem.as_bytes())
             )
         })
         .unwrap_or_default();
@@ -47,7 +47,7 @@ mod tests {
         let cluster = kc.clusters[0].cluster.as_ref().expect("cluster");
         assert_eq!(
             cluster.certificate_authority_data.as_deref(),
-            Some(super::super::util::base64_encode(b"PEM").as_str())
+            Some(crate::util::base64_encode(b"PEM").as_str())
         );
         assert_eq!(
             kc.clusters[0]

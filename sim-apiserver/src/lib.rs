@@ -35,29 +35,20 @@
 //! clients that accept only protobuf); `pods/log`, `exec` and the like
 //! answer 501. Fault injection ([`Faults`]) is off by default.
 
-mod admission;
 pub mod bench;
-mod discovery;
 pub mod error;
-mod events;
 mod faults;
 mod fields;
-mod gc;
 mod http;
 mod kubeconfig;
 mod objects;
-mod openapi;
-pub mod patch;
-mod pods;
-mod protobuf;
 pub mod registry;
-mod schema;
 pub mod selectors;
 pub mod store;
-mod table;
 mod tls;
 mod util;
-mod watch;
+
+pub use objects::patch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -216,7 +207,7 @@ pub(crate) struct Shared {
     ids: util::SplitMix,
     gc_wakeup: Notify,
     cancel: CancellationToken,
-    http_client: admission::WebhookClient,
+    http_client: objects::admission::WebhookClient,
 }
 
 impl Shared {
@@ -263,12 +254,12 @@ impl ApiServer {
             config,
             gc_wakeup: Notify::new(),
             cancel: CancellationToken::new(),
-            http_client: admission::WebhookClient::new(),
+            http_client: objects::admission::WebhookClient::new(),
         });
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             objects::bootstrap_namespace(&shared, ns);
         }
-        let gc_task = tokio::spawn(gc::run(shared.clone()));
+        let gc_task = tokio::spawn(objects::gc::run(shared.clone()));
         let serve_task = tokio::spawn(http::serve(
             shared.clone(),
             listener,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::fields::KnownFields;
+use crate::fields::KnownFields;
 
 use serde_json::{Value, json};
 

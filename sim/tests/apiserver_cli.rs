@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use gpupool_tests::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, FaultConfig};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, FaultConfig};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
@@ -187,7 +187,7 @@ fn busy_port_is_a_fatal_error() {
     );
 }
 
-async fn client_for(server: &gpupool_tests::apiserver::RunningApiServer) -> Client {
+async fn client_for(server: &gpupool_sim_apiserver::RunningApiServer) -> Client {
     let mut cfg = server.kube_config(ADMIN_TOKEN).await.expect("config");
     cfg.default_retry = false;
     Client::try_from(cfg).expect("client")

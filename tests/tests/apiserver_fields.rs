@@ -3,7 +3,7 @@
 //! with a `Warning` header by default (`Warn`), dropped silently under
 //! `Ignore` — for built-in kinds and custom resources alike.
 
-use gpupool_tests::apiserver::{ADMIN_TOKEN, ApiServer, RunningApiServer};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, RunningApiServer};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams, ValidationDirective};

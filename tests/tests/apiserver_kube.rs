@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use gpupool_api::{GpuLease, GpuLeaseSpec, Role};
-use gpupool_tests::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use gpupool_tests::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer};
 use serde_json::json;
 
 struct Kubectl {

@@ -22,10 +22,8 @@ mod webhook_support;
 
 use webhook_support::{Hook, start_hook};
 
-use gpupool_tests::apiserver::{
-    ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo,
-};
-use gpupool_tests::cluster::sim::NODE_NAME_EXTRA;
+use gpupool_sim::cluster::sim::NODE_NAME_EXTRA;
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo};
 
 async fn client(server: &RunningApiServer) -> Client {
     let mut cfg = server.kube_config(ADMIN_TOKEN).await.expect("config");

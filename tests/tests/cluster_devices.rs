@@ -12,9 +12,9 @@ use std::time::Duration;
 use gpupool_api::names::{DEFAULT_RESOURCE_NAME, ENV_GPU_INDICES, ENV_GPU_UUIDS, LABEL_HOSTNAME};
 use gpupool_api::pod::parse_whole;
 use gpupool_api::{GpuLease, GpuLeaseSpec, Role};
-use gpupool_tests::cluster::kubelet::pods::allocated_env;
-use gpupool_tests::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
-use gpupool_tests::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use gpupool_sim::cluster::kubelet::pods::allocated_env;
+use gpupool_sim::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
+use gpupool_sim::cluster::{ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -302,7 +302,7 @@ async fn health_kubelet_restart_and_pod_resources() {
 /// webhooks (and admission policies) see it in `userInfo.extra`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_device_plugin_speaks_as_its_own_node() {
-    use gpupool_tests::cluster::sim::{DEVICE_PLUGIN_USER, NODE_NAME_EXTRA};
+    use gpupool_sim::cluster::sim::{DEVICE_PLUGIN_USER, NODE_NAME_EXTRA};
     use kube::api::{Patch, PatchParams};
     use serde_json::json;
 

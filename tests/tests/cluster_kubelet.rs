@@ -10,21 +10,21 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::{
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
     device_plugin_server::{DevicePlugin, DevicePluginServer},
     registration_client::RegistrationClient,
 };
-use gpupool_device_plugin::proto::podresources::v1::{
+use gpupool_kubelet_api::proto::podresources::v1::{
     AllocatableResourcesRequest, GetPodResourcesRequest, ListPodResourcesRequest,
     pod_resources_lister_client::PodResourcesListerClient,
 };
-use gpupool_device_plugin::transport::{connect_unix, serve_unix};
-use gpupool_tests::apiserver::{ApiServer, ApiServerConfig, FaultConfig, RunningApiServer};
-use gpupool_tests::cluster::kubelet::{KubeletConfig, RunningKubelet};
-use gpupool_tests::cluster::workload::{phase, wait_pod};
+use gpupool_kubelet_api::transport::{connect_unix, serve_unix};
+use gpupool_sim::cluster::kubelet::{KubeletConfig, RunningKubelet};
+use gpupool_sim::cluster::workload::{phase, wait_pod};
+use gpupool_sim_apiserver::{ApiServer, ApiServerConfig, FaultConfig, RunningApiServer};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -316,7 +316,7 @@ async fn allocation_failures_fail_the_pod_and_pod_resources_answers() {
     let good = wait_pod(&pods, "good", WAIT, |p| phase(p) == "Running")
         .await
         .expect("good runs");
-    let env = gpupool_tests::cluster::kubelet::pods::allocated_env(&good).expect("env annotation");
+    let env = gpupool_sim::cluster::kubelet::pods::allocated_env(&good).expect("env annotation");
     assert_eq!(env["main"]["WIDGETS"], "w0,w1");
     for (name, needle) in [
         ("exploding", "widget driver exploded"),

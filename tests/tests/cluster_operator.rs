@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use gpupool_api::{GpuLease, GpuLeaseClass, GpuLeaseClassSpec, LeasePhase, Role};
-use gpupool_tests::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
-use gpupool_tests::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use gpupool_sim::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
+use gpupool_sim::cluster::{ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 

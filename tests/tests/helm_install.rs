@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpupool_tests::apiserver::{ADMIN_TOKEN, Admin, ApiServer, ApiServerConfig};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, Admin, ApiServer, ApiServerConfig};
 use serde::Deserialize;
 use serde_json::Value;
 

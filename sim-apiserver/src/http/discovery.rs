@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
-use super::error::{ApiError, Reason};
-use super::registry::Registry;
+use crate::error::{ApiError, Reason};
+use crate::registry::Registry;
 
 /// `/version`.
 pub fn version() -> Value {

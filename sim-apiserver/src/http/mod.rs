@@ -1,28 +1,33 @@
 //! HTTP/1.1 serving, authentication, path routing and the REST verbs.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::combinators::BoxBody;
+use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use super::error::{ApiError, Reason, success_status};
-use super::objects::{self, Change, DeleteOpts, FieldValidation, Part, WriteCtx};
-use super::patch::PatchType;
-use super::registry::ResourceDef;
-use super::selectors::{FieldSelector, LabelSelector};
-use super::util::{base64_decode, base64_encode, meta_str, parse_query};
-use super::{Shared, UserInfo, discovery, openapi, pods, protobuf, table, watch};
+use crate::error::{ApiError, Reason, success_status};
+use crate::objects::patch::PatchType;
+use crate::objects::pods;
+use crate::objects::{self, Change, DeleteOpts, Part, WriteCtx};
+use crate::registry::ResourceDef;
+use crate::util::{base64_decode, base64_encode, meta_str, parse_query};
+use crate::{Shared, UserInfo};
 
-/// The response body type: whole JSON documents or watch streams.
-pub type Body = BoxBody<Bytes, Infallible>;
+mod discovery;
+mod openapi;
+mod protobuf;
+mod request;
+mod table;
+mod watch;
+
+use request::bytes_response;
+pub use request::{Body, Filter, Req, error_response, json_response, parse_rv};
 
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
@@ -78,24 +83,6 @@ where
     }
 }
 
-/// A JSON response.
-pub fn json_response(code: u16, body: &Value) -> Response<Body> {
-    bytes_response(
-        code,
-        Bytes::from(serde_json::to_vec(body).unwrap_or_default()),
-    )
-}
-
-fn bytes_response(code: u16, body: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(body).boxed());
-    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
 /// Adds one `Warning: 299 - "…"` header per warning the write collected,
 /// as the real server reports dropped unknown fields.
 fn with_warnings(mut resp: Response<Body>, ctx: &WriteCtx) -> Response<Body> {
@@ -106,111 +93,6 @@ fn with_warnings(mut resp: Response<Body>, ctx: &WriteCtx) -> Response<Body> {
         }
     }
     resp
-}
-
-/// The `Status` response of an error.
-pub fn error_response(e: &ApiError) -> Response<Body> {
-    let mut r = json_response(e.http_code(), &e.status_body());
-    if let Some(secs) = e
-        .details
-        .as_ref()
-        .and_then(|d| d.get("retryAfterSeconds"))
-        .and_then(Value::as_u64)
-        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    r
-}
-
-/// What the handlers need from a request.
-pub struct Req {
-    /// Method.
-    pub method: Method,
-    /// Path segments.
-    pub segments: Vec<String>,
-    /// Decoded query parameters.
-    pub query: HashMap<String, String>,
-    /// Accept header.
-    pub accept: String,
-    /// Content-Type header.
-    pub content_type: String,
-    /// The authenticated user.
-    pub user: UserInfo,
-    /// The body.
-    pub body: Bytes,
-}
-
-impl Req {
-    fn q(&self, k: &str) -> Option<&str> {
-        self.query
-            .get(k)
-            .map(String::as_str)
-            .filter(|s| !s.is_empty())
-    }
-
-    fn flag(&self, k: &str) -> bool {
-        matches!(self.q(k), Some("1" | "true" | "True"))
-    }
-
-    fn wants_table(&self) -> bool {
-        // kubectl lists the Table form first and plain JSON as a fallback.
-        self.accept
-            .split(',')
-            .next()
-            .is_some_and(|first| first.contains("as=Table"))
-    }
-
-    fn write_ctx(&self) -> Result<WriteCtx, ApiError> {
-        let dry_run = match self.q("dryRun") {
-            None => false,
-            Some("All") => true,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "Invalid dryRun: \"{other}\": supported values: \"All\""
-                )));
-            }
-        };
-        let validation = match self.q("fieldValidation") {
-            Some("Ignore") => FieldValidation::Ignore,
-            None | Some("Warn") => FieldValidation::Warn,
-            Some("Strict") => FieldValidation::Strict,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "fieldValidation: Invalid value: \"{other}\": fieldValidation must be one of \"Ignore\", \"Warn\", or \"Strict\""
-                )));
-            }
-        };
-        Ok(WriteCtx {
-            user: self.user.clone(),
-            dry_run,
-            validation,
-            warnings: Default::default(),
-        })
-    }
-
-    fn json_body(&self) -> Result<Value, ApiError> {
-        let ct = self
-            .content_type
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim();
-        if ct == protobuf::CONTENT_TYPE {
-            return protobuf::decode(&self.body);
-        }
-        if !ct.is_empty() && ct != "application/json" && ct != "*/*" {
-            return Err(ApiError::new(
-                Reason::UnsupportedMediaType,
-                format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json (got \"{ct}\"; the simulated API server speaks JSON only)"
-                ),
-            ));
-        }
-        serde_json::from_slice(&self.body).map_err(|e| {
-            ApiError::bad_request(format!("json: cannot unmarshal the request body: {e}"))
-        })
-    }
 }
 
 fn authenticate(sh: &Shared, req: &Request<Incoming>) -> Result<UserInfo, ApiError> {
@@ -340,11 +222,11 @@ async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
 }
 
 fn faults_admin(sh: &Shared, r: &Req, rest: &[&str]) -> Result<Response<Body>, ApiError> {
-    let to_json = |c: &super::FaultConfig| serde_json::to_value(c).unwrap_or_default();
+    let to_json = |c: &crate::FaultConfig| serde_json::to_value(c).unwrap_or_default();
     match (r.method.clone(), rest) {
         (Method::GET, []) => Ok(json_response(200, &to_json(&sh.faults.config()))),
         (Method::PUT | Method::POST, []) => {
-            let cfg: super::FaultConfig = serde_json::from_slice(&r.body)
+            let cfg: crate::FaultConfig = serde_json::from_slice(&r.body)
                 .map_err(|e| ApiError::bad_request(format!("invalid fault configuration: {e}")))?;
             sh.faults.set(cfg.clone()).map_err(ApiError::bad_request)?;
             Ok(json_response(200, &to_json(&cfg)))
@@ -636,7 +518,7 @@ fn binding(
             "",
             "Binding",
             "",
-            vec![super::error::FieldCause::required("metadata.name", "")],
+            vec![crate::error::FieldCause::required("metadata.name", "")],
         ));
     }
     if ctx.dry_run {
@@ -697,46 +579,6 @@ async fn eviction(
     };
     objects::delete(sh, def, ns, name, &opts, &ctx).await?;
     Ok(json_response(201, &success_status(201, None)))
-}
-
-/// Selectors of a list or watch.
-pub struct Filter {
-    /// Labels.
-    pub labels: LabelSelector,
-    /// Fields.
-    pub fields: FieldSelector,
-}
-
-impl Filter {
-    /// From `labelSelector` and `fieldSelector`.
-    pub fn from_req(def: &ResourceDef, r: &Req) -> Result<Self, ApiError> {
-        let labels = LabelSelector::parse(r.q("labelSelector").unwrap_or_default())
-            .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
-        let fields = FieldSelector::parse(
-            r.q("fieldSelector").unwrap_or_default(),
-            &def.group,
-            &def.plural,
-        )
-        .map_err(ApiError::bad_request)?;
-        Ok(Filter { labels, fields })
-    }
-
-    /// Whether an object is selected.
-    pub fn matches(&self, obj: &Value) -> bool {
-        self.labels.matches(obj) && self.fields.matches(obj)
-    }
-}
-
-/// Reads the resourceVersion list/watch parameter.
-pub fn parse_rv(r: &Req) -> Result<Option<u64>, ApiError> {
-    match r.q("resourceVersion") {
-        None => Ok(None),
-        Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
-            ApiError::bad_request(format!(
-                "resourceVersion: Invalid value: \"{s}\": must be a non-negative integer"
-            ))
-        }),
-    }
 }
 
 fn list(

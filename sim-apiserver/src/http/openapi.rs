@@ -9,8 +9,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::error::{ApiError, Reason};
-use super::registry::{Registry, ResourceDef};
+use crate::error::{ApiError, Reason};
+use crate::registry::{Registry, ResourceDef};
 
 /// The query parameters every write takes.
 const WRITE_PARAMS: [&str; 4] = ["dryRun", "fieldManager", "fieldValidation", "pretty"];
@@ -81,7 +81,7 @@ pub fn group_version(reg: &Registry, group: &str, version: &str) -> Result<Value
     }
     Ok(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes (gpupool simulated API server)", "version": super::discovery::version()["gitVersion"]},
+        "info": {"title": "Kubernetes (gpupool simulated API server)", "version": crate::http::discovery::version()["gitVersion"]},
         "paths": paths,
         "components": {"schemas": {}},
     }))

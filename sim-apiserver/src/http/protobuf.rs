@@ -11,8 +11,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::error::{ApiError, Reason};
-use super::util::{base64_encode, format_ts};
+use crate::error::{ApiError, Reason};
+use crate::util::{base64_encode, format_ts};
 
 /// The media type of the protobuf encoding.
 pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::registry::{Printer, PrinterColumn, ResourceDef};
-use super::util::{human_age, meta_str};
+use crate::registry::{Printer, PrinterColumn, ResourceDef};
+use crate::util::{human_age, meta_str};
 
 fn col(name: &str, type_: &str, format: &str, priority: i64, description: &str) -> Value {
     json!({"name": name, "type": type_, "format": format, "description": description, "priority": priority})

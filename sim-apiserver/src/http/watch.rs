@@ -13,11 +13,12 @@ use hyper::body::Frame;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::error::{ApiError, Reason};
-use super::http::{Body, Filter, Req, parse_rv};
-use super::registry::ResourceDef;
-use super::store::{EventType, WatchEvent, encode_event};
-use super::{Shared, table};
+use crate::Shared;
+use crate::error::{ApiError, Reason};
+use crate::http::request::{Body, Filter, Req, parse_rv};
+use crate::http::table;
+use crate::registry::ResourceDef;
+use crate::store::{EventType, WatchEvent, encode_event};
 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(5);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -54,7 +55,7 @@ pub fn start(
             "meta.k8s.io",
             "ListOptions",
             "",
-            vec![super::error::FieldCause::forbidden(
+            vec![crate::error::FieldCause::forbidden(
                 "allowWatchBookmarks",
                 "allowWatchBookmarks required when sendInitialEvents is set",
             )],

@@ -11,12 +11,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
-use super::Shared;
-use super::error::{ApiError, Reason};
-use super::objects::WriteCtx;
-use super::registry::{ResourceDef, ResourceId};
-use super::selectors::LabelSelector;
-use super::util::{base64_decode, meta_str};
+use crate::Shared;
+use crate::error::{ApiError, Reason};
+use crate::objects::WriteCtx;
+use crate::registry::{ResourceDef, ResourceId};
+use crate::selectors::LabelSelector;
+use crate::util::{base64_decode, meta_str};
 
 /// The operation being admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -716,8 +716,8 @@ async fn dial(target: &Target, tls: Arc<rustls::ClientConfig>) -> Result<Sender,
 
 #[cfg(test)]
 mod tests {
-    use super::super::registry::Registry;
     use super::*;
+    use crate::registry::Registry;
 
     #[test]
     fn reinvocation_asks_again_only_for_earlier_if_needed_webhooks() {

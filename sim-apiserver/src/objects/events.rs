@@ -4,8 +4,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::registry::ResourceId;
-use super::store::State;
+use crate::registry::ResourceId;
+use crate::store::State;
 
 /// Whether a resource is `events.k8s.io` Events.
 pub fn is_new_events(id: &ResourceId) -> bool {

@@ -7,46 +7,22 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::admission::{self, Operation};
-use super::error::{ApiError, FieldCause, Reason, success_status};
-pub use super::fields::FieldValidation;
-use super::patch::{self, PatchType};
-use super::registry::{ResourceDef, ResourceId};
-use super::util::{finalizers, meta_mut, meta_str, now_rfc3339, parse_ts};
-use super::{Shared, UserInfo, fields, pods, schema};
+pub mod admission;
+pub mod context;
+pub mod events;
+pub mod gc;
+pub mod patch;
+pub mod pods;
+pub mod schema;
 
-/// Who asks and how.
-#[derive(Debug, Clone)]
-pub struct WriteCtx {
-    /// The authenticated user.
-    pub user: UserInfo,
-    /// `dryRun=All`: everything but the commit.
-    pub dry_run: bool,
-    /// `fieldValidation`: what unknown fields in the request lead to.
-    pub validation: FieldValidation,
-    /// Warnings for the response's `Warning` headers.
-    pub warnings: Warnings,
-}
-
-/// Warnings a write collects for the response (shared with the caller).
-#[derive(Debug, Clone, Default)]
-pub struct Warnings(Arc<std::sync::Mutex<Vec<String>>>);
-
-impl Warnings {
-    /// Adds a warning once (a write retried after a conflict finds the
-    /// same fields again).
-    fn push(&self, warning: String) {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if !all.contains(&warning) {
-            all.push(warning);
-        }
-    }
-
-    /// Every warning collected so far, leaving none behind.
-    pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
+use crate::error::{ApiError, FieldCause, Reason, success_status};
+pub use crate::fields::FieldValidation;
+use crate::registry::{ResourceDef, ResourceId};
+use crate::util::{finalizers, meta_mut, meta_str, now_rfc3339, parse_ts};
+use crate::{Shared, fields};
+use admission::Operation;
+pub use context::WriteCtx;
+use patch::PatchType;
 
 /// Drops the fields of a request body its type does not declare; under
 /// `fieldValidation=Strict` refuses it (400, as the real decoder does),
@@ -234,7 +210,7 @@ fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result
                 if let Some(map) = string_data.as_object() {
                     for (k, v) in map {
                         let s = v.as_str().unwrap_or_default();
-                        obj["data"][k] = json!(super::util::base64_encode(s.as_bytes()));
+                        obj["data"][k] = json!(crate::util::base64_encode(s.as_bytes()));
                     }
                 }
                 if let Some(o) = obj.as_object_mut() {
@@ -246,7 +222,7 @@ fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result
             }
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
-            let defs = super::registry::defs_from_crd(obj).map_err(|m| {
+            let defs = crate::registry::defs_from_crd(obj).map_err(|m| {
                 ApiError::invalid(
                     &def.group,
                     &def.kind,
@@ -461,7 +437,7 @@ pub async fn create(
                     Reason::Forbidden,
                     format!(
                         "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                        super::error::qualified(&def.group, &def.plural)
+                        crate::error::qualified(&def.group, &def.plural)
                     ),
                 ));
             }
@@ -478,8 +454,8 @@ pub async fn create(
         st.registry.apply_crd(&obj).map_err(ApiError::bad_request)?;
     }
     let stored = st.put(&id, ns_key(def, ns), &name, obj);
-    if super::events::is_new_events(&id) {
-        super::events::mirror(&mut st, ns, &name, Some(&stored));
+    if crate::objects::events::is_new_events(&id) {
+        crate::objects::events::mirror(&mut st, ns, &name, Some(&stored));
     }
     Ok(stored)
 }
@@ -713,16 +689,16 @@ pub async fn update(
         }
         if ready_to_remove(def, &new) {
             let gone = st.remove(&id, nsk, name);
-            if super::events::is_new_events(&id) {
-                super::events::mirror(&mut st, nsk, name, None);
+            if crate::objects::events::is_new_events(&id) {
+                crate::objects::events::mirror(&mut st, nsk, name, None);
             }
             drop(st);
             after_removal(sh, def);
             return gone.ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name));
         }
         let stored = st.put(&id, nsk, name, new);
-        if super::events::is_new_events(&id) {
-            super::events::mirror(&mut st, nsk, name, Some(&stored));
+        if crate::objects::events::is_new_events(&id) {
+            crate::objects::events::mirror(&mut st, nsk, name, Some(&stored));
         }
         return Ok(stored);
     }
@@ -815,13 +791,13 @@ pub async fn delete(
     let mut obj = (*cur).clone();
     if opts.propagation.as_deref() == Some("Foreground")
         && !already_deleting(&cur)
-        && meta_str(&cur, "uid").is_some_and(|uid| super::gc::has_dependents(&st, uid))
+        && meta_str(&cur, "uid").is_some_and(|uid| crate::store::owners::has_dependents(&st, uid))
     {
         // Dependents go first; the GC sweep removes this finalizer after.
         let meta = meta_mut(&mut obj);
         let list = meta.entry("finalizers").or_insert_with(|| json!([]));
         if let Some(a) = list.as_array_mut() {
-            a.push(json!(super::gc::FOREGROUND));
+            a.push(json!(crate::store::owners::FOREGROUND));
         }
     }
     let has_finalizers = !finalizers(&obj).is_empty();
@@ -830,7 +806,7 @@ pub async fn delete(
         && !ctx.dry_run
         && let Some(uid) = meta_str(&cur, "uid")
     {
-        super::gc::orphan_dependents(&mut st, uid);
+        crate::store::owners::orphan_dependents(&mut st, uid);
     }
     if grace > 0 || has_finalizers || is_ns {
         let now = jiff::Timestamp::now();
@@ -843,7 +819,7 @@ pub async fn delete(
             let meta = meta_mut(&mut obj);
             meta.insert(
                 "deletionTimestamp".into(),
-                json!(super::util::format_ts(deadline)),
+                json!(crate::util::format_ts(deadline)),
             );
             meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
             if !already {
@@ -893,8 +869,8 @@ pub async fn delete(
     let gone = st
         .remove(&id, nsk, name)
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
-    if super::events::is_new_events(&id) {
-        super::events::mirror(&mut st, nsk, name, None);
+    if crate::objects::events::is_new_events(&id) {
+        crate::objects::events::mirror(&mut st, nsk, name, None);
     }
     drop(st);
     after_removal(sh, def);
@@ -945,7 +921,7 @@ mod tests {
 
     #[test]
     fn generation_bumps_only_on_spec_change() {
-        let def = super::super::registry::Registry::builtin()
+        let def = crate::registry::Registry::builtin()
             .get("", "v1", "configmaps")
             .cloned()
             .expect("builtin");

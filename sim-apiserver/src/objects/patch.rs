@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::error::{ApiError, Reason};
+use crate::error::{ApiError, Reason};
 
 /// The patch type, from the request's Content-Type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

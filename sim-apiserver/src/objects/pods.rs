@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::error::{ApiError, FieldCause, Reason};
-use super::registry::ResourceId;
-use super::selectors::LabelSelector;
-use super::store::State;
-use super::util::{meta_mut, meta_str, now_rfc3339};
+use crate::error::{ApiError, FieldCause, Reason};
+use crate::registry::ResourceId;
+use crate::selectors::LabelSelector;
+use crate::store::State;
+use crate::util::{meta_mut, meta_str, now_rfc3339};
 
 const STANDARD_RESOURCES: &[&str] = &["cpu", "memory", "ephemeral-storage", "storage"];
 

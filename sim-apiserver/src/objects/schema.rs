@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::error::{FieldCause, FieldErrorKind};
+use crate::error::{FieldCause, FieldErrorKind};
 
 /// The outcome of checking one object.
 #[derive(Debug, Default)]

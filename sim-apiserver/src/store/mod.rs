@@ -2,6 +2,8 @@
 //! and a bounded window of watch events, all behind one lock so every write
 //! gets the next resourceVersion and reaches watchers in order.
 
+pub mod owners;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 
@@ -9,7 +11,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::registry::{Registry, ResourceId};
+use crate::registry::{Registry, ResourceId};
 
 /// A watch event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gpupool_tests::cli;
+use gpupool_sim::cli;
 
 /// Runs gpupool on a simulated cluster on this machine.
 #[derive(Debug, Parser)]

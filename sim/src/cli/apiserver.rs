@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
 
 /// Arguments of `gpupool-sim apiserver`. Every value is checked while the
 /// flags are parsed, so a bad one exits 2 with a message naming the flag.

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::SimCluster;
-use crate::apiserver::FaultConfig;
+use gpupool_sim_apiserver::FaultConfig;
 
 /// One control request, answered through `reply` with (status, JSON body).
 pub struct AdminRequest {

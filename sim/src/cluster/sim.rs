@@ -22,7 +22,7 @@ use super::kubelet::{KubeletConfig, KubeletError, RunningKubelet};
 use super::processes::{ChildProcess, ProcessError, ProcessSpec, find_binary};
 use super::proxy::ServiceProxy;
 use super::scheduler::RunningScheduler;
-use crate::apiserver::{
+use gpupool_sim_apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
 };
 

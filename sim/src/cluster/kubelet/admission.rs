@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use gpupool_api::pod::container_slots;
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::{
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
 };

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::registration_server::RegistrationServer;
-use gpupool_device_plugin::proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;
-use gpupool_device_plugin::transport::{TransportError, bind_unix, serve_incoming};
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::registration_server::RegistrationServer;
+use gpupool_kubelet_api::proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;
+use gpupool_kubelet_api::transport::{TransportError, bind_unix, serve_incoming};
 use kube::Client;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::{
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
     Empty, RegisterRequest, device_plugin_client::DevicePluginClient,
 };
-use gpupool_device_plugin::transport::{TransportError, connect_unix};
+use gpupool_kubelet_api::transport::{TransportError, connect_unix};
 use tonic::transport::Channel;
 
 use super::Shared;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpupool_device_plugin::proto::podresources::v1::{
+use gpupool_kubelet_api::proto::podresources::v1::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources, pod_resources_lister_server::PodResourcesLister,

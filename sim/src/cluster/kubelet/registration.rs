@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::{
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
     Empty, RegisterRequest, registration_server::Registration,
 };
 use tonic::{Request, Response, Status};
