@@ -3,7 +3,8 @@
 
 pub mod config;
 pub mod controller;
-pub mod engine;
+/// The pure admission engine, its own crate so it cannot reach a client or a clock.
+pub use gpupool_engine as engine;
 pub mod leader;
 pub mod metrics;
 pub mod webhook;

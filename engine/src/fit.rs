@@ -220,7 +220,6 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::ObjectKey;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn node(name: &str, labels: &[(&str, &str)]) -> NodeInfo {
@@ -236,21 +235,8 @@ mod tests {
 
     fn pod() -> PodInfo {
         PodInfo {
-            key: ObjectKey::new("ns", "p"),
-            uid: "u".into(),
-            class_label: None,
-            role: crate::engine::model::RoleLabel::Valid(gpupool_api::Role::Primary),
             requests: BTreeMap::new(),
-            enqueued_at: None,
-            created_at: jiff::Timestamp::UNIX_EPOCH,
-            phase: crate::engine::model::PodPhase::Pending,
-            terminating: false,
-            gated: true,
-            node_name: None,
-            node_selector: BTreeMap::new(),
-            required_affinity: None,
-            tolerations: vec![],
-            unmanaged: false,
+            ..crate::fixtures::pod("p", 0, 0)
         }
     }
 

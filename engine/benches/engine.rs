@@ -6,45 +6,22 @@
 //!     the head is admitted and every queued lease's position moves.
 //! (c) `full_pass_unsorted_input`: (a) with pods and leases in no order.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpupool_api::{
-    GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Role,
-};
-use gpupool_operator::engine::{
-    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, PodInfo, PodPhase, RoleLabel, Snapshot, decide,
-};
-use jiff::Timestamp;
+use gpupool_api::{GpuLeaseStatus, LeaseGpu, LeasePhase, Role};
+use gpupool_engine::fixtures::{self, at};
+use gpupool_engine::{NodeInfo, ObjectKey, PodInfo, PodPhase, Snapshot, decide};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-const RES: &str = "gpupool/slot";
 const NODES: usize = 1_000;
 const GPUS: u32 = 8;
 const QUEUED: usize = 10_000;
 
-fn at(sec: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + sec).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
-fn pod(name: String, uid: String, role: Role, slots: u32, enq: i64) -> PodInfo {
-    PodInfo {
-        key: ObjectKey::new("team", name),
-        uid,
-        class_label: None,
-        role: RoleLabel::Valid(role),
-        requests: [(RES.to_owned(), slots)].into(),
-        enqueued_at: Some(at(enq)),
-        created_at: at(enq),
-        phase: PodPhase::Pending,
-        terminating: false,
-        gated: true,
-        node_name: None,
-        node_selector: BTreeMap::new(),
-        required_affinity: None,
-        tolerations: vec![],
-        unmanaged: false,
+fn pod(name: &str, role: Role, slots: u32, enq: i64) -> PodInfo {
+    match role {
+        Role::Primary => fixtures::pod(name, slots, enq),
+        Role::Helper => fixtures::helper(name, slots, enq),
     }
 }
 
@@ -53,21 +30,7 @@ fn cluster() -> Snapshot {
     let nodes: Vec<NodeInfo> = (0..NODES)
         .map(|i| {
             let name = format!("node-{i:04}");
-            NodeInfo {
-                gpus: (0..GPUS)
-                    .map(|g| NodeGpu {
-                        index: g,
-                        uuid: format!("GPU-{name}-{g}"),
-                        product: "H100".into(),
-                        vendor: "NVIDIA".into(),
-                        memory_mib: 81_559,
-                        healthy: true,
-                    })
-                    .collect(),
-                allocatable: [(RES.to_owned(), GPUS)].into(),
-                name,
-                ..NodeInfo::default()
-            }
+            fixtures::node(&name, GPUS)
         })
         .collect();
     let mut pods = Vec::new();
@@ -79,12 +42,10 @@ fn cluster() -> Snapshot {
         for (j, slots) in [2u32, 2, 1, 1, 1, 1].into_iter().enumerate() {
             seq += 1;
             let name = format!("run-{n:04}-{j}");
-            let uid = format!("uid-{name}");
-            let mut p = pod(name.clone(), uid.clone(), Role::Primary, slots, seq as i64);
+            let mut p = pod(&name, Role::Primary, slots, seq as i64);
             p.gated = false;
             p.phase = PodPhase::Running;
             p.node_name = Some(node.name.clone());
-            pods.push(p);
             let gpus = (gpu..gpu + slots)
                 .map(|g| LeaseGpu {
                     index: g,
@@ -93,16 +54,10 @@ fn cluster() -> Snapshot {
                 })
                 .collect();
             gpu += slots;
-            leases.push(LeaseInfo {
-                key: ObjectKey::new("team", name.clone()),
-                spec: GpuLeaseSpec {
-                    class_name: "default".into(),
-                    pod_name: name,
-                    pod_uid: uid,
-                    role: Role::Primary,
-                    slots,
-                },
-                status: Some(GpuLeaseStatus {
+            leases.push(fixtures::lease(
+                &p,
+                "default",
+                Some(GpuLeaseStatus {
                     phase: LeasePhase::Bound,
                     sequence: Some(seq),
                     node: Some(node.name.clone()),
@@ -110,8 +65,8 @@ fn cluster() -> Snapshot {
                     admitted_at: Some(Time(at(seq as i64))),
                     ..GpuLeaseStatus::default()
                 }),
-                missing: false,
-            });
+            ));
+            pods.push(p);
         }
     }
     for i in 0..QUEUED {
@@ -122,37 +77,21 @@ fn cluster() -> Snapshot {
             Role::Primary
         };
         let name = format!("wait-{i:05}");
-        let uid = format!("uid-{name}");
-        pods.push(pod(name.clone(), uid.clone(), role, 1, seq as i64));
-        leases.push(LeaseInfo {
-            key: ObjectKey::new("team", name.clone()),
-            spec: GpuLeaseSpec {
-                class_name: "default".into(),
-                pod_name: name,
-                pod_uid: uid,
-                role,
-                slots: 1,
-            },
-            status: Some(GpuLeaseStatus {
+        let p = pod(&name, role, 1, seq as i64);
+        leases.push(fixtures::lease(
+            &p,
+            "default",
+            Some(GpuLeaseStatus {
                 phase: LeasePhase::Queued,
                 sequence: Some(seq),
                 ..GpuLeaseStatus::default()
             }),
-            missing: false,
-        });
+        ));
+        pods.push(p);
     }
     let mut s = Snapshot {
         now: at(100_000),
-        classes: vec![ClassInfo {
-            name: "default".into(),
-            generation: Some(1),
-            created_at: None,
-            spec: GpuLeaseClassSpec {
-                default: true,
-                ..GpuLeaseClassSpec::default()
-            },
-            status: None,
-        }],
+        classes: vec![fixtures::class("default")],
         nodes,
         pods,
         leases,

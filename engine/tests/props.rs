@@ -11,19 +11,16 @@ use gpupool_api::{
     GpuLeaseClassSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Ordering, Placement,
     Preemption, Role,
 };
-use gpupool_operator::engine::{
-    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot, decide,
+use gpupool_engine::fixtures;
+use gpupool_engine::{
+    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, Snapshot, decide,
 };
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
 
-const RES: &str = "gpupool/slot";
-const CASES: u32 = 256;
+use gpupool_engine::fixtures::{RESOURCE as RES, at};
 
-fn at(sec: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + sec).expect("valid time")
-}
+const CASES: u32 = 256;
 
 /// Settings of one generated class.
 #[derive(Debug, Clone)]
@@ -84,11 +81,8 @@ fn class_info(name: &str, cfg: &ClassCfg, narrow: bool) -> ClassInfo {
         });
     }
     ClassInfo {
-        name: name.into(),
-        generation: Some(1),
-        created_at: None,
         spec,
-        status: None,
+        ..fixtures::class(name)
     }
 }
 
@@ -192,16 +186,7 @@ struct World {
 }
 
 fn gpus(name: &str, n: u32) -> Vec<NodeGpu> {
-    (0..n)
-        .map(|i| NodeGpu {
-            index: i,
-            uuid: format!("GPU-{name}-{i}"),
-            product: "Sim".into(),
-            vendor: "NVIDIA".into(),
-            memory_mib: 0,
-            healthy: true,
-        })
-        .collect()
+    fixtures::node(name, n).gpus
 }
 
 fn is_live(p: &PodInfo) -> bool {
@@ -246,11 +231,8 @@ impl World {
             labels.insert("pool".to_owned(), "x".to_owned());
         }
         self.s.nodes.push(NodeInfo {
-            gpus: gpus(&name, alloc),
-            name,
             labels,
-            allocatable: [(RES.to_owned(), alloc)].into(),
-            ..NodeInfo::default()
+            ..fixtures::node(&name, alloc)
         });
     }
 
@@ -297,22 +279,18 @@ impl World {
                     1 => None,
                     _ => Some("ghost".to_owned()),
                 };
+                let base = if helper {
+                    fixtures::helper(&key.name, slots, 0)
+                } else {
+                    fixtures::pod(&key.name, slots, 0)
+                };
                 self.s.pods.push(PodInfo {
-                    key,
                     uid: format!("uid-{}", self.next_uid),
                     class_label,
-                    role: RoleLabel::Valid(if helper { Role::Helper } else { Role::Primary }),
-                    requests: [(RES.to_owned(), slots)].into(),
                     enqueued_at: (!ungated).then_some(self.s.now),
                     created_at: self.s.now,
-                    phase: PodPhase::Pending,
-                    terminating: false,
                     gated: !ungated,
-                    node_name: None,
-                    node_selector: BTreeMap::new(),
-                    required_affinity: None,
-                    tolerations: vec![],
-                    unmanaged: false,
+                    ..base
                 });
             }
             Event::Pass {

@@ -6,87 +6,18 @@ use std::collections::BTreeMap;
 use gpupool_api::class::{CONDITION_INVALID, CONDITION_READY};
 use gpupool_api::names::LABEL_HOSTNAME;
 use gpupool_api::{
-    GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Ordering,
-    Placement, Preemption, Role,
+    GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, Ordering, Placement, Preemption, Role,
 };
-use gpupool_operator::engine::{
-    ClassInfo, LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan,
-    PodInfo, PodPhase, RoleLabel, SelectorOperator, Snapshot, Taint, TaintEffect, Toleration,
+use gpupool_engine::{
+    LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan, PodInfo,
+    PodPhase, RoleLabel, SelectorOperator, Snapshot, Taint, TaintEffect, Toleration,
     TolerationOperator, decide,
 };
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     Condition, LabelSelector, LabelSelectorRequirement, Time,
 };
 
-const RES: &str = "gpupool/slot";
-
-fn at(sec: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + sec).expect("valid time")
-}
-
-fn class(name: &str) -> ClassInfo {
-    ClassInfo {
-        name: name.into(),
-        generation: Some(1),
-        created_at: None,
-        spec: GpuLeaseClassSpec {
-            default: name == "default",
-            ..GpuLeaseClassSpec::default()
-        },
-        status: None,
-    }
-}
-
-fn node(name: &str, gpus: u32) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        allocatable: [(RES.to_owned(), gpus)].into(),
-        gpus: (0..gpus)
-            .map(|i| NodeGpu {
-                index: i,
-                uuid: format!("GPU-{name}-{i}"),
-                product: "Test GPU".into(),
-                vendor: "NVIDIA".into(),
-                memory_mib: 1024,
-                healthy: true,
-            })
-            .collect(),
-        ..NodeInfo::default()
-    }
-}
-
-/// A gated primary pod of the default class, enqueued at `at(enq)`.
-fn pod(name: &str, slots: u32, enq: i64) -> PodInfo {
-    PodInfo {
-        key: ObjectKey::new("team", name),
-        uid: format!("uid-{name}"),
-        class_label: None,
-        role: RoleLabel::Valid(Role::Primary),
-        requests: [(RES.to_owned(), slots)].into(),
-        enqueued_at: Some(at(enq)),
-        created_at: at(enq),
-        phase: PodPhase::Pending,
-        terminating: false,
-        gated: true,
-        node_name: None,
-        node_selector: BTreeMap::new(),
-        required_affinity: None,
-        tolerations: vec![],
-        unmanaged: false,
-    }
-}
-
-fn helper(name: &str, slots: u32, enq: i64) -> PodInfo {
-    PodInfo {
-        role: RoleLabel::Valid(Role::Helper),
-        ..pod(name, slots, enq)
-    }
-}
-
-fn key(name: &str) -> ObjectKey {
-    ObjectKey::new("team", name)
-}
+use gpupool_engine::fixtures::{RESOURCE as RES, at, class, helper, key, node, pod};
 
 /// Applies a plan as the controller does: creates leases with their status,
 /// deletes stale ones, writes statuses, ungates and pins admitted pods (the

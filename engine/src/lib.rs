@@ -7,6 +7,8 @@
 mod capacity;
 mod classes;
 pub mod fit;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 mod message;
 pub mod model;
 mod pass;
