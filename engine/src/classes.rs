@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use super::capacity::Nodes;
 use super::fit::{self, ClassSelector};
-use super::model::{ClassInfo, PodInfo};
+use super::model::{ClassInfo, NodeInfo, PodInfo};
 
 /// The class unlabelled pods use when several claim `default: true`: the
 /// one that was default first, i.e. the oldest by creation time (a class
@@ -48,6 +48,46 @@ pub fn is_extended_resource(name: &str) -> bool {
         && label(rest, b"._")
         && !kubernetes
         && !domain.starts_with("requests.")
+}
+
+/// The node the engine could ever place `pod` on with the most allocatable
+/// slots of `class`'s resource, ties broken by name: nodes that match the
+/// class's selector and advertise the resource, narrowed by the pod's own
+/// nodeSelector, affinity and tolerations when it has any, else those that
+/// take plain pods (not cordoned, no blocking taint). `Ok(None)` when no node
+/// qualifies yet; `Err` names what is wrong with the class's selector. The
+/// webhook refuses a pod asking for more than this, and the engine says
+/// the same in the lease of one that got past it: one rule, one function.
+pub fn largest_node<'n>(
+    class: &ClassInfo,
+    nodes: &'n [NodeInfo],
+    pod: &PodInfo,
+) -> Result<Option<(&'n str, u32)>, String> {
+    let selector = ClassSelector::compile(class.spec.node_selector.as_ref())?;
+    let resource = class.spec.resource_name.as_str();
+    let own = fit::has_own_constraints(pod);
+    let mut best: Option<(&str, u32)> = None;
+    for node in nodes {
+        let alloc = node.allocatable.get(resource).copied().unwrap_or(0);
+        if alloc == 0 || !selector.matches(node) {
+            continue;
+        }
+        let eligible = if own {
+            fit::pod_fits_node(pod, node)
+        } else {
+            !fit::turns_plain_pods_away(node)
+        };
+        if !eligible {
+            continue;
+        }
+        let better = best.is_none_or(|(name, slots)| {
+            alloc > slots || (alloc == slots && node.name.as_str() < name)
+        });
+        if better {
+            best = Some((node.name.as_str(), alloc));
+        }
+    }
+    Ok(best)
 }
 
 /// Why a class cannot admit anything.

@@ -17,7 +17,7 @@ mod queue;
 mod sequence;
 mod status;
 
-pub use classes::{established_default, is_extended_resource};
+pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
 pub use status::QUEUE_HEAD;
 

@@ -1188,3 +1188,21 @@ fn a_pods_own_node_selector_is_named_when_it_is_why_the_pod_waits() {
         "a pod in an unmanaged namespace gets no lease"
     );
 }
+
+#[test]
+fn largest_node_is_the_rule_the_queue_applies() {
+    let mut cordoned = node("big-cordoned", 8);
+    cordoned.unschedulable = true;
+    let mut s = world(vec![cordoned, node("small", 2)], vec![pod("p", 4, 1)]);
+    settle(&mut s);
+    assert_eq!(
+        gpupool_engine::largest_node(&s.classes[0], &s.nodes, &s.pods[0]),
+        Ok(Some(("small", 2)))
+    );
+    assert_eq!(phase(&s, "p"), LeasePhase::Queued);
+    assert!(
+        message(&s, "p").contains("largest matching node has 2"),
+        "{}",
+        message(&s, "p")
+    );
+}

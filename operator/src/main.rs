@@ -89,6 +89,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
 
+    // One index: every replica keeps the caches; the webhook reads them on
+    // every replica, the decision loop on the leader.
+    let changed = Arc::new(Notify::new());
+    let caches = Caches::start(&client, changed.clone(), &metrics);
+
     // Every replica serves the webhook, leader or not.
     let mut webhook_config = webhook::WebhookConfig::new(
         config.webhook_port,
@@ -102,9 +107,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Pods the webhook never sees are never queued by the controller either.
     let unmanaged_namespaces = webhook_config.excluded_namespaces();
     tasks.spawn({
-        let (client, health) = (client.clone(), health.clone());
+        let (client, health, caches) = (client.clone(), health.clone(), caches.clone());
         async move {
-            let running = webhook::start(webhook_config, client, webhook_metrics)
+            let running = webhook::start(webhook_config, client, caches, webhook_metrics)
                 .await
                 .context("webhook did not start")?;
             health.set_webhook_serving();
@@ -120,8 +125,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         Leadership::always()
     };
-    let changed = Arc::new(Notify::new());
-    let caches = Caches::start(&client, changed.clone(), &metrics);
     tasks.spawn({
         let (client, leader, health) = (client.clone(), leadership.rx.clone(), health.clone());
         let loop_config = LoopConfig {

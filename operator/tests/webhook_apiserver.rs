@@ -6,6 +6,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use gpupool_operator::controller::Caches;
+use gpupool_operator::metrics::Metrics;
 use gpupool_operator::webhook::certs::{self, SECRET_NAME, TlsBundle};
 use gpupool_operator::webhook::configurations::{
     self, MUTATING_WEBHOOK_NAME, VALIDATING_WEBHOOK_NAME,
@@ -102,6 +104,16 @@ fn webhook_config(port: u16) -> WebhookConfig {
     config
 }
 
+/// The operator's watch caches, as `main` starts them for the webhook.
+fn caches(client: &kube::Client) -> Caches {
+    let mut registry = prometheus_client::registry::Registry::default();
+    Caches::start(
+        client,
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+        &Metrics::register(&mut registry),
+    )
+}
+
 impl Hook {
     async fn start(api: &RunningApiServer) -> Self {
         let client = api
@@ -110,7 +122,8 @@ impl Hook {
             .expect("operator client");
         let running = webhook::start(
             webhook_config(free_port()),
-            client,
+            client.clone(),
+            caches(&client),
             WebhookMetrics::default(),
         )
         .await
@@ -469,9 +482,11 @@ async fn start_fails_naming_a_cache_that_cannot_sync() {
     // No CRDs: the GpuLeaseClass watch can never list.
     let mut config = webhook_config(free_port());
     config.cache_sync_timeout = Duration::from_secs(1);
+    let client = api.client().await.expect("client");
     let err = webhook::start(
         config,
-        api.client().await.expect("client"),
+        client.clone(),
+        caches(&client),
         WebhookMetrics::default(),
     )
     .await
@@ -488,9 +503,11 @@ async fn start_fails_naming_the_port_in_use() {
     let api = cluster().await;
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
+    let client = api.client().await.expect("client");
     let err = webhook::start(
         webhook_config(port),
-        api.client().await.expect("client"),
+        client.clone(),
+        caches(&client),
         WebhookMetrics::default(),
     )
     .await
@@ -631,9 +648,14 @@ async fn serving_replicas_pick_up_renewals_and_repair_configurations() {
         .client_with_token(OPERATOR_TOKEN)
         .await
         .expect("operator");
-    let running = webhook::start(config, operator, WebhookMetrics::default())
-        .await
-        .expect("webhook starts");
+    let running = webhook::start(
+        config,
+        operator.clone(),
+        caches(&operator),
+        WebhookMetrics::default(),
+    )
+    .await
+    .expect("webhook starts");
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(running.serve(async {
         let _ = stopped.await;

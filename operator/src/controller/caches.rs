@@ -1,10 +1,13 @@
-//! Watch caches of Pods, Nodes, GpuLeaseClasses and GpuLeases. Every change
+//! Watch caches of Pods, Nodes, GpuLeaseClasses and GpuLeases: the
+//! operator's one index. Every replica keeps them; the decision loop (on the
+//! leader) and the webhook (on every replica) both read them. Every change
 //! wakes the decision loop through one [`Notify`], which coalesces bursts:
 //! however many events arrive during a pass, one more pass follows.
 
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use gpupool_api::{GpuLease, GpuLeaseClass};
@@ -16,6 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
+use crate::webhook::review::ClusterView;
 
 /// The four caches a pass snapshots.
 #[derive(Clone)]
@@ -72,6 +76,56 @@ impl Caches {
         self.classes.wait_until_ready().await?;
         self.leases.wait_until_ready().await?;
         Ok(())
+    }
+
+    /// Waits up to `timeout` for each cache's first full list; the error
+    /// names the first cache that did not fill.
+    pub async fn wait_synced_within(&self, timeout: Duration) -> Result<(), NotSynced> {
+        wait_for("Pods", &self.pods, timeout).await?;
+        wait_for("Nodes", &self.nodes, timeout).await?;
+        wait_for("GpuLeaseClasses", &self.classes, timeout).await?;
+        wait_for("GpuLeases", &self.leases, timeout).await
+    }
+}
+
+/// A cache that did not fill in time.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the {what} cache did not sync within {timeout:?}; can the operator list and watch {what} (is the CRD installed, is RBAC granted)?"
+)]
+pub struct NotSynced {
+    /// Which cache.
+    pub what: &'static str,
+    /// How long it was given.
+    pub timeout: Duration,
+}
+
+async fn wait_for<K>(
+    what: &'static str,
+    store: &Store<K>,
+    timeout: Duration,
+) -> Result<(), NotSynced>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    match tokio::time::timeout(timeout, store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(NotSynced { what, timeout }),
+    }
+}
+
+/// The webhook decides on the same caches as the controller: one index,
+/// so the two can never see different clusters.
+impl ClusterView for Caches {
+    fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
+        self.classes.state()
+    }
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.state()
+    }
+    fn leases(&self) -> Vec<Arc<GpuLease>> {
+        self.leases.state()
     }
 }
 

@@ -10,7 +10,7 @@
 //! let webhook_metrics = webhook::WebhookMetrics::register(&mut registry); // before Arc::new(registry)
 //! let config = WebhookConfig::new(args.webhook_port, &namespace, endpoint, args.gate_owner);
 //! tasks.spawn(async move {
-//!     let webhook = webhook::start(config, client, webhook_metrics).await?; // fatal: exit 1
+//!     let webhook = webhook::start(config, client, caches, webhook_metrics).await?; // fatal: exit 1
 //!     // the webhook answers from here on (readiness)
 //!     webhook.serve(shutdown).await
 //! });
@@ -28,7 +28,7 @@
 //! - `--namespace`: the operator's namespace (certificate Secret, exclusions).
 //!
 //! [`start`] gets the serving certificate from Secret `gpupool-webhook-tls`
-//! (creating or renewing it), fills the class/node/lease caches, binds the
+//! (creating or renewing it), waits for the operator's caches (shared with the controller) to fill, binds the
 //! port, and only then writes the webhook configurations named `gpupool`, so
 //! the API server never calls a webhook that is not listening yet.
 //! [`RunningWebhook::serve`] serves until shutdown, re-checking the Secret
@@ -40,7 +40,6 @@ pub mod configurations;
 pub mod guard;
 pub mod review;
 pub mod server;
-pub mod stores;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,10 +53,11 @@ pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, Webhoo
 pub use review::{Identities, Users};
 pub use server::WebhookMetrics;
 
+use crate::controller::Caches;
+use crate::controller::caches::NotSynced;
 use certs::{CertError, CertProblem, TlsBundle};
 use configurations::ConfigurationError;
 use server::{CertResolver, Handler};
-use stores::{NotSynced, Stores};
 
 /// Why the webhook could not start or keep serving.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +98,7 @@ pub struct RunningWebhook {
     bundle: TlsBundle,
     certs: Arc<CertResolver>,
     tls: Arc<rustls::ServerConfig>,
-    handler: Arc<Handler<Stores>>,
+    handler: Arc<Handler<Caches>>,
     metrics: WebhookMetrics,
 }
 
@@ -109,6 +109,7 @@ pub struct RunningWebhook {
 pub async fn start(
     config: WebhookConfig,
     client: kube::Client,
+    caches: Caches,
     metrics: WebhookMetrics,
 ) -> Result<RunningWebhook, WebhookError> {
     let names = config.endpoint.certificate_names();
@@ -123,8 +124,7 @@ pub async fn start(
     let certs = CertResolver::new(bundle.certified_key()?);
     let tls = server::tls_config(certs.clone())?;
 
-    let stores = Stores::spawn(client.clone());
-    stores.wait_until_ready(config.cache_sync_timeout).await?;
+    caches.wait_synced_within(config.cache_sync_timeout).await?;
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -140,7 +140,7 @@ pub async fn start(
     tracing::info!(%local_addr, endpoint = ?config.endpoint, "webhook ready");
 
     let handler = Arc::new(Handler::new(
-        stores,
+        caches,
         Identities {
             operator: config.gate_owners.clone(),
             device_plugins: config.device_plugin_users.clone(),

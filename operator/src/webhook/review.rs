@@ -8,7 +8,7 @@
 //! removing the gate. The clock is an argument, so every decision is
 //! reproducible.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpupool_api::names::{
@@ -17,7 +17,8 @@ use gpupool_api::names::{
 use gpupool_api::pod::{self, PodError};
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
 
-use crate::engine::established_default;
+use crate::controller::translate;
+use crate::engine::{self, NodeInfo, established_default};
 
 pub use super::guard::{Identities, validate_class, validate_lease};
 use jiff::Timestamp;
@@ -25,7 +26,6 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Value, json};
@@ -375,16 +375,35 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
         });
     }
 
-    if let Some((node, largest)) = largest_matching_node(class, &class_name, &view.nodes())?
-        && slots > largest
-    {
-        return Err(Denial::TooLarge {
-            requested: slots,
-            resource: resource.to_owned(),
-            class: class_name,
-            largest,
-            node,
-        });
+    // The engine's own rule, on the engine's own view of the nodes, so the
+    // webhook never refuses what the engine would admit, nor the reverse.
+    let resources = BTreeSet::from([resource.to_owned()]);
+    let nodes: Vec<NodeInfo> = view
+        .nodes()
+        .iter()
+        .filter_map(|n| translate::node_info(n, &resources))
+        .collect();
+    let engine_class = translate::class_info(class);
+    let engine_pod = translate::pod_info(pod, &resources, Timestamp::UNIX_EPOCH);
+    if let (Some(engine_class), Some(engine_pod)) = (engine_class, engine_pod) {
+        let largest =
+            engine::largest_node(&engine_class, &nodes, &engine_pod).map_err(|reason| {
+                Denial::InvalidNodeSelector {
+                    class: class_name.clone(),
+                    reason,
+                }
+            })?;
+        if let Some((node, largest)) = largest
+            && slots > largest
+        {
+            return Err(Denial::TooLarge {
+                requested: slots,
+                resource: resource.to_owned(),
+                class: class_name,
+                largest,
+                node: node.to_owned(),
+            });
+        }
     }
 
     let max = class.spec.admission.max_queued;
@@ -449,96 +468,6 @@ fn resolve_class<'a>(
         .ok_or_else(|| Denial::NoClass {
             resource: resource.to_owned(),
         })
-}
-
-/// The matching node with the most allocatable slots of the class's resource,
-/// ties broken by name. Nodes advertising zero slots (no healthy GPU yet)
-/// count as not matching, so a pod is never refused for a node that is
-/// still coming up.
-fn largest_matching_node(
-    class: &GpuLeaseClass,
-    class_name: &str,
-    nodes: &[Arc<Node>],
-) -> Result<Option<(String, u32)>, Denial> {
-    let resource = class.spec.resource_name.as_str();
-    let mut best: Option<(String, u32)> = None;
-    for node in nodes {
-        let Some(quantity) = node
-            .status
-            .as_ref()
-            .and_then(|s| s.allocatable.as_ref())
-            .and_then(|a| a.get(resource))
-        else {
-            continue;
-        };
-        let slots = pod::parse_whole(quantity).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
-        if slots == 0 {
-            continue;
-        }
-        if let Some(selector) = class.spec.node_selector.as_ref()
-            && !selector_matches(selector, node.metadata.labels.as_ref()).map_err(|reason| {
-                Denial::InvalidNodeSelector {
-                    class: class_name.to_owned(),
-                    reason,
-                }
-            })?
-        {
-            continue;
-        }
-        let name = node.name_any();
-        let better = match &best {
-            None => true,
-            Some((best_name, best_slots)) => {
-                slots > *best_slots || (slots == *best_slots && name < *best_name)
-            }
-        };
-        if better {
-            best = Some((name, slots));
-        }
-    }
-    Ok(best)
-}
-
-/// Evaluates a Kubernetes label selector (matchLabels and matchExpressions
-/// with In, NotIn, Exists, DoesNotExist) against `labels`; an empty selector
-/// matches everything. An unknown operator or a malformed expression is an
-/// error naming it.
-pub fn selector_matches(
-    selector: &LabelSelector,
-    labels: Option<&BTreeMap<String, String>>,
-) -> Result<bool, String> {
-    let get = |k: &str| labels.and_then(|l| l.get(k));
-    for (key, value) in selector.match_labels.iter().flatten() {
-        if get(key) != Some(value) {
-            return Ok(false);
-        }
-    }
-    for expr in selector.match_expressions.iter().flatten() {
-        let values = expr.values.as_deref().unwrap_or_default();
-        let actual = get(&expr.key);
-        let matches = match expr.operator.as_str() {
-            "In" | "NotIn" if values.is_empty() => {
-                return Err(format!(
-                    "matchExpressions key {:?}: operator {} needs at least one value",
-                    expr.key, expr.operator
-                ));
-            }
-            "In" => actual.is_some_and(|a| values.contains(a)),
-            "NotIn" => actual.is_none_or(|a| !values.contains(a)),
-            "Exists" => actual.is_some(),
-            "DoesNotExist" => actual.is_none(),
-            other => {
-                return Err(format!(
-                    "matchExpressions key {:?}: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)",
-                    expr.key
-                ));
-            }
-        };
-        if !matches {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// True when some container requests or limits a domain-qualified (extended)

@@ -1,6 +1,6 @@
 use super::*;
 use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, Role};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde_json::json;
 
 fn now() -> Timestamp {
@@ -534,8 +534,79 @@ fn invalid_node_selector_is_denied_naming_the_operator() {
     let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
     assert_eq!(
         d.to_string(),
-        "GpuLeaseClass \"default\" has an invalid nodeSelector: matchExpressions key \"pool\": unknown operator \"Matches\" (In, NotIn, Exists, DoesNotExist)"
+        "GpuLeaseClass \"default\" has an invalid nodeSelector: nodeSelector.matchExpressions[0] (key \"pool\") has operator \"Matches\"; expected In, NotIn, Exists or DoesNotExist"
     );
+}
+
+/// Drift found between the webhook and the engine: `Exists` with values made
+/// the engine mark the class invalid while the webhook queued its pods. Both
+/// now decide with the engine's selector compile.
+#[test]
+fn a_selector_the_engine_refuses_is_refused_by_the_webhook() {
+    let view = StaticView {
+        classes: vec![class_with("default", |s| {
+            s.default = true;
+            s.node_selector = Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "pool".into(),
+                    operator: "Exists".into(),
+                    values: Some(vec!["a100".into()]),
+                }]),
+                ..Default::default()
+            });
+        })],
+        nodes: vec![node(
+            "n",
+            json!({"pool": "x"}),
+            json!({"gpupool/slot": "1"}),
+        )],
+        leases: vec![],
+    };
+    let d = denial(mutate(&create(gpu_pod("1")), &view, now()));
+    assert!(matches!(d, Denial::InvalidNodeSelector { .. }), "{d}");
+    assert!(
+        d.to_string().contains("uses Exists but lists values"),
+        "{d}"
+    );
+}
+
+/// Drift found between the webhook and the engine: the webhook counted
+/// cordoned and tainted nodes as "the largest node", the engine does not place
+/// plain pods there. Both now ask `engine::largest_node`.
+#[test]
+fn cordoned_and_tainted_nodes_do_not_count_as_the_largest_node() {
+    let mut cordoned = serde_json::to_value(
+        node("big-cordoned", json!({}), json!({"gpupool/slot": "8"})).as_ref(),
+    )
+    .expect("json");
+    cordoned["spec"] = json!({"unschedulable": true});
+    let mut tainted =
+        serde_json::to_value(node("big-tainted", json!({}), json!({"gpupool/slot": "8"})).as_ref())
+            .expect("json");
+    tainted["spec"] =
+        json!({"taints": [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]});
+    let view = StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![
+            Arc::new(serde_json::from_value(cordoned).expect("node")),
+            Arc::new(serde_json::from_value(tainted).expect("node")),
+            node("small", json!({}), json!({"gpupool/slot": "2"})),
+        ],
+        leases: vec![],
+    };
+    let d = denial(mutate(&create(gpu_pod("4")), &view, now()));
+    assert!(
+        matches!(d, Denial::TooLarge { largest: 2, ref node, .. } if node == "small"),
+        "{d}"
+    );
+    // A pod that tolerates the taint may use the tainted node: the engine
+    // would place it there, so the webhook queues it.
+    let mut tolerant = gpu_pod("4");
+    tolerant["spec"]["tolerations"] = json!([{"key": "gpu", "operator": "Exists"}]);
+    assert!(matches!(
+        mutate(&create(tolerant), &view, now()),
+        Decision::Patch(_)
+    ));
 }
 
 #[test]
@@ -787,35 +858,6 @@ fn outcome_labels() {
         })
         .outcome(),
         "denied"
-    );
-}
-
-#[test]
-fn selector_operators() {
-    let labels: BTreeMap<String, String> = [("pool".to_owned(), "a100".to_owned())].into();
-    let expr = |op: &str, values: Option<Vec<&str>>| LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: "pool".into(),
-            operator: op.into(),
-            values: values.map(|v| v.into_iter().map(String::from).collect()),
-        }]),
-        ..Default::default()
-    };
-    let m = |s: &LabelSelector| selector_matches(s, Some(&labels));
-    assert_eq!(m(&LabelSelector::default()), Ok(true));
-    assert_eq!(m(&expr("In", Some(vec!["a100", "h100"]))), Ok(true));
-    assert_eq!(m(&expr("In", Some(vec!["t4"]))), Ok(false));
-    assert_eq!(m(&expr("NotIn", Some(vec!["t4"]))), Ok(true));
-    assert_eq!(m(&expr("NotIn", Some(vec!["a100"]))), Ok(false));
-    assert_eq!(m(&expr("Exists", None)), Ok(true));
-    assert_eq!(m(&expr("DoesNotExist", None)), Ok(false));
-    assert_eq!(
-        selector_matches(&expr("NotIn", Some(vec!["t4"])), None),
-        Ok(true)
-    );
-    assert_eq!(
-        m(&expr("In", Some(vec![]))),
-        Err("matchExpressions key \"pool\": operator In needs at least one value".into())
     );
 }
 
