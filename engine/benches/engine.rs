@@ -104,7 +104,7 @@ fn cluster() -> Snapshot {
 fn settle(s: &mut Snapshot) {
     let plan = decide(s);
     for l in &mut s.leases {
-        if let Some(st) = plan.lease_statuses.get(&l.key) {
+        if let Some(st) = plan.lease_status(&l.key) {
             l.status = Some(st.clone());
         }
     }
@@ -112,7 +112,10 @@ fn settle(s: &mut Snapshot) {
         c.status = plan.class_statuses.get(&c.name).cloned();
     }
     let again = decide(s);
-    assert!(again.lease_statuses.is_empty(), "bench state is settled");
+    assert!(
+        again.all_lease_statuses().next().is_none(),
+        "bench state is settled"
+    );
     assert!(again.admissions.is_empty() && again.evictions.is_empty());
 }
 
@@ -127,7 +130,7 @@ fn bench(c: &mut Criterion) {
     after.pods.retain(|p| p.key != gone);
     let plan = decide(&after);
     assert_eq!(plan.admissions.len(), 1, "the head takes the freed slot");
-    assert!(plan.lease_statuses.len() > QUEUED / 2, "positions move");
+    assert!(plan.lease_progress.len() > QUEUED / 2, "positions move");
     g.bench_function("pass_after_pod_finished", |b| {
         b.iter(|| decide(black_box(&after)))
     });

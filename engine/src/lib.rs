@@ -31,7 +31,8 @@ pub use status::QUEUE_HEAD;
 /// there and every lease holding slots; StrictFIFO primaries are admitted in
 /// sequence order; no helper is admitted while a primary of its class waits
 /// (unless `admitWhileQueued`); and slots freed by preempted helpers are held
-/// for the primary they were evicted for. `lease_statuses` lists only leases
+/// for the primary they were evicted for. `lease_statuses` and
+/// `lease_progress` together list only leases
 /// whose wanted status differs from the persisted one.
 pub fn decide(snapshot: &Snapshot) -> Plan {
     let mut pass = pass::Pass::new(snapshot);

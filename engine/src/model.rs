@@ -259,10 +259,30 @@ pub struct Plan {
     pub admissions: Vec<Admission>,
     /// Helper pods to evict for a waiting primary.
     pub evictions: Vec<Eviction>,
-    /// Desired status of every lease whose status differs from the persisted one.
+    /// Desired status of every lease whose phase, sequence, node, preempter
+    /// or a timestamp differs from the persisted one: written with the
+    /// admissions and evictions of the pass.
     pub lease_statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
+    /// Desired status of every lease that differs from the persisted one only
+    /// in its position or message (the queue moved): these may be written
+    /// later and coalesced, front of the queue first.
+    pub lease_progress: BTreeMap<ObjectKey, GpuLeaseStatus>,
     /// Desired status of every class.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
+}
+
+impl Plan {
+    /// The status the plan wants for lease `key`, from whichever list holds it.
+    pub fn lease_status(&self, key: &ObjectKey) -> Option<&GpuLeaseStatus> {
+        self.lease_statuses
+            .get(key)
+            .or_else(|| self.lease_progress.get(key))
+    }
+
+    /// Every lease status the plan wants written: phase changes, then progress.
+    pub fn all_lease_statuses(&self) -> impl Iterator<Item = (&ObjectKey, &GpuLeaseStatus)> {
+        self.lease_statuses.iter().chain(self.lease_progress.iter())
+    }
 }
 
 /// A lease to create.

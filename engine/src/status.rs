@@ -14,6 +14,16 @@ use super::pass::{Pass, Ticket};
 /// Most entries a class's `status.queue` lists.
 pub const QUEUE_HEAD: usize = 20;
 
+/// How a lease's wanted status differs from the persisted one.
+enum Change {
+    /// Nothing to write.
+    None,
+    /// Only the position or the message: the queue moved.
+    Progress,
+    /// Anything else: phase, sequence, node, preempter or a timestamp.
+    Phase,
+}
+
 /// Timestamps a lease status carries: set once on the transition, then kept.
 struct Times {
     queued: Option<Timestamp>,
@@ -36,11 +46,11 @@ fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
 }
 
 impl Pass<'_> {
-    /// True when the ticket's wanted status differs from the persisted one;
+    /// How the ticket's wanted status differs from the persisted one;
     /// `scratch` is reused to render messages without allocating per lease.
-    fn differs(&self, t: &Ticket<'_>, scratch: &mut String) -> bool {
+    fn differs(&self, t: &Ticket<'_>, scratch: &mut String) -> Change {
         let Some(p) = t.persisted else {
-            return true;
+            return Change::Phase;
         };
         let times = times(t, self.now);
         let same_preempter = match (&t.preempted_by, &p.preempted_by) {
@@ -55,7 +65,6 @@ impl Pass<'_> {
         };
         if p.phase != t.phase
             || p.sequence != t.sequence
-            || p.position != t.position
             || p.node.as_deref() != t.node
             || !same_preempter
             || p.queued_at.as_ref().map(|x| x.0) != times.queued
@@ -63,11 +72,18 @@ impl Pass<'_> {
             || p.bound_at.as_ref().map(|x| x.0) != times.bound
             || p.released_at.as_ref().map(|x| x.0) != times.released
         {
-            return true;
+            return Change::Phase;
+        }
+        if p.position != t.position {
+            return Change::Progress;
         }
         scratch.clear();
         t.message.render(&self.classes, scratch);
-        p.message.as_deref() != Some(scratch.as_str())
+        if p.message.as_deref() != Some(scratch.as_str()) {
+            Change::Progress
+        } else {
+            Change::None
+        }
     }
 
     fn build(&self, t: &Ticket<'_>) -> GpuLeaseStatus {
@@ -89,11 +105,12 @@ impl Pass<'_> {
         }
     }
 
-    /// Fills `plan.create_leases` and `plan.lease_statuses`.
+    /// Fills `plan.create_leases`, `plan.lease_statuses` and `plan.lease_progress`.
     pub fn emit_lease_statuses(&mut self) {
         let mut scratch = String::new();
         let mut created = Vec::new();
         let mut changed = Vec::new();
+        let mut progress = Vec::new();
         for t in &self.tickets {
             match t.lease {
                 None => created.push(NewLease {
@@ -115,14 +132,16 @@ impl Pass<'_> {
                     }
                 }
                 Some(_) if t.message == Message::Unchanged => {}
-                Some(_) if self.differs(t, &mut scratch) => {
-                    changed.push((t.key.clone(), self.build(t)));
-                }
-                Some(_) => {}
+                Some(_) => match self.differs(t, &mut scratch) {
+                    Change::Phase => changed.push((t.key.clone(), self.build(t))),
+                    Change::Progress => progress.push((t.key.clone(), self.build(t))),
+                    Change::None => {}
+                },
             }
         }
         self.plan.create_leases = created;
         self.plan.lease_statuses = changed.into_iter().collect();
+        self.plan.lease_progress = progress.into_iter().collect();
     }
 
     /// Fills `plan.class_statuses`.

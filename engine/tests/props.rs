@@ -519,7 +519,7 @@ impl World {
                 }
             }
             Step::Status(ref key) => {
-                let st = &plan.lease_statuses[key];
+                let st = plan.lease_status(key).expect("a wanted status");
                 if let Some(l) = self.s.leases.iter_mut().find(|l| &l.key == key) {
                     // The device plugin owns status.gpus; the operator's write keeps them.
                     let gpus = l
@@ -539,7 +539,7 @@ impl World {
     }
 
     fn lease_status<'a>(&'a self, plan: &'a Plan, key: &ObjectKey) -> Option<&'a GpuLeaseStatus> {
-        plan.lease_statuses.get(key).or_else(|| {
+        plan.lease_status(key).or_else(|| {
             self.s
                 .leases
                 .iter()
@@ -640,7 +640,7 @@ impl World {
         // Sequences never change.
         for l in &self.s.leases {
             if let (Some(new), Some(old)) = (
-                plan.lease_statuses.get(&l.key).and_then(|s| s.sequence),
+                plan.lease_status(&l.key).and_then(|s| s.sequence),
                 l.status.as_ref().and_then(|s| s.sequence),
             ) {
                 prop_assert_eq!(new, old, "sequence of {} changed", l.key);
@@ -794,6 +794,7 @@ impl World {
                 && plan.admissions.is_empty()
                 && plan.evictions.is_empty()
                 && plan.lease_statuses.is_empty()
+                && plan.lease_progress.is_empty()
             {
                 return Ok(plan);
             }
@@ -840,9 +841,8 @@ fn steps(plan: &Plan, statuses_first: bool) -> Vec<Step> {
     }
     out.extend((0..plan.delete_leases.len()).map(Step::Delete));
     let statuses: Vec<Step> = plan
-        .lease_statuses
-        .keys()
-        .cloned()
+        .all_lease_statuses()
+        .map(|(k, _)| k.clone())
         .map(Step::Status)
         .collect();
     let actions: Vec<Step> = (0..plan.admissions.len())

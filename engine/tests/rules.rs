@@ -41,7 +41,7 @@ fn apply(s: &mut Snapshot, plan: &Plan) {
         if let Some(spec) = plan.lease_specs.get(&l.key) {
             l.spec = spec.clone();
         }
-        if let Some(st) = plan.lease_statuses.get(&l.key) {
+        if let Some(st) = plan.lease_status(&l.key) {
             l.status = Some(st.clone());
         }
     }
@@ -79,6 +79,7 @@ fn settle(s: &mut Snapshot) -> Plan {
             && plan.admissions.is_empty()
             && plan.evictions.is_empty()
             && plan.lease_statuses.is_empty()
+            && plan.lease_progress.is_empty()
             && plan.lease_specs.is_empty()
         {
             return plan;
@@ -900,9 +901,8 @@ fn a_deleted_lease_is_recreated_with_its_place_and_state() {
     assert_eq!(c.phase, LeasePhase::Queued);
     assert_eq!(c.position, Some(2), "c stays behind b");
     assert!(
-        plan.lease_statuses
-            .keys()
-            .all(|k| k != &key("a") && k != &key("c"))
+        plan.all_lease_statuses()
+            .all(|(k, _)| k != &key("a") && k != &key("c"))
     );
 }
 
@@ -988,7 +988,7 @@ fn an_admitted_lease_holds_its_node_before_the_pod_shows_the_pin_and_is_driven_a
         if let Some(spec) = plan.lease_specs.get(&l.key) {
             l.spec = spec.clone();
         }
-        if let Some(st) = plan.lease_statuses.get(&l.key) {
+        if let Some(st) = plan.lease_status(&l.key) {
             l.status = Some(st.clone());
         }
     }
@@ -1091,7 +1091,7 @@ fn same_snapshot_same_plan_and_a_settled_world_plans_nothing() {
     assert_eq!(first, decide(&s));
     assert_eq!(first, decide(&shuffled), "input order does not matter");
     let last = settle(&mut s);
-    assert!(last.lease_statuses.is_empty());
+    assert!(last.lease_statuses.is_empty() && last.lease_progress.is_empty());
     assert_eq!(decide(&s), last, "stable once applied");
 }
 
@@ -1128,7 +1128,7 @@ fn a_helper_whose_admission_was_lost_is_not_started_while_a_primary_queues() {
         if let Some(spec) = plan.lease_specs.get(&l.key) {
             l.spec = spec.clone();
         }
-        if let Some(st) = plan.lease_statuses.get(&l.key) {
+        if let Some(st) = plan.lease_status(&l.key) {
             l.status = Some(st.clone());
         }
     }

@@ -81,6 +81,13 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_RESYNC_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub resync_seconds: u64,
 
+    /// Budget for lease position and message updates (writes per second):
+    /// when the queue moves, every waiting lease's position changes, and
+    /// these writes are spent front of the queue first, after admissions and
+    /// evictions, never before them.
+    #[arg(long, env = "GPUPOOL_STATUS_WRITES_PER_SECOND", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub status_writes_per_second: u32,
+
     /// Identity of this replica in leader election (defaults to POD_NAME, else
     /// the host name and process id).
     #[arg(long, env = "GPUPOOL_IDENTITY")]
@@ -140,6 +147,8 @@ pub struct Config {
     pub device_plugin_users: Vec<String>,
     /// Period of the safety-net pass.
     pub resync: Duration,
+    /// Budget of the progress writer.
+    pub status_writes_per_second: u32,
     /// Leader-election identity.
     pub identity: String,
     /// ClusterRole owning the webhook configurations, if any.
@@ -182,6 +191,7 @@ impl Args {
             gate_owners: non_empty(self.gate_owner),
             device_plugin_users: non_empty(self.device_plugin_user),
             resync: Duration::from_secs(self.resync_seconds),
+            status_writes_per_second: self.status_writes_per_second,
             identity,
             webhook_owner_cluster_role: self.webhook_owner_cluster_role,
         })

@@ -73,6 +73,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let webhook_metrics = webhook::WebhookMetrics::register(&mut registry);
+    let progress_metrics = controller::progress::ProgressMetrics::register(&mut registry);
     let health = Arc::new(Health::default());
     let listener = metrics::bind(SocketAddr::new(
         config.metrics_bind_address,
@@ -132,6 +133,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
             instance: config.identity.clone(),
             decide: gpupool_operator::engine::decide,
             unmanaged_namespaces: unmanaged_namespaces.clone(),
+            status_writes_per_second: config.status_writes_per_second,
+            progress_metrics,
         };
         async move {
             controller::run(

@@ -32,6 +32,7 @@ use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
+use super::progress::ProgressWriter;
 use crate::engine::{Admission, Eviction, NewLease, ObjectKey, Plan, StaleLease};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -72,6 +73,7 @@ pub struct Applier {
     events: EventSink,
     class_writes: HashMap<String, ClassWrite>,
     blocked_evictions: HashMap<ObjectKey, String>,
+    progress: ProgressWriter,
 }
 
 /// Result of one independent write chain.
@@ -88,14 +90,20 @@ enum Done {
 type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
 
 impl Applier {
-    /// An applier writing through `client`.
-    pub fn new(client: Client, metrics: Metrics, events: EventSink) -> Self {
+    /// An applier writing through `client`; queue progress goes to `progress`.
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        events: EventSink,
+        progress: ProgressWriter,
+    ) -> Self {
         Self {
             client,
             metrics,
             events,
             class_writes: HashMap::new(),
             blocked_evictions: HashMap::new(),
+            progress,
         }
     }
 
@@ -142,6 +150,24 @@ impl Applier {
         for new in plan.create_leases {
             statuses.remove(&new.key);
             chains.push(self.create_chain(new));
+        }
+        // Position and message updates never hold up this pass: the budgeted
+        // writer takes them, front of the queue first. A lease whose status is
+        // written in full here needs no progress write of its own.
+        for key in statuses.keys() {
+            self.progress.forget(key);
+        }
+        for (key, status) in plan.lease_progress {
+            let Some(obj) = input.leases.get(&key) else {
+                continue;
+            };
+            let old = obj.status.as_ref();
+            if !patch::lease_status_differs(old, &status) {
+                continue;
+            }
+            let body =
+                patch::lease_status_patch(old, &status, obj.metadata.resource_version.as_deref());
+            self.progress.offer(key, status.position.unwrap_or(0), body);
         }
         let admissions: BTreeMap<ObjectKey, Admission> = plan
             .admissions

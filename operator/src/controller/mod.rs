@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod overlay;
 pub mod patch;
+pub mod progress;
 pub mod translate;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -57,6 +58,10 @@ pub struct LoopConfig {
     pub decide: fn(&Snapshot) -> Plan,
     /// Namespaces the webhook never sees: their pods are counted, never queued.
     pub unmanaged_namespaces: Vec<String>,
+    /// Budget of the progress writer (position and message updates per second).
+    pub status_writes_per_second: u32,
+    /// The progress writer's metrics.
+    pub progress_metrics: progress::ProgressMetrics,
 }
 
 /// One decision pass's inputs, with the raw objects the writes need.
@@ -187,7 +192,12 @@ pub async fn run(
     health.set_synced();
     tracing::info!("caches synced");
     let sink = events::EventSink::spawn(client.clone(), config.instance.clone(), metrics.clone());
-    let mut applier = Applier::new(client, metrics.clone(), sink);
+    let progress = progress::ProgressWriter::spawn(
+        client.clone(),
+        config.status_writes_per_second,
+        config.progress_metrics.clone(),
+    );
+    let mut applier = Applier::new(client, metrics.clone(), sink, progress);
     let mut overlay = overlay::Overlay::default();
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -279,6 +289,7 @@ async fn pass(
         admissions = plan.admissions.len(),
         evictions = plan.evictions.len(),
         lease_statuses = plan.lease_statuses.len(),
+        lease_progress = plan.lease_progress.len(),
         "decided"
     );
     let outcome = applier.apply(plan, &input, overlay).await;
