@@ -1,0 +1,350 @@
+//! `kubectl gpupool`: a kubectl plugin that shows gpupool's queue, who
+//! holds which GPU, and why a pod waits, reading only the API.
+//!
+//! The views (`queue`, `top`, `why`) are pure: API objects and the time in,
+//! a `String` out, so they are tested without a cluster. `read` holds every
+//! API call; [`run`] puts the two together.
+
+pub mod cli;
+pub mod error;
+pub mod model;
+pub mod queue;
+pub mod read;
+pub mod style;
+pub mod table;
+pub mod top;
+pub mod why;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gpupool_api::{GpuLease, GpuLeaseClass};
+use jiff::Timestamp;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+
+pub use error::Error;
+
+use cli::{Cli, Command, DataOutput, QueueOutput};
+use read::Cluster;
+use style::Style;
+
+/// Runs one command, writing its output to `out`. Returns when the output is
+/// written (or, with `queue --watch`, when the watch ends or writing fails).
+pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Error> {
+    let g = &cli.global;
+    let cluster = read::connect(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let namespace = g
+        .namespace
+        .clone()
+        .unwrap_or_else(|| cluster.default_namespace.clone());
+    match cli.command {
+        Command::Queue {
+            class,
+            output,
+            watch,
+        } => {
+            let rows_ns = (!g.all_namespaces).then_some(namespace.as_str());
+            let args = QueueArgs {
+                class: class.as_deref(),
+                rows_ns,
+                all_namespaces: g.all_namespaces,
+                output,
+                style,
+            };
+            if watch {
+                watch_queue(&cluster, &args, out).await
+            } else {
+                let leases = cluster.leases(&namespace, g.all_namespaces).await?;
+                let classes = cluster.classes().await?;
+                let text = render_queue(&args, &leases, &classes)?;
+                write(out, &text)
+            }
+        }
+        Command::Top { output } => {
+            let leases = cluster.leases(&namespace, true).await?;
+            let classes = cluster.classes().await?;
+            let nodes = cluster.nodes(false).await?.unwrap_or_default();
+            let view = top::build(&classes, &nodes, &leases.items);
+            let text = match output {
+                Some(DataOutput::Json) => to_json(&view)?,
+                Some(DataOutput::Yaml) => to_yaml(&view)?,
+                None => {
+                    let mut text = top::render(&view, Timestamp::now(), style);
+                    if let Some(legend) = top::legend(&view) {
+                        text.push('\n');
+                        text.push_str(&style.paint(legend, style::Paint::Dim));
+                        text.push('\n');
+                    }
+                    text
+                }
+            };
+            write(out, &text)
+        }
+        Command::Why { pod } => {
+            if g.all_namespaces {
+                return Err(Error::Usage(
+                    "why looks at one pod: give its namespace with -n, not -A".to_owned(),
+                ));
+            }
+            let p = cluster.pod(&namespace, &pod).await?;
+            let leases = cluster.leases(&namespace, false).await?;
+            let classes = cluster.classes().await?;
+            let nodes = cluster.nodes(true).await?;
+            let lease = leases.items.iter().find(|l| {
+                model::namespace(l) == namespace && l.metadata.name.as_deref() == Some(pod.as_str())
+            });
+            let text = why::explain(
+                why::WhyInput {
+                    pod: &p,
+                    lease,
+                    classes: &classes,
+                    leases: &leases.items,
+                    all_visible: leases.all_visible,
+                    nodes: nodes.as_deref(),
+                    now: Timestamp::now(),
+                },
+                style,
+            )?;
+            write(out, &text)
+        }
+    }
+}
+
+struct QueueArgs<'a> {
+    class: Option<&'a str>,
+    rows_ns: Option<&'a str>,
+    all_namespaces: bool,
+    output: Option<QueueOutput>,
+    style: Style,
+}
+
+fn queue_view(
+    args: &QueueArgs<'_>,
+    leases: &read::Leases,
+    classes: &[gpupool_api::GpuLeaseClass],
+) -> Result<queue::QueueView, Error> {
+    queue::build(
+        &leases.items,
+        classes,
+        queue::QueueQuery {
+            class: args.class,
+            namespace: args.rows_ns.or(leases.namespace.as_deref()),
+            all_visible: leases.all_visible,
+        },
+    )
+}
+
+fn render_queue(
+    args: &QueueArgs<'_>,
+    leases: &read::Leases,
+    classes: &[gpupool_api::GpuLeaseClass],
+) -> Result<String, Error> {
+    let view = queue_view(args, leases, classes)?;
+    format_queue(args, &view, false)
+}
+
+fn format_queue(
+    args: &QueueArgs<'_>,
+    view: &queue::QueueView,
+    stream: bool,
+) -> Result<String, Error> {
+    Ok(match args.output {
+        // A watch writes one compact JSON document per line, so a reader can
+        // take them one line at a time.
+        Some(QueueOutput::Json) if stream => {
+            let mut s = serde_json::to_string(view).map_err(|e| Error::Encode {
+                format: "json",
+                detail: e.to_string(),
+            })?;
+            s.push('\n');
+            s
+        }
+        Some(QueueOutput::Json) => to_json(view)?,
+        Some(QueueOutput::Yaml) if stream => format!("---\n{}", to_yaml(view)?),
+        Some(QueueOutput::Yaml) => to_yaml(view)?,
+        Some(QueueOutput::Wide) => queue::render(view, Timestamp::now(), true, args.style),
+        None => queue::render(view, Timestamp::now(), false, args.style),
+    })
+}
+
+/// `queue --watch`: leases and classes are followed with watchers; the
+/// queue is shown again after each burst of changes (and, on a terminal,
+/// every few seconds so that ages stay current), and only when it changed.
+async fn watch_queue(
+    cluster: &Cluster,
+    args: &QueueArgs<'_>,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    // A first list decides what may be watched, and fails early with the
+    // same errors as a plain `queue`.
+    let namespace = args.rows_ns.unwrap_or("default");
+    let first = cluster.leases(namespace, args.all_namespaces).await?;
+    cluster.classes().await?;
+    let lease_api: Api<GpuLease> = match &first.namespace {
+        None => Api::all(cluster.client()),
+        Some(ns) => Api::namespaced(cluster.client(), ns),
+    };
+    let class_api: Api<GpuLeaseClass> = Api::all(cluster.client());
+    let mut leases = Mirror::default();
+    let mut classes = Mirror::default();
+    let mut lease_events = watcher::watcher(lease_api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut class_events = watcher::watcher(class_api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let text_output = args.output.is_none_or(|o| o == QueueOutput::Wide);
+    let redraw = args.style.color && text_output;
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut last: Option<queue::QueueView> = None;
+    loop {
+        let mut changed = tokio::select! {
+            ev = lease_events.next() => match ev {
+                Some(ev) => leases.apply(ev, cluster),
+                None => return Ok(()),
+            },
+            ev = class_events.next() => match ev {
+                Some(ev) => classes.apply(ev, cluster),
+                None => return Ok(()),
+            },
+            _ = tick.tick(), if redraw => {
+                last = None;
+                true
+            }
+        };
+        // Changes come in bursts (one admission touches several leases and
+        // its class): take what has already arrived before showing the queue.
+        let quiet = Duration::from_millis(150);
+        loop {
+            tokio::select! {
+                Some(ev) = lease_events.next() => changed |= leases.apply(ev, cluster),
+                Some(ev) = class_events.next() => changed |= classes.apply(ev, cluster),
+                () = tokio::time::sleep(quiet) => break,
+            }
+        }
+        if !changed || !leases.synced || !classes.synced {
+            continue;
+        }
+        let view = queue_view(
+            args,
+            &read::Leases {
+                items: leases.items.values().cloned().collect(),
+                all_visible: first.all_visible,
+                namespace: first.namespace.clone(),
+            },
+            &classes.items.values().cloned().collect::<Vec<_>>(),
+        )?;
+        if last.as_ref() == Some(&view) {
+            continue;
+        }
+        let mut text = format_queue(args, &view, true)?;
+        if redraw {
+            // Home and clear: the queue stays in place on a terminal.
+            text = format!("\x1b[H\x1b[2J{text}");
+        } else if text_output && last.is_some() {
+            text = format!("\n{text}");
+        }
+        write(out, &text)?;
+        last = Some(view);
+    }
+}
+
+/// A watched collection kept in memory, keyed by `namespace/name`.
+struct Mirror<K> {
+    items: BTreeMap<String, K>,
+    pending: BTreeMap<String, K>,
+    synced: bool,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Mirror {
+            items: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            synced: false,
+        }
+    }
+}
+
+impl<K: kube::Resource> Mirror<K> {
+    /// Applies one watch event; true when the collection changed.
+    fn apply(&mut self, ev: Result<Event<K>, watcher::Error>, cluster: &Cluster) -> bool {
+        let key = |o: &K| {
+            let m = o.meta();
+            format!(
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or(""),
+                m.name.as_deref().unwrap_or("")
+            )
+        };
+        match ev {
+            Ok(Event::Init) => {
+                self.pending.clear();
+                false
+            }
+            Ok(Event::InitApply(o)) => {
+                self.pending.insert(key(&o), o);
+                false
+            }
+            Ok(Event::InitDone) => {
+                self.items = std::mem::take(&mut self.pending);
+                self.synced = true;
+                true
+            }
+            Ok(Event::Apply(o)) => {
+                self.items.insert(key(&o), o);
+                true
+            }
+            Ok(Event::Delete(o)) => {
+                self.items.remove(&key(&o));
+                true
+            }
+            Err(e) => {
+                // The watcher retries with backoff; the user should know why
+                // the picture may be stale meanwhile.
+                eprintln!(
+                    "kubectl-gpupool: a watch failed and is retried: {}",
+                    watch_error(cluster, e)
+                );
+                false
+            }
+        }
+    }
+}
+
+/// A watch failure in words (kube's own text carries debug output).
+fn watch_error(cluster: &Cluster, e: watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => cluster.api_error("watch", e).to_string(),
+        watcher::Error::WatchError(status) => format!("cannot watch: {}", status.message),
+        other => other.to_string(),
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String, Error> {
+    let mut s = serde_json::to_string_pretty(v).map_err(|e| Error::Encode {
+        format: "json",
+        detail: e.to_string(),
+    })?;
+    s.push('\n');
+    Ok(s)
+}
+
+fn to_yaml<T: serde::Serialize>(v: &T) -> Result<String, Error> {
+    serde_yaml::to_string(v).map_err(|e| Error::Encode {
+        format: "yaml",
+        detail: e.to_string(),
+    })
+}
+
+fn write(out: &mut dyn Write, text: &str) -> Result<(), Error> {
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(Error::Output)
+}

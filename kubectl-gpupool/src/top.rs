@@ -1,0 +1,570 @@
+//! `kubectl gpupool top`: class capacity at the top, then per node and per
+//! GPU which pod holds each slot, from the leases' `status.node` and
+//! `status.gpus` and the node's `gpupool.io/gpus` annotation.
+
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+use crate::model;
+use crate::style::{self, Paint, Style};
+use crate::table::{Cell, Table, common_widths};
+
+/// The whole picture, ready to render or encode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopView {
+    /// Every class, in name order, with its status counts.
+    pub classes: Vec<ClassLine>,
+    /// Every node that has GPUs, slots or a slot holder, in name order.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A class's counts, from its status.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassLine {
+    /// Class name.
+    pub name: String,
+    /// Whether unlabelled pods use it.
+    pub default: bool,
+    /// Slots on its nodes.
+    pub capacity: u32,
+    /// Slots nobody holds.
+    pub free: u32,
+    /// Primaries holding slots.
+    pub admitted: u32,
+    /// Helpers holding slots.
+    pub admitted_helpers: u32,
+    /// Primaries waiting.
+    pub queued: u32,
+    /// Helpers waiting.
+    pub queued_helpers: u32,
+    /// Helpers being evicted.
+    pub preempting: u32,
+}
+
+/// One node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// Allocatable slots (the classes' resources together).
+    pub slots: u64,
+    /// Slots no lease holds.
+    pub free: u64,
+    /// Its GPUs, from the annotation, in index order.
+    pub gpus: Vec<GpuView>,
+    /// Holders the device plugin has not placed on a GPU yet (just admitted).
+    pub unplaced: Vec<Holder>,
+    /// Why the GPU list is missing, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    /// Index on the node.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Product name.
+    pub product: String,
+    /// Passed its last health check.
+    pub healthy: bool,
+    /// Slots (sessions) it offers.
+    pub slots: u64,
+    /// Who holds its slots.
+    pub holders: Vec<Holder>,
+}
+
+/// A pod holding a slot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Its role.
+    pub role: Role,
+    /// Its class.
+    pub class: String,
+    /// Its lease's phase (Admitted, Bound or Preempting).
+    pub phase: LeasePhase,
+    /// Since when it holds the slot (bound, else admitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+    /// For a helper being evicted: the primary it makes room for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
+}
+
+impl Holder {
+    fn of(l: &GpuLease) -> Holder {
+        let s = l.status.as_ref();
+        Holder {
+            namespace: model::namespace(l).to_owned(),
+            pod: model::pod(l).to_owned(),
+            role: l.spec.role,
+            class: l.spec.class_name.clone(),
+            phase: model::phase(l),
+            since: s
+                .and_then(|s| s.bound_at.as_ref().or(s.admitted_at.as_ref()))
+                .map(|t| t.0),
+            preempted_by: s.and_then(|s| s.preempted_by.clone()),
+        }
+    }
+}
+
+/// Builds the picture. A node appears when it has a GPU list, slots of a
+/// class's resource, or a lease placed on it.
+pub fn build(classes: &[GpuLeaseClass], nodes: &[Node], leases: &[GpuLease]) -> TopView {
+    let mut class_lines: Vec<ClassLine> = classes
+        .iter()
+        .map(|c| {
+            let s = c.status.clone().unwrap_or_default();
+            ClassLine {
+                name: model::class_name(c).to_owned(),
+                default: c.spec.default,
+                capacity: s.capacity,
+                free: s.free,
+                admitted: s.admitted,
+                admitted_helpers: s.admitted_helpers,
+                queued: s.queued,
+                queued_helpers: s.queued_helpers,
+                preempting: s.preempting,
+            }
+        })
+        .collect();
+    class_lines.sort_by(|a, b| a.name.cmp(&b.name));
+    let resources = model::resource_names(classes);
+    let holding: Vec<&GpuLease> = leases
+        .iter()
+        .filter(|l| model::phase(l).holds_slots())
+        .collect();
+    let mut node_views: Vec<NodeView> = nodes
+        .iter()
+        .filter_map(|n| node_view(n, &resources, &holding))
+        .collect();
+    node_views.sort_by(|a, b| a.name.cmp(&b.name));
+    TopView {
+        classes: class_lines,
+        nodes: node_views,
+    }
+}
+
+fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option<NodeView> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let slots: u64 = resources.iter().map(|r| model::allocatable(node, r)).sum();
+    let here: Vec<&GpuLease> = holding
+        .iter()
+        .copied()
+        .filter(|l| l.status.as_ref().and_then(|s| s.node.as_deref()) == Some(name.as_str()))
+        .collect();
+    let (gpus, note) = match model::node_gpus(node) {
+        Some(Ok(gpus)) => (gpus, None),
+        Some(Err(e)) => (Vec::new(), Some(e)),
+        None => (
+            Vec::new(),
+            Some("no gpupool.io/gpus annotation: is its device plugin running?".to_owned()),
+        ),
+    };
+    if gpus.is_empty() && slots == 0 && here.is_empty() {
+        return None;
+    }
+    // Each GPU offers the same number of sessions (--sessions-per-gpu).
+    let per_gpu = if gpus.is_empty() {
+        0
+    } else {
+        slots.div_ceil(gpus.len() as u64).max(1)
+    };
+    let mut gpu_views: Vec<GpuView> = gpus
+        .into_iter()
+        .map(|g| GpuView {
+            index: g.index,
+            uuid: g.uuid,
+            product: g.product,
+            healthy: g.healthy,
+            slots: per_gpu,
+            holders: Vec::new(),
+        })
+        .collect();
+    let mut unplaced = Vec::new();
+    let mut used: u64 = 0;
+    for l in here {
+        used += u64::from(l.spec.slots);
+        let reported = l.status.as_ref().map(|s| s.gpus.as_slice()).unwrap_or(&[]);
+        let mut placed = false;
+        for g in reported {
+            if let Some(view) = gpu_views.iter_mut().find(|v| v.index == g.index) {
+                view.holders.push(Holder::of(l));
+                placed = true;
+            }
+        }
+        if !placed {
+            unplaced.push(Holder::of(l));
+        }
+    }
+    for g in &mut gpu_views {
+        g.holders
+            .sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    }
+    gpu_views.sort_by_key(|g| g.index);
+    Some(NodeView {
+        name,
+        slots,
+        free: slots.saturating_sub(used),
+        gpus: gpu_views,
+        unplaced,
+        note,
+    })
+}
+
+/// Renders the picture: the class table, then each node's heading (GPUs,
+/// slots, free) and one row per held slot or free GPU. Helpers are marked in
+/// the ROLE column, and a helper being preempted names the primary.
+pub fn render(view: &TopView, now: Timestamp, style: Style) -> String {
+    let mut out = String::new();
+    if view.classes.is_empty() {
+        out.push_str("no GpuLeaseClass exists (kubectl apply -f examples/class-default.yaml)\n");
+    } else {
+        let mut t = Table::new(&[
+            "CLASS",
+            "DEFAULT",
+            "CAPACITY",
+            "FREE",
+            "ADMITTED",
+            "HELPERS",
+            "QUEUED",
+            "QUEUED HELPERS",
+            "PREEMPTING",
+        ]);
+        for c in &view.classes {
+            t.push(vec![
+                Cell::new(c.name.clone(), Paint::Bold),
+                Cell::from(c.default.to_string()),
+                Cell::from(c.capacity.to_string()),
+                Cell::new(c.free.to_string(), Paint::Green),
+                Cell::from(c.admitted.to_string()),
+                Cell::new(c.admitted_helpers.to_string(), Paint::Cyan),
+                Cell::new(c.queued.to_string(), Paint::Yellow),
+                Cell::from(c.queued_helpers.to_string()),
+                Cell::from(c.preempting.to_string()),
+            ]);
+        }
+        out.push_str(&t.render(style));
+    }
+    if view.nodes.is_empty() {
+        out.push_str("\nno node has GPU slots (is the device plugin running? kubectl get nodes)\n");
+        return out;
+    }
+    let tables: Vec<Table> = view.nodes.iter().map(|n| node_table(n, now)).collect();
+    let widths = common_widths(&tables.iter().collect::<Vec<_>>());
+    for (n, t) in view.nodes.iter().zip(&tables) {
+        out.push('\n');
+        out.push_str(&node_heading(n, style));
+        out.push('\n');
+        if !t.rows.is_empty() {
+            out.push_str(&t.render_with_widths(style, &widths));
+        }
+    }
+    out
+}
+
+fn node_heading(n: &NodeView, style: Style) -> String {
+    let mut parts = Vec::new();
+    if !n.gpus.is_empty() {
+        parts.push(style::count(n.gpus.len() as u64, "GPU", "GPUs"));
+    }
+    parts.push(style::count(n.slots, "slot", "slots"));
+    let free = format!("{} free", n.free);
+    parts.push(style.paint(
+        &free,
+        if n.free > 0 {
+            Paint::Green
+        } else {
+            Paint::Plain
+        },
+    ));
+    let note = n
+        .note
+        .as_deref()
+        .map(|m| format!(" ({})", style.paint(m, Paint::Yellow)))
+        .unwrap_or_default();
+    format!(
+        "NODE {}: {}{note}",
+        style.paint(&n.name, Paint::Bold),
+        parts.join(", ")
+    )
+}
+
+fn node_table(n: &NodeView, now: Timestamp) -> Table {
+    let mut t = Table::new(&[
+        "GPU", "PRODUCT", "HEALTH", "POD", "ROLE", "PHASE", "SINCE", "NOTE",
+    ]);
+    t.indent = 2;
+    for g in &n.gpus {
+        let health = if g.healthy {
+            Cell::new("healthy", Paint::Green)
+        } else {
+            Cell::new("unhealthy", Paint::Red)
+        };
+        let lead = |t: &mut Table, rest: Vec<Cell>| {
+            let mut row = vec![
+                Cell::from(g.index.to_string()),
+                Cell::from(g.product.clone()),
+                health.clone(),
+            ];
+            row.extend(rest);
+            t.push(row);
+        };
+        for h in &g.holders {
+            lead(&mut t, holder_cells(h, now));
+        }
+        let free = g.slots.saturating_sub(g.holders.len() as u64);
+        if free > 0 {
+            let note = if g.slots > 1 {
+                format!("{free} of {} free", style::count(g.slots, "slot", "slots"))
+            } else {
+                String::new()
+            };
+            lead(
+                &mut t,
+                vec![
+                    Cell::new("-", Paint::Dim),
+                    Cell::from(""),
+                    Cell::new("free", Paint::Green),
+                    Cell::from(""),
+                    Cell::from(note),
+                ],
+            );
+        }
+    }
+    for h in &n.unplaced {
+        let mut row = vec![Cell::from("?"), Cell::from(""), Cell::from("")];
+        let mut cells = holder_cells(h, now);
+        if let Some(note) = cells.last_mut()
+            && note.text.is_empty()
+        {
+            *note = Cell::from("GPU not reported yet");
+        }
+        row.extend(cells);
+        t.push(row);
+    }
+    t
+}
+
+fn holder_cells(h: &Holder, now: Timestamp) -> Vec<Cell> {
+    let (role, role_paint) = match h.role {
+        Role::Primary => ("primary", Paint::Plain),
+        Role::Helper => ("helper*", Paint::Cyan),
+    };
+    let (phase, phase_paint) = match h.phase {
+        LeasePhase::Bound => ("Bound", Paint::Green),
+        LeasePhase::Admitted => ("Admitted", Paint::Plain),
+        LeasePhase::Preempting => ("Preempting", Paint::Red),
+        LeasePhase::Queued => ("Queued", Paint::Yellow),
+        LeasePhase::Released => ("Released", Paint::Dim),
+        LeasePhase::Rejected => ("Rejected", Paint::Red),
+    };
+    let note = h
+        .preempted_by
+        .as_deref()
+        .map(|p| format!("evicted for {p}"))
+        .unwrap_or_default();
+    vec![
+        Cell::new(format!("{}/{}", h.namespace, h.pod), Paint::Bold),
+        Cell::new(role, role_paint),
+        Cell::new(phase, phase_paint),
+        Cell::from(h.since.map_or("-".to_owned(), |t| style::age(t, now))),
+        Cell::new(note, Paint::Red),
+    ]
+}
+
+/// The legend printed under the picture when a helper is shown.
+pub fn legend(view: &TopView) -> Option<&'static str> {
+    let any_helper = view.nodes.iter().any(|n| {
+        n.unplaced.iter().any(|h| h.role == Role::Helper)
+            || n.gpus
+                .iter()
+                .any(|g| g.holders.iter().any(|h| h.role == Role::Helper))
+    });
+    any_helper
+        .then_some("helper*: runs only on idle GPUs and is evicted when a primary needs its GPU")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::*;
+
+    fn sample() -> TopView {
+        let mut backfill = holding(
+            "ml",
+            "backfill",
+            Role::Helper,
+            LeasePhase::Preempting,
+            "node-2",
+            &[0],
+            3,
+        );
+        if let Some(s) = backfill.status.as_mut() {
+            s.preempted_by = Some("ml/train-b".into());
+        }
+        let leases = vec![
+            holding(
+                "ml",
+                "train-a",
+                Role::Primary,
+                LeasePhase::Bound,
+                "node-1",
+                &[0, 1],
+                1,
+            ),
+            backfill,
+            holding(
+                "ml",
+                "fresh",
+                Role::Primary,
+                LeasePhase::Admitted,
+                "node-2",
+                &[],
+                4,
+            ),
+            queued("ml", "train-c", Role::Primary, 2, 5, 4, "waiting: x"),
+            holding(
+                "ml",
+                "done",
+                Role::Primary,
+                LeasePhase::Released,
+                "node-2",
+                &[1],
+                0,
+            ),
+        ];
+        let mut plain = node("node-9", 0, 1, &[]);
+        plain.metadata.annotations = None;
+        if let Some(s) = plain.status.as_mut() {
+            s.allocatable = None;
+        }
+        let nodes = vec![node("node-2", 2, 1, &[1]), node("node-1", 2, 1, &[]), plain];
+        let mut c = class("default", 4, 0, 1);
+        if let Some(s) = c.status.as_mut() {
+            s.admitted = 2;
+            s.admitted_helpers = 1;
+            s.preempting = 1;
+        }
+        build(&[c], &nodes, &leases)
+    }
+
+    #[test]
+    fn holders_land_on_their_gpus_and_free_slots_are_counted() {
+        let view = sample();
+        let names: Vec<&str> = view.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["node-1", "node-2"],
+            "a node without GPUs or slots is left out"
+        );
+        let cases: &[(usize, u32, &[&str])] = &[
+            (0, 0, &["train-a"]),
+            (0, 1, &["train-a"]),
+            (1, 0, &["backfill"]),
+            (1, 1, &[]),
+        ];
+        for (n, gpu, pods) in cases {
+            let g = view.nodes[*n]
+                .gpus
+                .iter()
+                .find(|g| g.index == *gpu)
+                .expect("gpu");
+            let got: Vec<&str> = g.holders.iter().map(|h| h.pod.as_str()).collect();
+            assert_eq!(got, *pods, "node {n} gpu {gpu}");
+        }
+        assert_eq!((view.nodes[0].slots, view.nodes[0].free), (2, 0));
+        // backfill (1) and fresh (1) hold slots on node-2; the Released lease does not.
+        assert_eq!((view.nodes[1].slots, view.nodes[1].free), (2, 0));
+        assert_eq!(view.nodes[1].unplaced[0].pod, "fresh");
+    }
+
+    #[test]
+    fn renders_classes_then_nodes() {
+        let view = sample();
+        let text = render(&view, now(), Style::PLAIN);
+        let want = "\
+CLASS     DEFAULT   CAPACITY   FREE   ADMITTED   HELPERS   QUEUED   QUEUED HELPERS   PREEMPTING
+default   true      4          0      2          1         1        0                1
+
+NODE node-1: 2 GPUs, 2 slots, 0 free
+  GPU   PRODUCT   HEALTH      POD           ROLE      PHASE        SINCE   NOTE
+  0     Sim GPU   healthy     ml/train-a    primary   Bound        45s
+  1     Sim GPU   healthy     ml/train-a    primary   Bound        45s
+
+NODE node-2: 2 GPUs, 2 slots, 0 free
+  GPU   PRODUCT   HEALTH      POD           ROLE      PHASE        SINCE   NOTE
+  0     Sim GPU   healthy     ml/backfill   helper*   Preempting   50s     evicted for ml/train-b
+  1     Sim GPU   unhealthy   -                       free
+  ?                           ml/fresh      primary   Admitted     50s     GPU not reported yet
+";
+        assert_eq!(text, want);
+        assert!(legend(&view).is_some_and(|l| l.starts_with("helper*")));
+    }
+
+    #[test]
+    fn several_sessions_per_gpu_and_missing_annotations() {
+        let mut n = node("node-1", 1, 2, &[]);
+        let leases = vec![holding(
+            "ml",
+            "a",
+            Role::Primary,
+            LeasePhase::Bound,
+            "node-1",
+            &[0],
+            1,
+        )];
+        let view = build(&[], std::slice::from_ref(&n), &leases);
+        assert_eq!(view.nodes[0].gpus[0].slots, 2);
+        let text = render(&view, now(), Style::PLAIN);
+        assert!(text.starts_with("no GpuLeaseClass exists"), "{text}");
+        assert!(
+            text.contains("NODE node-1: 1 GPU, 2 slots, 1 free\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  0     Sim GPU   healthy   -                free            1 of 2 slots free\n"
+            ),
+            "{text}"
+        );
+
+        n.metadata.annotations = None;
+        let view = build(&[], &[n], &[]);
+        let text = render(&view, now(), Style::PLAIN);
+        assert!(
+            text.contains("NODE node-1: 2 slots, 2 free (no gpupool.io/gpus annotation: is its device plugin running?)\n"),
+            "{text}"
+        );
+        assert!(legend(&view).is_none());
+        let empty = render(&build(&[], &[], &[]), now(), Style::PLAIN);
+        assert!(empty.contains("no node has GPU slots"), "{empty}");
+    }
+
+    #[test]
+    fn json_names_holders() {
+        let json = serde_json::to_value(sample()).expect("json");
+        assert_eq!(
+            json["nodes"][1]["gpus"][0]["holders"][0]["preemptedBy"],
+            "ml/train-b"
+        );
+        assert_eq!(
+            json["nodes"][1]["gpus"][0]["holders"][0]["phase"],
+            "Preempting"
+        );
+        assert_eq!(json["classes"][0]["admittedHelpers"], 1);
+    }
+}
