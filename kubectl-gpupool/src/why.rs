@@ -206,7 +206,15 @@ fn waiting(
                 st.free
             ));
             if let Some(nodes) = input.nodes {
-                s.extend(fit(input, lease, c, nodes));
+                let (sentences, room) = fit(input, lease, c, nodes);
+                s.extend(sentences);
+                let strict = c.spec.admission.ordering == gpupool_api::Ordering::StrictFIFO;
+                if room > 0 && role == Role::Primary && strict && me.is_some_and(|i| i > 0) {
+                    s.push(
+                        "Under StrictFIFO it still waits for the primaries ahead of it, even where it would fit."
+                            .to_owned(),
+                    );
+                }
             }
             if role == Role::Helper && !c.spec.helpers.admit_while_queued {
                 let primaries = model::fifo(input.leases, class_name, Role::Primary).len();
@@ -278,7 +286,7 @@ fn fit(
     lease: &GpuLease,
     class: &GpuLeaseClass,
     nodes: &[Node],
-) -> Vec<String> {
+) -> (Vec<String>, usize) {
     let res = &class.spec.resource_name;
     let want = u64::from(lease.spec.slots);
     let class_nodes: Vec<(&Node, u64)> = nodes
@@ -294,7 +302,7 @@ fn fit(
         out.push(format!(
             "No node offers {res} and matches the class's nodeSelector."
         ));
-        return out;
+        return (out, 0);
     }
     let describe = |list: &[(&Node, u64)]| -> String {
         let parts: Vec<String> = list
@@ -310,6 +318,8 @@ fn fit(
         format!("{}{more}", parts.join(", "))
     };
     let fitting = class_nodes.iter().filter(|(_, f)| *f >= want).count();
+    // Nodes where the pod itself would fit now (its own selector applied below).
+    let mut room = fitting;
     out.push(format!(
         "Of the class's {} ({}), {} room for {}.",
         style::count(class_nodes.len() as u64, "node", "nodes"),
@@ -335,6 +345,7 @@ fn fit(
                 own.iter().all(|(k, v)| labels.get(k) == Some(v))
             })
             .collect();
+        room = allowed.iter().filter(|(_, f)| *f >= want).count();
         let sel: Vec<String> = own.iter().map(|(k, v)| format!("{k}={v}")).collect();
         if allowed.is_empty() {
             out.push(format!(
@@ -360,7 +371,7 @@ fn fit(
     if required_affinity {
         out.push("Its required node affinity narrows the nodes further.".to_owned());
     }
-    out
+    (out, room)
 }
 
 /// Free slots of `res` on `node`: allocatable less what leases placed there hold.
@@ -628,6 +639,15 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.ends_with(
+                "Under StrictFIFO it still waits for the primaries ahead of it, even where it would fit.\n"
+            ),
+            "{text}"
+        );
+        // Where its own selector leaves no room, that is not said.
+        let text = explain_in(&world(), &p, true, true).expect("explains");
+        assert!(!text.contains("even where it would fit"), "{text}");
     }
 
     #[test]
