@@ -82,9 +82,9 @@ impl Message<'_> {
     }
 
     fn write(&self, classes: &Classes<'_>, out: &mut String) -> fmt::Result {
-        let role_plural = |r: Role| match r {
-            Role::Primary => "primaries",
-            Role::Helper => "helpers",
+        let role_noun = |r: Role| match r {
+            Role::Primary => ("primary", "primaries"),
+            Role::Helper => ("helper", "helpers"),
         };
         match self {
             Message::Unchanged => Ok(()),
@@ -138,15 +138,27 @@ impl Message<'_> {
                 "waiting: no node matches class {} yet",
                 classes.list[*c].name()
             ),
-            Message::NoPodNode { class, class_nodes } => write!(
-                out,
-                "waiting: none of the {class_nodes} nodes of class {} fits the pod's nodeSelector, affinity and tolerations",
-                classes.list[*class].name()
-            ),
-            Message::TooLarge { slots, largest } => write!(
-                out,
-                "waiting: needs {slots} slots; largest matching node has {largest}"
-            ),
+            Message::NoPodNode { class, class_nodes } => {
+                let name = classes.list[*class].name();
+                if *class_nodes == 1 {
+                    write!(
+                        out,
+                        "waiting: the one node of class {name} does not fit the pod's nodeSelector, affinity and tolerations"
+                    )
+                } else {
+                    write!(
+                        out,
+                        "waiting: none of the {class_nodes} nodes of class {name} fits the pod's nodeSelector, affinity and tolerations"
+                    )
+                }
+            }
+            Message::TooLarge { slots, largest } => {
+                out.push_str("waiting: needs ");
+                count(out, u64::from(*slots), "slot", "slots");
+                out.push_str("; largest matching node has ");
+                push_u64(out, u64::from(*largest));
+                Ok(())
+            }
             Message::Behind {
                 role,
                 ahead,
@@ -156,20 +168,18 @@ impl Message<'_> {
                 nodes,
             } => {
                 out.push_str("waiting: ");
-                push_u64(out, u64::from(*ahead));
-                out.push(' ');
-                out.push_str(role_plural(*role));
+                let (one, many) = role_noun(*role);
+                count(out, u64::from(*ahead), one, many);
                 out.push_str(" ahead (head ");
                 out.push_str(&head.namespace);
                 out.push('/');
                 out.push_str(&head.name);
                 out.push_str(" needs ");
-                push_u64(out, u64::from(*head_slots));
-                out.push_str(" slots), ");
-                push_u64(out, *free);
-                out.push_str(" free slots on ");
-                push_u64(out, *nodes as u64);
-                out.push_str(" matching nodes");
+                count(out, u64::from(*head_slots), "slot", "slots");
+                out.push_str("), ");
+                count(out, *free, "free slot", "free slots");
+                out.push_str(" on ");
+                count(out, *nodes as u64, "matching node", "matching nodes");
                 Ok(())
             }
             Message::NoFit {
@@ -178,34 +188,45 @@ impl Message<'_> {
                 slots,
                 free,
                 nodes,
-                own: None,
-            } => write!(
-                out,
-                "waiting: {ahead} {} ahead; needs {slots} slots on one node, {free} free slots on {nodes} matching nodes",
-                role_plural(*role)
-            ),
-            Message::NoFit {
-                role,
-                ahead,
-                slots,
-                free,
-                nodes,
-                own: Some((own_nodes, own_free)),
-            } => write!(
-                out,
-                "waiting: {ahead} {} ahead; needs {slots} slots on one of the {own_nodes} nodes its own nodeSelector, affinity and tolerations allow ({own_free} free there; {free} free slots on {nodes} matching nodes)",
-                role_plural(*role)
-            ),
-            Message::PrimariesWaiting { primaries, class } => write!(
-                out,
-                "waiting: {primaries} primaries of class {} are queued; helpers are admitted only while none wait",
-                classes.list[*class].name()
-            ),
-            Message::KeptForPrimaries { nodes } => write!(
-                out,
-                "waiting: {nodes} matching {} kept free for primaries of other classes that are queued",
-                if *nodes == 1 { "node is" } else { "nodes are" }
-            ),
+                own,
+            } => {
+                out.push_str("waiting: ");
+                let (one, many) = role_noun(*role);
+                count(out, u64::from(*ahead), one, many);
+                out.push_str(" ahead; needs ");
+                count(out, u64::from(*slots), "slot", "slots");
+                match own {
+                    None => out.push_str(" on one node, "),
+                    Some((own_nodes, own_free)) => {
+                        own_nodes_phrase(out, *own_nodes);
+                        push_u64(out, *own_free);
+                        out.push_str(" free there); ");
+                    }
+                }
+                count(out, *free, "free slot", "free slots");
+                out.push_str(" on ");
+                count(out, *nodes as u64, "matching node", "matching nodes");
+                Ok(())
+            }
+            Message::PrimariesWaiting { primaries, class } => {
+                out.push_str("waiting: ");
+                count(out, u64::from(*primaries), "primary", "primaries");
+                write!(
+                    out,
+                    " of class {} {} queued; helpers are admitted only while none wait",
+                    classes.list[*class].name(),
+                    if *primaries == 1 { "is" } else { "are" }
+                )
+            }
+            Message::KeptForPrimaries { nodes } => {
+                out.push_str("waiting: ");
+                count(out, *nodes as u64, "matching node", "matching nodes");
+                write!(
+                    out,
+                    " {} kept free for primaries of other classes that are queued",
+                    if *nodes == 1 { "is" } else { "are" }
+                )
+            }
             Message::VictimsTerminating(victims) => {
                 let one = victims.len() == 1;
                 out.write_str(if one {
@@ -227,23 +248,49 @@ impl Message<'_> {
                 young,
                 own,
             } => {
+                out.push_str("waiting: needs ");
+                count(out, u64::from(*slots), "slot", "slots");
                 match own {
-                    None => write!(
-                        out,
-                        "waiting: needs {slots} slots on one node, {free} free slots; no helper can be preempted to make room"
-                    )?,
-                    Some((own_nodes, own_free)) => write!(
-                        out,
-                        "waiting: needs {slots} slots on one of the {own_nodes} nodes its own nodeSelector, affinity and tolerations allow ({own_free} free there, {free} on the class's nodes); no helper can be preempted to make room"
-                    )?,
+                    None => {
+                        out.push_str(" on one node, ");
+                        count(out, *free, "free slot", "free slots");
+                    }
+                    Some((own_nodes, own_free)) => {
+                        own_nodes_phrase(out, *own_nodes);
+                        push_u64(out, *own_free);
+                        out.push_str(" free there, ");
+                        push_u64(out, *free);
+                        out.push_str(" on the class's nodes)");
+                    }
                 }
+                out.push_str("; no helper can be preempted to make room");
                 if *young > 0 {
-                    write!(out, " ({young} helpers are younger than minRuntimeSeconds)")?;
+                    out.push_str(" (");
+                    count(out, u64::from(*young), "helper is", "helpers are");
+                    out.push_str(" younger than minRuntimeSeconds)");
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// " on the one node its own … allow (" or " on one of the N nodes …".
+fn own_nodes_phrase(out: &mut String, nodes: usize) {
+    if nodes == 1 {
+        out.push_str(" on the one node its own nodeSelector, affinity and tolerations allow (");
+    } else {
+        out.push_str(" on one of the ");
+        count(out, nodes as u64, "node", "nodes");
+        out.push_str(" its own nodeSelector, affinity and tolerations allow (");
+    }
+}
+
+/// Appends `n` and the noun that agrees with it: "1 slot", "2 slots".
+fn count(out: &mut String, n: u64, one: &str, many: &str) {
+    push_u64(out, n);
+    out.push(' ');
+    out.push_str(if n == 1 { one } else { many });
 }
 
 /// Appends the decimal digits of `n`.
@@ -265,7 +312,16 @@ fn push_u64(out: &mut String, mut n: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::push_u64;
+    use super::{count, push_u64};
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        for (n, want) in [(0, "0 slots"), (1, "1 slot"), (2, "2 slots")] {
+            let mut s = String::new();
+            count(&mut s, n, "slot", "slots");
+            assert_eq!(s, want);
+        }
+    }
 
     #[test]
     fn push_u64_writes_decimal() {

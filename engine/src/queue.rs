@@ -79,6 +79,7 @@ impl Pass<'_> {
         }
         self.reserve_for_preemptions();
         self.requeue_contested_redrives(&mut by_class);
+        self.requeue_redrives_behind_the_queue(&mut by_class);
         let mut waiting = Vec::with_capacity(by_class.len());
         let mut primaries = Vec::with_capacity(by_class.len());
         for (c, q) in by_class.iter().enumerate() {
@@ -325,6 +326,65 @@ impl Pass<'_> {
             queued.push(t);
         }
         (queued, waiting)
+    }
+
+    /// Under StrictFIFO, a primary whose admission never reached its pod
+    /// (still gated) goes back to the queue when a primary with an earlier
+    /// sequence waits and could fit some day (for instance because that one's
+    /// node went away and it was queued again): its pod never started, so
+    /// requeueing costs nothing, and the earlier primary is admitted first.
+    fn requeue_redrives_behind_the_queue(&mut self, by_class: &mut [ClassQueue]) {
+        for (c, queue) in by_class.iter_mut().enumerate() {
+            let class = &self.classes.list[c];
+            if class.info.spec.admission.ordering != Ordering::StrictFIFO {
+                continue;
+            }
+            let res = class.res;
+            let earliest = queue
+                .primaries
+                .iter()
+                .copied()
+                .filter(|&t| {
+                    let slots = self.tickets[t].slots;
+                    match self.eligible(c, t) {
+                        Eligible::Plain => class.largest_plain >= slots,
+                        Eligible::Own(list) => {
+                            list.iter().any(|&n| self.nodes.alloc(res, n) >= slots)
+                        }
+                    }
+                })
+                .filter_map(|t| self.tickets[t].sequence)
+                .min();
+            let Some(earliest) = earliest else {
+                continue;
+            };
+            let mut requeued = false;
+            for i in 0..self.tickets.len() {
+                let t = &self.tickets[i];
+                if !(t.redrive && t.role == Role::Primary && t.class == Some(c))
+                    || t.sequence.is_none_or(|s| s < earliest)
+                {
+                    continue;
+                }
+                if let (Some(res), Some(node)) = (t.res, t.node_idx) {
+                    self.nodes.give_back(res, node, t.slots);
+                }
+                let t = &mut self.tickets[i];
+                t.redrive = false;
+                t.phase = LeasePhase::Queued;
+                t.node = None;
+                t.node_idx = None;
+                t.candidate = true;
+                queue.primaries.push(i);
+                requeued = true;
+            }
+            if requeued {
+                let tickets = &self.tickets;
+                queue
+                    .primaries
+                    .sort_unstable_by_key(|&i| (tickets[i].sequence, i));
+            }
+        }
     }
 
     /// A helper whose admission never reached its pod (still gated) is not

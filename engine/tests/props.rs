@@ -624,11 +624,31 @@ impl World {
                 "{} admitted before its sequence was persisted",
                 a.key
             );
-            // An admission driven again goes to the node already chosen,
-            // unless that node is gone or its allocatable shrank below what
-            // is held there (then it was queued again and placed afresh).
+            // A primary's admission driven again goes to the node already
+            // chosen, unless that node is gone or its allocatable shrank
+            // below what is held there (then it was queued again and placed
+            // afresh). A helper's may move: its pod never started, and it is
+            // queued again wherever a waiting primary could use its node.
+            // Under StrictFIFO a primary driven again also goes back to the
+            // queue while a primary with an earlier sequence has not started
+            // (its pod is still gated): the earlier one goes first.
+            let earlier_waits = lease.is_some_and(|mine| {
+                let seq = persisted.and_then(|s| s.sequence).unwrap_or(0);
+                self.s.leases.iter().any(|l| {
+                    l.spec.class_name == mine.spec.class_name
+                        && l.spec.role == Role::Primary
+                        && l.status
+                            .as_ref()
+                            .is_none_or(|s| s.sequence.is_none_or(|x| x < seq))
+                        && self.s.pods.iter().any(|p| {
+                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
+                        })
+                })
+            });
             if let Some(st) = persisted.filter(|s| {
-                s.phase == LeasePhase::Admitted
+                a.role == Role::Primary
+                    && !earlier_waits
+                    && s.phase == LeasePhase::Admitted
                     && s.node.as_deref().is_some_and(|n| {
                         self.alloc(n)
                             .is_some_and(|alloc| usage.get(n).copied().unwrap_or(0) <= alloc)

@@ -217,7 +217,7 @@ fn strict_fifo_head_that_does_not_fit_blocks_everyone_behind_it() {
     assert_eq!(lease(&s, "p3").position, Some(2));
     assert_eq!(
         message(&s, "p3"),
-        "waiting: 1 primaries ahead (head team/p2 needs 2 slots), 1 free slots on 1 matching nodes"
+        "waiting: 1 primary ahead (head team/p2 needs 2 slots), 1 free slot on 1 matching node"
     );
     finish(&mut s, "p1");
     settle(&mut s);
@@ -372,7 +372,7 @@ fn a_pod_no_node_fits_is_told_so_and_does_not_block() {
     settle(&mut s);
     assert_eq!(
         message(&s, "picky"),
-        "waiting: none of the 1 nodes of class default fits the pod's nodeSelector, affinity and tolerations"
+        "waiting: the one node of class default does not fit the pod's nodeSelector, affinity and tolerations"
     );
     assert_eq!(phase(&s, "p2"), LeasePhase::Admitted);
 }
@@ -395,7 +395,7 @@ fn helpers_wait_while_a_primary_waits_unless_admit_while_queued() {
             assert_eq!(phase(&s, "h1"), LeasePhase::Queued);
             assert_eq!(
                 message(&s, "h1"),
-                "waiting: 1 primaries of class default are queued; helpers are admitted only while none wait"
+                "waiting: 1 primary of class default is queued; helpers are admitted only while none wait"
             );
         }
     }
@@ -1179,7 +1179,7 @@ fn a_pods_own_node_selector_is_named_when_it_is_why_the_pod_waits() {
     let msg = message(&s, "picky");
     assert!(
         msg.contains(
-            "one of the 1 nodes its own nodeSelector, affinity and tolerations allow (0 free there"
+            "on the one node its own nodeSelector, affinity and tolerations allow (0 free there"
         ),
         "{msg}"
     );
@@ -1204,5 +1204,38 @@ fn largest_node_is_the_rule_the_queue_applies() {
         message(&s, "p").contains("largest matching node has 2"),
         "{}",
         message(&s, "p")
+    );
+}
+
+#[test]
+fn a_lost_admission_goes_back_behind_an_earlier_primary_that_waits_again() {
+    let mut s = world(
+        vec![node("n1", 1), node("n2", 2)],
+        vec![pod("p0", 1, 1), pod("p1", 2, 2)],
+    );
+    let plan = decide(&s);
+    apply(&mut s, &plan);
+    // Both are admitted, but only their lease writes land: the pod patches
+    // are lost (the operator restarted in between).
+    let plan = decide(&s);
+    assert_eq!(plan.admissions.len(), 2);
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_status(&l.key) {
+            l.status = Some(st.clone());
+        }
+    }
+    // p0's node goes away: it waits again, ahead of p1, whose pod never
+    // started. StrictFIFO: p0 takes n2 first and p1 waits behind it.
+    s.nodes.retain(|n| n.name != "n1");
+    let plan = decide(&s);
+    let admitted: Vec<(&str, &str)> = plan
+        .admissions
+        .iter()
+        .map(|a| (a.key.name.as_str(), a.node.as_str()))
+        .collect();
+    assert_eq!(admitted, [("p0", "n2")]);
+    assert_eq!(
+        plan.lease_status(&key("p1")).map(|s| s.phase),
+        Some(LeasePhase::Queued)
     );
 }
