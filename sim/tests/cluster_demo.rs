@@ -20,6 +20,8 @@ async fn demo_finishes_and_shows_the_queue_move() {
     let output = tokio::time::timeout(
         Duration::from_secs(150),
         tokio::process::Command::new(SIM)
+            // The simulated backend: these runs do not ask for a real control plane.
+            .env_remove("KUBEBUILDER_ASSETS")
             .args(["demo", "--timeout-seconds", "100"])
             .kill_on_drop(true)
             .output(),

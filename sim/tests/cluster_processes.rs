@@ -32,6 +32,8 @@ async fn start_sim(extra: &[&str]) -> Sim {
     require_binaries();
     let run_dir = tempfile::tempdir().expect("run dir");
     let mut child = Command::new(SIM)
+        // The simulated backend: these runs do not ask for a real control plane.
+        .env_remove("KUBEBUILDER_ASSETS")
         .args([
             "up",
             "--nodes",
@@ -211,6 +213,8 @@ async fn sigterm_stops_every_child_and_exits_zero_and_controls_work() {
 #[tokio::test]
 async fn a_missing_binary_is_named_with_the_build_command() {
     let output = Command::new(SIM)
+        // The simulated backend: these runs do not ask for a real control plane.
+        .env_remove("KUBEBUILDER_ASSETS")
         .args([
             "up",
             "--device-plugin-bin",
@@ -229,6 +233,8 @@ async fn a_missing_binary_is_named_with_the_build_command() {
     assert!(output.stdout.is_empty(), "no ready line");
 
     let output = Command::new(SIM)
+        // The simulated backend: these runs do not ask for a real control plane.
+        .env_remove("KUBEBUILDER_ASSETS")
         .args(["up", "--nodes", "0"])
         .output()
         .await

@@ -127,6 +127,7 @@ async fn node() -> Node {
         client: client.clone(),
         max_termination: Duration::from_millis(200),
         index: 1,
+        annotate_allocations: true,
     })
     .await
     .expect("kubelet starts");

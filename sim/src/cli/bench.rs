@@ -52,6 +52,12 @@ pub struct Args {
     /// The gpupool-device-plugin binary (default: next to gpupool-sim).
     #[arg(long, env = "GPUPOOL_SIM_DEVICE_PLUGIN_BIN")]
     pub device_plugin_bin: Option<PathBuf>,
+    /// Run on a real Kubernetes control plane from this envtest assets
+    /// directory (etcd, kube-apiserver, kube-scheduler,
+    /// kube-controller-manager) instead of the in-memory API server; the
+    /// simulator then runs only the kubelets, device plugins and operator.
+    #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
+    pub kube_assets: Option<PathBuf>,
 }
 
 const NS: &str = "bench";
@@ -68,6 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--run-seconds must be a non-negative number of seconds");
     }
     let mut cluster = SimCluster::start(ClusterConfig {
+        backend: super::up::backend(args.kube_assets.as_ref()),
         nodes: args.nodes,
         gpus_per_node: args.gpus_per_node,
         operator: OperatorMode::Required,

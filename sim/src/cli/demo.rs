@@ -29,6 +29,13 @@ pub struct Args {
     /// Longest the scenario may run, in seconds.
     #[arg(long, env = "GPUPOOL_SIM_DEMO_TIMEOUT", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=600))]
     pub timeout_seconds: u64,
+
+    /// Run on a real Kubernetes control plane from this envtest assets
+    /// directory (etcd, kube-apiserver, kube-scheduler,
+    /// kube-controller-manager) instead of the in-memory API server; the
+    /// simulator then runs only the kubelets, device plugins and operator.
+    #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
+    pub kube_assets: Option<std::path::PathBuf>,
 }
 
 /// One pod the scenario submits.
@@ -311,7 +318,10 @@ pub fn summarize(views: &[LeaseView], preempted: &[(String, String)]) -> Vec<Str
 
 /// Runs `gpupool-sim demo`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let real = args.kube_assets.is_some();
     let config = ClusterConfig {
+        backend: super::up::backend(args.kube_assets.as_ref()),
+        ready_timeout: Duration::from_secs(if real { 90 } else { 30 }),
         nodes: 2,
         gpus_per_node: 2,
         sessions_per_gpu: 1,
@@ -320,9 +330,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         operator: OperatorMode::IfAvailable,
         ..Default::default()
     };
-    println!(
-        "Starting a simulated cluster: 2 nodes × 2 GPUs, the real device plugin on each node…"
-    );
+    if real {
+        println!(
+            "Starting a real control plane with 2 simulated nodes × 2 GPUs, the real device plugin on each node…"
+        );
+    } else {
+        println!(
+            "Starting a simulated cluster: 2 nodes × 2 GPUs, the real device plugin on each node…"
+        );
+    }
     let mut cluster = SimCluster::start(config)
         .await
         .context("starting the simulated cluster")?;

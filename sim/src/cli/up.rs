@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::admin;
-use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use crate::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
 
 /// Whether `up` runs the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,6 +74,13 @@ pub struct Args {
         default_value_t = 1.0
     )]
     pub max_termination_seconds: f64,
+
+    /// Run on a real Kubernetes control plane from this envtest assets
+    /// directory (etcd, kube-apiserver, kube-scheduler,
+    /// kube-controller-manager) instead of the in-memory API server; the
+    /// simulator then runs only the kubelets, device plugins and operator.
+    #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
+    pub kube_assets: Option<PathBuf>,
 }
 
 impl Args {
@@ -86,6 +93,7 @@ impl Args {
             );
         }
         Ok(ClusterConfig {
+            backend: backend(self.kube_assets.as_ref()),
             nodes: self.nodes,
             gpus_per_node: self.gpus_per_node,
             sessions_per_gpu: self.sessions_per_gpu,
@@ -101,9 +109,20 @@ impl Args {
                 OperatorFlag::Off => OperatorMode::Off,
             },
             max_termination: Duration::from_secs_f64(self.max_termination_seconds),
-            ready_timeout: Duration::from_secs(30),
+            ready_timeout: Duration::from_secs(if self.kube_assets.is_some() { 90 } else { 30 }),
             ..ClusterConfig::default()
         })
+    }
+}
+
+/// The backend `--kube-assets` asks for: a real control plane from that
+/// directory, else the in-memory API server. An empty value counts as unset.
+pub fn backend(kube_assets: Option<&PathBuf>) -> Backend {
+    match kube_assets.filter(|p| !p.as_os_str().is_empty()) {
+        Some(assets) => Backend::Real {
+            assets: assets.clone(),
+        },
+        None => Backend::Simulated,
     }
 }
 
@@ -136,6 +155,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "gpupool-sim: run directory {} (logs in logs/)",
         cluster.run_dir().display()
     );
+    if let Some(plane) = cluster.control_plane() {
+        eprintln!(
+            "gpupool-sim: real control plane {} (logs in control-plane/logs/)",
+            plane.url()
+        );
+    }
     if let Some(api) = cluster.api_server() {
         eprintln!(
             "gpupool-sim: API server {} (faults: {}/sim/faults)",

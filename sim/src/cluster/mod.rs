@@ -11,4 +11,4 @@ pub mod scheduler;
 pub mod sim;
 pub mod workload;
 
-pub use sim::{ClusterConfig, ClusterError, OperatorMode, SimCluster};
+pub use sim::{BACKEND_ENV, Backend, ClusterConfig, ClusterError, OperatorMode, SimCluster};

@@ -138,8 +138,21 @@ fn setpriv() -> Option<&'static str> {
 
 impl ChildProcess {
     /// Starts the process with stdout and stderr appended to
-    /// `<log_dir>/<name>.log`, stdin closed.
+    /// `<log_dir>/<name>.log`, stdin closed; it gets SIGTERM when the
+    /// simulator dies.
     pub fn spawn(spec: &ProcessSpec, log_dir: &Path) -> Result<Self, ProcessError> {
+        Self::spawn_with_death_signal(spec, log_dir, "TERM")
+    }
+
+    /// Like [`ChildProcess::spawn`], with the signal (`TERM`, `KILL`) the
+    /// kernel sends the child when the simulator dies. `KILL` is for
+    /// children whose orderly shutdown can wait forever on a sibling that
+    /// died with the simulator (kube-apiserver on its etcd).
+    pub fn spawn_with_death_signal(
+        spec: &ProcessSpec,
+        log_dir: &Path,
+        signal: &str,
+    ) -> Result<Self, ProcessError> {
         let log = log_dir.join(format!("{}.log", spec.name));
         let open = || {
             OpenOptions::new()
@@ -156,7 +169,7 @@ impl ChildProcess {
             Some(setpriv) => {
                 let mut c = Command::new(setpriv);
                 c.arg("--pdeathsig")
-                    .arg("TERM")
+                    .arg(signal)
                     .arg("--")
                     .arg(&spec.program);
                 c

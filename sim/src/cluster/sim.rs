@@ -2,6 +2,15 @@
 //! in-memory API server, the scheduler and one kubelet per node — plus the
 //! real `gpupool-device-plugin` (one per node) and `gpupool-operator`
 //! binaries as supervised child processes.
+//!
+//! With [`Backend::Real`] a real control plane (etcd, kube-apiserver,
+//! kube-scheduler, kube-controller-manager) replaces the in-memory API
+//! server and scheduler, and the simulator adds only what such a cluster
+//! lacks here: the kubelets (with client certificates as
+//! `system:node:<name>`, under the Node authorizer and NodeRestriction). The
+//! operator and the device plugins then authenticate with tokens of their
+//! ServiceAccounts bound by exactly the chart's RBAC, each device plugin's
+//! token bound to its Node as a projected token is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,10 +19,12 @@ use std::time::{Duration, Instant};
 use gpupool_api::names::DEFAULT_RESOURCE_NAME;
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
 use kube::{Client, CustomResourceExt};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +33,9 @@ use super::kubelet::{KubeletConfig, KubeletError, RunningKubelet};
 use super::processes::{ChildProcess, ProcessError, ProcessSpec, find_binary};
 use super::proxy::ServiceProxy;
 use super::scheduler::RunningScheduler;
+use crate::control_plane::{
+    self, ControlPlane, ControlPlaneConfig, ControlPlaneError, client_from_kubeconfig, rbac,
+};
 use gpupool_sim_apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
 };
@@ -60,9 +74,50 @@ pub enum OperatorMode {
     Required,
 }
 
+/// Which API server the cluster runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The in-memory API server and the simulator's own scheduler.
+    #[default]
+    Simulated,
+    /// A real control plane from an envtest assets directory
+    /// (`KUBEBUILDER_ASSETS`): etcd, kube-apiserver, kube-scheduler and
+    /// kube-controller-manager.
+    Real {
+        /// The assets directory.
+        assets: PathBuf,
+    },
+}
+
+/// The environment variable that picks the backend of suites that honour
+/// it ([`Backend::from_env`]): `real` or `simulated` (the default).
+pub const BACKEND_ENV: &str = "GPUPOOL_E2E_BACKEND";
+
+impl Backend {
+    /// [`Backend::Real`] when [`BACKEND_ENV`] is `real` and
+    /// `KUBEBUILDER_ASSETS` names a directory, else [`Backend::Simulated`]:
+    /// the one switch a suite needs to run on both backends.
+    pub fn from_env() -> Self {
+        match (
+            std::env::var(BACKEND_ENV).as_deref(),
+            control_plane::assets_from_env(),
+        ) {
+            (Ok("real"), Some(assets)) => Backend::Real { assets },
+            _ => Backend::Simulated,
+        }
+    }
+
+    /// Whether this is the real control plane.
+    pub fn is_real(&self) -> bool {
+        matches!(self, Backend::Real { .. })
+    }
+}
+
 /// How to build a cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
+    /// The API server: in-memory (default) or a real control plane.
+    pub backend: Backend,
     /// Number of nodes (`node-1` … `node-N`).
     pub nodes: u32,
     /// GPUs per node.
@@ -103,6 +158,7 @@ pub struct ClusterConfig {
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
+            backend: Backend::Simulated,
             nodes: 2,
             gpus_per_node: 2,
             sessions_per_gpu: 1,
@@ -130,6 +186,9 @@ pub enum ClusterError {
     /// The API server failed.
     #[error(transparent)]
     ApiServer(#[from] ApiServerError),
+    /// The real control plane failed.
+    #[error(transparent)]
+    ControlPlane(#[from] ControlPlaneError),
     /// An API request of the simulator failed.
     #[error("{what}: {source}")]
     Api {
@@ -199,6 +258,7 @@ pub struct SimCluster {
     created_run_dir: bool,
     kubeconfig: PathBuf,
     apiserver: Option<RunningApiServer>,
+    control_plane: Option<ControlPlane>,
     client: Client,
     scheduler: Option<RunningScheduler>,
     nodes: Vec<Node>,
@@ -312,55 +372,45 @@ impl SimCluster {
         std::fs::create_dir_all(run_dir.join("logs")).map_err(io_error(&run_dir))?;
         std::fs::create_dir_all(run_dir.join("dev")).map_err(io_error(&run_dir))?;
 
-        let mut api_config = ApiServerConfig {
-            port: config.port,
-            ..Default::default()
-        }
-        .with_token(
-            OPERATOR_TOKEN,
-            OPERATOR_USER,
-            &[
-                "system:serviceaccounts",
-                "system:serviceaccounts:gpupool-system",
-            ],
-        )
-        .with_token(SCHEDULER_TOKEN, "system:kube-scheduler", &[]);
-        for i in 1..=config.nodes {
-            api_config = api_config.with_user(
-                &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
-                UserInfo::new(
-                    DEVICE_PLUGIN_USER,
-                    &[
-                        "system:serviceaccounts",
-                        "system:serviceaccounts:gpupool-system",
-                    ],
-                )
-                .with_extra(NODE_NAME_EXTRA, &[&format!("node-{i}")]),
-            );
-            api_config = api_config.with_token(
-                &format!("{KUBELET_TOKEN_PREFIX}{i}"),
-                &format!("system:node:node-{i}"),
-                &["system:nodes"],
-            );
-        }
-        let apiserver = ApiServer::start(api_config).await?;
         let kubeconfig = config
             .kubeconfig
             .clone()
             .unwrap_or_else(|| run_dir.join("kubeconfig"));
-        apiserver.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
-        apiserver.write_kubeconfig(&run_dir.join("operator.kubeconfig"), OPERATOR_TOKEN)?;
-        for i in 1..=config.nodes {
-            apiserver.write_kubeconfig(
-                &device_plugin_kubeconfig(&run_dir, &format!("node-{i}")),
-                &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
-            )?;
-        }
-        let client = apiserver.client().await?;
-
+        let (apiserver, control_plane, client) = match &config.backend {
+            Backend::Simulated => {
+                let (apiserver, client) =
+                    start_simulated_apiserver(&config, &run_dir, &kubeconfig).await?;
+                (Some(apiserver), None, client)
+            }
+            Backend::Real { assets } => {
+                let mut plane_config =
+                    ControlPlaneConfig::new(assets, run_dir.join("control-plane"));
+                plane_config.ready_timeout = plane_config.ready_timeout.max(config.ready_timeout);
+                let plane = ControlPlane::start(plane_config).await?;
+                plane.write_cert_kubeconfig(
+                    &kubeconfig,
+                    "gpupool-sim-admin",
+                    &["system:masters"],
+                )?;
+                let client = plane.client().await?;
+                (None, Some(plane), client)
+            }
+        };
         install_crds_and_namespace(&client).await?;
-        let scheduler =
-            RunningScheduler::start(apiserver.client_with_token(SCHEDULER_TOKEN).await?);
+        let scheduler = match &apiserver {
+            Some(a) => Some(RunningScheduler::start(
+                a.client_with_token(SCHEDULER_TOKEN).await?,
+            )),
+            None => {
+                wait_for_custom_resources(&client, config.ready_timeout).await?;
+                install_chart_identities(&client).await?;
+                let token = service_account_token(&client, rbac::OPERATOR_NAME, None).await?;
+                if let Some(plane) = &control_plane {
+                    plane.write_token_kubeconfig(&run_dir.join("operator.kubeconfig"), &token)?;
+                }
+                None
+            }
+        };
 
         let webhook_proxy = ServiceProxy::start()
             .await
@@ -372,9 +422,10 @@ impl SimCluster {
             run_dir,
             created_run_dir,
             kubeconfig,
-            apiserver: Some(apiserver),
+            apiserver,
+            control_plane,
             client,
-            scheduler: Some(scheduler),
+            scheduler,
             nodes: Vec::new(),
             device_plugin_bin,
             operator_bin,
@@ -396,16 +447,14 @@ impl SimCluster {
                 .collect();
             let static_config = dir.join("gpus.yaml");
             write_static_config(&static_config, &gpus)?;
-            let kubelet_client = cluster
-                .apiserver()?
-                .client_with_token(&format!("{KUBELET_TOKEN_PREFIX}{i}"))
-                .await?;
+            let kubelet_client = cluster.kubelet_client(i, &name).await?;
             let kubelet = RunningKubelet::start(KubeletConfig {
                 node_name: name.clone(),
                 dir: dir.clone(),
                 client: kubelet_client,
                 max_termination: config.max_termination,
                 index: i,
+                annotate_allocations: !config.backend.is_real(),
             })
             .await?;
             cluster.nodes.push(Node {
@@ -423,6 +472,17 @@ impl SimCluster {
             .map(|n| n.name.clone())
             .collect::<Vec<_>>()
         {
+            if let Some(plane) = &cluster.control_plane {
+                // A projected token of a DaemonSet pod: the device plugin's
+                // ServiceAccount, bound to (and naming) its node.
+                let token =
+                    service_account_token(&cluster.client, rbac::DEVICE_PLUGIN_NAME, Some(node))
+                        .await?;
+                plane.write_token_kubeconfig(
+                    &device_plugin_kubeconfig(&cluster.run_dir, node),
+                    &token,
+                )?;
+            }
             cluster.start_plugin(node).await?;
         }
         match cluster.start_operator().await {
@@ -439,13 +499,35 @@ impl SimCluster {
         Ok(cluster)
     }
 
-    fn apiserver(&self) -> Result<&RunningApiServer, ClusterError> {
-        self.apiserver
+    /// A client for node `name`'s kubelet: a token of the in-memory server,
+    /// or a client certificate as `system:node:<name>` on a real one.
+    async fn kubelet_client(&self, index: u32, name: &str) -> Result<Client, ClusterError> {
+        if let Some(a) = &self.apiserver {
+            return Ok(a
+                .client_with_token(&format!("{KUBELET_TOKEN_PREFIX}{index}"))
+                .await?);
+        }
+        let plane = self
+            .control_plane
             .as_ref()
-            .ok_or_else(|| ClusterError::Config("the cluster has been shut down".into()))
+            .ok_or_else(|| ClusterError::Config("the cluster has been shut down".into()))?;
+        let path = self.run_dir.join(format!("kubelet-{name}.kubeconfig"));
+        plane.write_cert_kubeconfig(&path, &format!("system:node:{name}"), &["system:nodes"])?;
+        Ok(client_from_kubeconfig(&path).await?)
     }
 
-    /// The in-memory API server (fault controls: `.faults()`, direct access: `.admin()`).
+    /// The backend the cluster runs on.
+    pub fn backend(&self) -> &Backend {
+        &self.config.backend
+    }
+
+    /// The real control plane, on [`Backend::Real`].
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        self.control_plane.as_ref()
+    }
+
+    /// The in-memory API server (fault controls: `.faults()`, direct
+    /// access: `.admin()`); `None` on a real control plane.
     pub fn api_server(&self) -> Option<&RunningApiServer> {
         self.apiserver.as_ref()
     }
@@ -455,7 +537,8 @@ impl SimCluster {
         self.client.clone()
     }
 
-    /// The admin kubeconfig (token auth), usable by kubectl.
+    /// The admin kubeconfig (a token, or a client certificate on a real
+    /// control plane), usable by kubectl.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
@@ -700,6 +783,12 @@ impl SimCluster {
             )],
         };
         spec.args.extend(election);
+        if self.control_plane.is_some() {
+            // As the chart runs it: its webhook configurations owned by its
+            // ClusterRole.
+            spec.args.push("--webhook-owner-cluster-role".into());
+            spec.args.push(rbac::OPERATOR_NAME.into());
+        }
         spec.args
             .extend(self.config.operator_args.iter().map(Into::into));
         let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
@@ -822,6 +911,11 @@ impl SimCluster {
         if let Some(a) = self.apiserver.take() {
             a.shutdown().await;
         }
+        if let Some(p) = self.control_plane.take()
+            && let Err(e) = p.stop().await
+        {
+            tracing::warn!(error = %e, "stopping the control plane");
+        }
         if self.created_run_dir && self.config.remove_run_dir {
             let _ = std::fs::remove_dir_all(&self.run_dir);
         }
@@ -836,7 +930,8 @@ impl Drop for SimCluster {
     fn drop(&mut self) {
         // Children are killed by their handles' drop; remove what we created,
         // unless a test is failing: then its logs are worth keeping.
-        if self.created_run_dir && self.config.remove_run_dir && self.apiserver.is_some() {
+        let running = self.apiserver.is_some() || self.control_plane.is_some();
+        if self.created_run_dir && self.config.remove_run_dir && running {
             if std::thread::panicking() {
                 eprintln!(
                     "simulated cluster run directory kept for its logs: {}",
@@ -847,6 +942,58 @@ impl Drop for SimCluster {
             }
         }
     }
+}
+
+/// Starts the in-memory API server with a token per identity of the
+/// simulated cluster, and writes the admin, operator and device-plugin
+/// kubeconfigs.
+async fn start_simulated_apiserver(
+    config: &ClusterConfig,
+    run_dir: &Path,
+    kubeconfig: &Path,
+) -> Result<(RunningApiServer, Client), ClusterError> {
+    let mut api_config = ApiServerConfig {
+        port: config.port,
+        ..Default::default()
+    }
+    .with_token(
+        OPERATOR_TOKEN,
+        OPERATOR_USER,
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:gpupool-system",
+        ],
+    )
+    .with_token(SCHEDULER_TOKEN, "system:kube-scheduler", &[]);
+    for i in 1..=config.nodes {
+        api_config = api_config.with_user(
+            &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
+            UserInfo::new(
+                DEVICE_PLUGIN_USER,
+                &[
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:gpupool-system",
+                ],
+            )
+            .with_extra(NODE_NAME_EXTRA, &[&format!("node-{i}")]),
+        );
+        api_config = api_config.with_token(
+            &format!("{KUBELET_TOKEN_PREFIX}{i}"),
+            &format!("system:node:node-{i}"),
+            &["system:nodes"],
+        );
+    }
+    let apiserver = ApiServer::start(api_config).await?;
+    apiserver.write_kubeconfig(kubeconfig, ADMIN_TOKEN)?;
+    apiserver.write_kubeconfig(&run_dir.join("operator.kubeconfig"), OPERATOR_TOKEN)?;
+    for i in 1..=config.nodes {
+        apiserver.write_kubeconfig(
+            &device_plugin_kubeconfig(run_dir, &format!("node-{i}")),
+            &format!("{DEVICE_PLUGIN_TOKEN_PREFIX}{i}"),
+        )?;
+    }
+    let client = apiserver.client().await?;
+    Ok((apiserver, client))
 }
 
 /// Leader-election identity of operator replica `i`.
@@ -919,4 +1066,109 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
         .await
         .ok()
         .flatten()
+}
+
+/// Waits until both custom resources can be watched: a real API server
+/// serves a new CRD only once it is Established, and answers watches with
+/// 429 "storage is (re)initializing" until its watch cache has filled. A
+/// client that starts watching earlier sees those errors (as the operator's
+/// first watches would), which `helm install` avoids by creating CRDs
+/// before anything that uses them.
+async fn wait_for_custom_resources(client: &Client, timeout: Duration) -> Result<(), ClusterError> {
+    let deadline = Instant::now() + timeout;
+    let leases: Api<GpuLease> = Api::all(client.clone());
+    let classes: Api<GpuLeaseClass> = Api::all(client.clone());
+    let params = kube::api::WatchParams::default().timeout(1);
+    loop {
+        let lease_watch = leases.watch(&params, "0").await;
+        let class_watch = classes.watch(&params, "0").await;
+        match (lease_watch, class_watch) {
+            (Ok(_), Ok(_)) => return Ok(()),
+            (Err(e), _) | (_, Err(e)) if Instant::now() >= deadline => {
+                return Err(ClusterError::NotReady(format!(
+                    "the gpupool CRDs were not served within {timeout:?}: {e}"
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The chart's ServiceAccounts and RBAC for the operator and the device
+/// plugin, in the operator's namespace (a real control plane only: the
+/// in-memory server does not enforce RBAC).
+async fn install_chart_identities(client: &Client) -> Result<(), ClusterError> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    for name in [rbac::OPERATOR_NAME, rbac::DEVICE_PLUGIN_NAME] {
+        let sa: ServiceAccount = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE}
+        }))
+        .map_err(|e| ClusterError::Config(format!("ServiceAccount {name}: {e}")))?;
+        match accounts.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(api_error(format!("creating ServiceAccount {name}"))(e)),
+        }
+    }
+    let mut objects =
+        rbac::operator(OPERATOR_NAMESPACE).map_err(|e| ClusterError::Config(e.to_string()))?;
+    objects.extend(
+        rbac::device_plugin(OPERATOR_NAMESPACE).map_err(|e| ClusterError::Config(e.to_string()))?,
+    );
+    let params = PatchParams::apply("gpupool-sim").force();
+    for object in objects {
+        let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let resource = ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: kind.clone(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .map_err(api_error(format!("applying the chart's {kind} {name}")))?;
+    }
+    Ok(())
+}
+
+/// A token of ServiceAccount `name` in the operator's namespace, valid for a
+/// day; bound to Node `node` when given, so it carries the node's name as a
+/// DaemonSet pod's projected token does.
+async fn service_account_token(
+    client: &Client,
+    name: &str,
+    node: Option<&str>,
+) -> Result<String, ClusterError> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let mut spec = serde_json::json!({"expirationSeconds": 86_400});
+    if let Some(node) = node {
+        spec["boundObjectRef"] =
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "name": node});
+    }
+    let request: TokenRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
+    }))
+    .map_err(|e| ClusterError::Config(format!("a TokenRequest for {name}: {e}")))?;
+    let answer = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .map_err(api_error(format!(
+            "requesting a token of ServiceAccount {name}"
+        )))?;
+    answer
+        .status
+        .and_then(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ClusterError::Config(format!("the token request for {name} returned no token"))
+        })
 }

@@ -6,8 +6,8 @@
 //! Guarantees: [`ControlPlane::start`] returns once `/readyz` answers `ok`
 //! (and, with the controller-manager, once the `default` ServiceAccount
 //! exists, without which no pod can be created); every process runs under
-//! `setpriv --pdeathsig` like the simulator's other children, so even a
-//! SIGKILL of the process that started them leaves none behind; the run
+//! `setpriv --pdeathsig KILL` like the simulator's other children, so even
+//! a SIGKILL of the process that started them leaves none behind; the run
 //! directory holds each process's log (`logs/<name>.log`), the PKI and the
 //! admin kubeconfig.
 
@@ -37,6 +37,12 @@ pub const KUBE_APISERVER: &str = "kube-apiserver";
 pub const KUBE_SCHEDULER: &str = "kube-scheduler";
 /// The controller-manager binary.
 pub const KUBE_CONTROLLER_MANAGER: &str = "kube-controller-manager";
+
+/// What the kernel sends each control-plane process when the process that
+/// started it dies: SIGKILL, because kube-apiserver's graceful shutdown
+/// waits on an etcd that died at the same moment, and nothing they hold
+/// outlives the run.
+const DEATH_SIGNAL: &str = "KILL";
 
 /// The Service CIDR given to the API server and controller-manager.
 const SERVICE_CIDR: &str = "10.96.0.0/12";
@@ -233,7 +239,11 @@ impl ControlPlane {
                 std::env::consts::ARCH.into(),
             )],
         };
-        plane.processes.push(ChildProcess::spawn(&etcd, &logs)?);
+        plane.processes.push(ChildProcess::spawn_with_death_signal(
+            &etcd,
+            &logs,
+            DEATH_SIGNAL,
+        )?);
         plane
             .wait_until("etcd", config.ready_timeout, || async {
                 crate::cluster::sim::http_status(etcd_port, "/health").await == Some(200)
@@ -272,9 +282,11 @@ impl ControlPlane {
         };
         // Enough to see requests refused and webhooks called, not every flag.
         apiserver.args.push("--v=1".into());
-        plane
-            .processes
-            .push(ChildProcess::spawn(&apiserver, &logs)?);
+        plane.processes.push(ChildProcess::spawn_with_death_signal(
+            &apiserver,
+            &logs,
+            DEATH_SIGNAL,
+        )?);
         let client = plane.client().await?;
         plane
             .wait_until("kube-apiserver", config.ready_timeout, || {
@@ -321,7 +333,11 @@ impl ControlPlane {
                 ],
                 env: Vec::new(),
             };
-            plane.processes.push(ChildProcess::spawn(&spec, &logs)?);
+            plane.processes.push(ChildProcess::spawn_with_death_signal(
+                &spec,
+                &logs,
+                DEATH_SIGNAL,
+            )?);
         }
         if config.scheduler {
             let kc = dir.join("scheduler.kubeconfig");
@@ -343,7 +359,11 @@ impl ControlPlane {
                 ],
                 env: Vec::new(),
             };
-            plane.processes.push(ChildProcess::spawn(&spec, &logs)?);
+            plane.processes.push(ChildProcess::spawn_with_death_signal(
+                &spec,
+                &logs,
+                DEATH_SIGNAL,
+            )?);
         }
         if config.controller_manager {
             // Pods are refused until their namespace's default

@@ -52,6 +52,11 @@ pub struct KubeletConfig {
     pub max_termination: Duration,
     /// Index of the node, used to give pods distinct simulated IPs.
     pub index: u32,
+    /// Record each running pod's allocated environment in its annotation
+    /// `sim.gpupool.io/allocated-env`, for tests to read. Only where the API
+    /// server lets a kubelet write pod metadata: a real one (the Node
+    /// authorizer) allows a kubelet only pod status.
+    pub annotate_allocations: bool,
 }
 
 /// Why a kubelet could not start.
@@ -102,6 +107,8 @@ pub struct Shared {
     /// Simulated termination cap.
     pub max_termination: Duration,
     index: u32,
+    /// See [`KubeletConfig::annotate_allocations`].
+    pub annotate_allocations: bool,
     state: Mutex<NodeState>,
     generation: AtomicU64,
     pod_ips: AtomicU64,
@@ -150,6 +157,7 @@ impl RunningKubelet {
             client: config.client,
             max_termination: config.max_termination,
             index: config.index,
+            annotate_allocations: config.annotate_allocations,
             state: Mutex::new(NodeState::default()),
             generation: AtomicU64::new(0),
             pod_ips: AtomicU64::new(0),

@@ -375,9 +375,11 @@ async fn mark_running(
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &namespace);
     let env_json = serde_json::to_string(envs).unwrap_or_default();
-    let annotate = json!({"metadata": {"annotations": {ANNOTATION_ALLOCATED_ENV: env_json}}});
-    api.patch(&name, &params(), &Patch::Merge(&annotate))
-        .await?;
+    if shared.annotate_allocations {
+        let annotate = json!({"metadata": {"annotations": {ANNOTATION_ALLOCATED_ENV: env_json}}});
+        api.patch(&name, &params(), &Patch::Merge(&annotate))
+            .await?;
+    }
     let now = jiff::Timestamp::now().to_string();
     let spec = pod.spec.clone().unwrap_or_default();
     let running = |c: &k8s_openapi::api::core::v1::Container| {
