@@ -186,7 +186,7 @@ impl<'a> Pass<'a> {
                 });
             }
             (pod, Some(l)) => {
-                let t = self.existing(l, pod, pod_counted);
+                let t = self.existing(l, pod, resolved, pod_counted);
                 self.tickets.push(t);
             }
             (Some(p), None) if is_live(p) => {
@@ -259,13 +259,14 @@ impl<'a> Pass<'a> {
         resolved: Option<PodClass<'a>>,
         pod_counted: bool,
     ) -> Option<Ticket<'a>> {
-        match resolved? {
+        let resolved = resolved?;
+        match resolved {
             PodClass::Unmanaged => return None,
             PodClass::Unknown(_) if self.requested_resource(pod).is_none() => return None,
             PodClass::Class(_) | PodClass::Unknown(_) => {}
         }
         let mut t = self.blank(&pod.key, Some(pod));
-        self.derive_from_pod(&mut t, pod);
+        self.derive_from_pod(&mut t, pod, resolved);
         t.pod_counted = pod_counted;
         self.settle(&mut t, LeasePhase::Queued);
         Some(t)
@@ -275,6 +276,7 @@ impl<'a> Pass<'a> {
         &self,
         lease: &'a LeaseInfo,
         pod: Option<&'a PodInfo>,
+        resolved: Option<PodClass<'a>>,
         pod_counted: bool,
     ) -> Ticket<'a> {
         let mut t = self.blank(&lease.key, pod);
@@ -289,7 +291,7 @@ impl<'a> Pass<'a> {
             // The pod, not the lease, says what is wanted: class, role and
             // slots are read from it on every pass, so a lease edited behind
             // the operator's back changes nothing (and is put right).
-            Some(p) => self.derive_from_pod(&mut t, p),
+            Some(p) => self.derive_from_pod(&mut t, p, resolved.unwrap_or(PodClass::Unmanaged)),
             None => {
                 t.res = t.class.map(|c| self.classes.list[c].res);
             }
@@ -313,8 +315,8 @@ impl<'a> Pass<'a> {
     /// Class, role and slots as the pod states them (DESIGN §5.10). A pod
     /// whose class cannot be resolved keeps the class its lease names, with
     /// the slots it requests of the first resource a class manages.
-    fn derive_from_pod(&self, t: &mut Ticket<'a>, pod: &'a PodInfo) {
-        match self.classes.resolve_pod(pod, &self.resources) {
+    fn derive_from_pod(&self, t: &mut Ticket<'a>, pod: &'a PodInfo, resolved: PodClass<'a>) {
+        match resolved {
             PodClass::Class(c) => {
                 let class = &self.classes.list[c];
                 t.class = Some(c);

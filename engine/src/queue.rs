@@ -116,20 +116,32 @@ impl Pass<'_> {
         let mut wanted: Vec<Option<Vec<bool>>> = vec![None; primaries.len()];
         for (c, queued) in primaries.iter().enumerate() {
             let class = &self.classes.list[c];
+            // Waiting primaries without constraints of their own all see the
+            // class's plain nodes: only the smallest request among them
+            // matters (a node large enough for it is wanted).
+            let mut plain_min: Option<u32> = None;
             for &t in queued {
                 if !self.tickets[t].waits {
                     continue;
                 }
-                let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
                 let slots = self.tickets[t].slots;
-                let eligible = self.eligible(c, t);
-                let list = match &eligible {
-                    Eligible::Plain => class.plain_nodes.as_slice(),
-                    Eligible::Own(list) => list.as_slice(),
-                };
-                // Only nodes large enough for it: a node it can never fit on
-                // is no reason to keep helpers away.
-                for &node in list {
+                match self.tickets[t].pod {
+                    Some(pod) if fit::has_own_constraints(pod) => {
+                        let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
+                        for &node in &class.nodes {
+                            if self.nodes.alloc(class.res, node) >= slots
+                                && fit::pod_fits_node(pod, self.nodes.list[node as usize])
+                            {
+                                marks[node as usize] = true;
+                            }
+                        }
+                    }
+                    _ => plain_min = Some(plain_min.map_or(slots, |m| m.min(slots))),
+                }
+            }
+            if let Some(slots) = plain_min {
+                let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
+                for &node in &class.plain_nodes {
                     if self.nodes.alloc(class.res, node) >= slots {
                         marks[node as usize] = true;
                     }
