@@ -1,0 +1,155 @@
+//! A real `helm`, with Helm's defaults (server-side apply), installs,
+//! upgrades and uninstalls `charts/gpupool` on a real control plane: the
+//! chart's CRDs, RBAC and workloads are there after install, the upgrade
+//! changes the operator Deployment, and uninstall removes what the release
+//! created.
+//!
+//! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`) and helm
+//! (`bash .ci/install-helm.sh`); prints a skip line without either.
+
+mod helm_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+
+fn helm_run(helm: &Path, home: &Path, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(helm)
+        .args(args)
+        .current_dir(helm_support::repo_root())
+        .env("KUBECONFIG", kubeconfig)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("helm runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installs_upgrades_and_uninstalls_the_chart_with_its_defaults_on_a_real_control_plane()
+{
+    let Some(assets) = control_plane::assets_from_env() else {
+        eprintln!(
+            "skipping: {} is not set (bash .ci/install-k8s.sh prepares a real control plane)",
+            control_plane::ASSETS_ENV
+        );
+        return;
+    };
+    let Some(helm) = helm_support::helm() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ControlPlaneConfig::new(&assets, dir.path().join("cp"));
+    // Nothing here needs pods scheduled.
+    config.scheduler = false;
+    let plane = ControlPlane::start(config)
+        .await
+        .expect("control plane starts");
+    let kc = plane.admin_kubeconfig().to_path_buf();
+    let home = dir.path();
+    let client = plane.client().await.expect("client");
+
+    let installed = helm_run(
+        &helm,
+        home,
+        &kc,
+        &[
+            "install",
+            "gpupool",
+            "charts/gpupool",
+            "--namespace",
+            "gpupool",
+            "--create-namespace",
+        ],
+    );
+    assert!(installed.is_ok(), "helm install: {installed:?}");
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["gpuleases.gpupool.io", "gpuleaseclasses.gpupool.io"] {
+        assert!(
+            crds.get_opt(name).await.expect("get crd").is_some(),
+            "{name} installed"
+        );
+    }
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    assert!(
+        roles
+            .get_opt("gpupool-operator")
+            .await
+            .expect("get role")
+            .is_some()
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "gpupool");
+    let replicas = |d: Option<Deployment>| d.and_then(|d| d.spec.replicas);
+    let before = replicas(
+        deployments
+            .get_opt("gpupool-operator")
+            .await
+            .expect("get deployment"),
+    );
+    assert_eq!(before, Some(2), "the chart's default: two replicas");
+
+    let upgraded = helm_run(
+        &helm,
+        home,
+        &kc,
+        &[
+            "upgrade",
+            "gpupool",
+            "charts/gpupool",
+            "--namespace",
+            "gpupool",
+            "--set",
+            "operator.replicas=3",
+        ],
+    );
+    assert!(upgraded.is_ok(), "helm upgrade: {upgraded:?}");
+    let after = replicas(
+        deployments
+            .get_opt("gpupool-operator")
+            .await
+            .expect("get deployment"),
+    );
+    assert_eq!(after, Some(3));
+    let list = helm_run(&helm, home, &kc, &["list", "-A", "-o", "json"]).expect("helm list");
+    assert!(
+        list.contains("\"revision\":\"2\"") && list.contains("\"status\":\"deployed\""),
+        "{list}"
+    );
+
+    let uninstalled = helm_run(
+        &helm,
+        home,
+        &kc,
+        &["uninstall", "gpupool", "--namespace", "gpupool", "--wait"],
+    );
+    assert!(uninstalled.is_ok(), "helm uninstall: {uninstalled:?}");
+    assert!(
+        roles
+            .get_opt("gpupool-operator")
+            .await
+            .expect("get role")
+            .is_none(),
+        "uninstall removes the ClusterRole"
+    );
+    assert!(
+        deployments
+            .get_opt("gpupool-operator")
+            .await
+            .expect("get deployment")
+            .is_none(),
+        "uninstall removes the Deployment"
+    );
+    plane.stop().await.expect("control plane stops");
+}
