@@ -208,12 +208,21 @@ pub(crate) struct Shared {
     gc_wakeup: Notify,
     cancel: CancellationToken,
     http_client: objects::admission::WebhookClient,
+    /// Write requests (POST, PUT, PATCH, DELETE) per authenticated user.
+    writes: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would be a bug; keep serving anyway.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts one write request by `user`, whatever its outcome: what a
+    /// client costs the server is every request it sends.
+    fn count_write(&self, user: &str) {
+        let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        *writes.entry(user.to_owned()).or_default() += 1;
     }
 }
 
@@ -255,6 +264,7 @@ impl ApiServer {
             gc_wakeup: Notify::new(),
             cancel: CancellationToken::new(),
             http_client: objects::admission::WebhookClient::new(),
+            writes: Mutex::new(BTreeMap::new()),
         });
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             objects::bootstrap_namespace(&shared, ns);
@@ -420,6 +430,16 @@ impl RunningApiServer {
         Admin {
             shared: self.shared.clone(),
         }
+    }
+
+    /// Write requests (POST, PUT, PATCH, DELETE, refused ones included) per
+    /// authenticated username since the server started.
+    pub fn writes_by_user(&self) -> BTreeMap<String, u64> {
+        self.shared
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The fault-injection controls (all off by default).

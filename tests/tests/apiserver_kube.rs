@@ -1143,3 +1143,34 @@ async fn a_burst_of_events_reaches_every_watcher_whole_and_in_order() {
         assert_eq!(names, want);
     }
 }
+
+#[tokio::test]
+async fn writes_are_counted_per_user_and_reads_are_not() {
+    let cfg = ApiServerConfig::default().with_token("other-token", "other", &[]);
+    let (server, admin) = start_with(cfg).await;
+    let other = server
+        .client_with_token("other-token")
+        .await
+        .expect("other client");
+    let before = server.writes_by_user();
+    let cms: Api<ConfigMap> = Api::namespaced(admin, "default");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "counted"}})).expect("cm");
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+    cms.get("counted").await.expect("a read is not a write");
+    // A refused write still costs the server a request.
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect_err("already exists");
+    let theirs: Api<ConfigMap> = Api::namespaced(other, "default");
+    theirs
+        .delete("counted", &Default::default())
+        .await
+        .expect("delete");
+    let after = server.writes_by_user();
+    let grew =
+        |user: &str| after.get(user).copied().unwrap_or(0) - before.get(user).copied().unwrap_or(0);
+    assert_eq!((grew("admin"), grew("other")), (2, 1), "{after:?}");
+}

@@ -123,6 +123,12 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         Err(e) => return error_response(&e),
     };
     let method = req.method().clone();
+    if matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        sh.count_write(&user.username);
+    }
     let query = parse_query(req.uri().query());
     let header_str = |h: header::HeaderName| {
         req.headers()

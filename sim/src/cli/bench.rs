@@ -10,6 +10,14 @@
 //! for each node, the time from a pod there being seen Succeeded to the next
 //! pod pinned there being seen ungated is one slot-free → ungate sample. All
 //! times come from one pod watch in this process.
+//!
+//! Cost figures: `failedCreates` (pod creates that failed, with the first
+//! few errors; the run goes on with the pods that exist), `writesPerAdmission`
+//! (every write request the operator's identity made during the run, as the
+//! in-memory API server counts them per user, ÷ admissions; `null` on a real
+//! control plane), `peakLeases` (most GpuLeases seen at once) and
+//! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
+//! were created) ÷ peak leases).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -17,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
-use gpupool_api::GpuLeaseClass;
+use gpupool_api::{GpuLease, GpuLeaseClass};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
+use crate::cluster::sim::OPERATOR_USER;
 use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
 
 /// Arguments of `gpupool-sim bench`.
@@ -150,10 +159,15 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
     });
 
-    // Create every pod (all queue: the class selects no node yet).
+    // The operator's footprint and API writes before the burst, to subtract.
+    let rss_before_kib = operator_rss_kib(cluster, "VmRSS:").unwrap_or(0);
+    let operator_writes_before = operator_writes(cluster);
+
+    // Create every pod (all queue: the class selects no node yet). A failed
+    // create is counted, not fatal: the figures then say how many failed.
     let mut create_ms = Vec::with_capacity(args.pods as usize);
     let run = args.run_seconds.to_string();
-    let results: Vec<anyhow::Result<f64>> = futures::stream::iter(0..args.pods)
+    let results: Vec<anyhow::Result<(String, f64)>> = futures::stream::iter(0..args.pods)
         .map(|i| {
             let pods = pods.clone();
             let run = run.clone();
@@ -168,19 +182,38 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
                 pods.create(&PostParams::default(), &pod)
                     .await
                     .with_context(|| format!("creating pod b{i:05}"))?;
-                Ok(t.elapsed().as_secs_f64() * 1000.0)
+                Ok((format!("b{i:05}"), t.elapsed().as_secs_f64() * 1000.0))
             }
         })
         .buffer_unordered(args.concurrency as usize)
         .collect()
         .await;
+    let mut created = Vec::with_capacity(results.len());
+    let mut failed_creates = 0usize;
+    let mut create_errors = Vec::new();
     for r in results {
-        create_ms.push(r?);
+        match r {
+            Ok((name, ms)) => {
+                created.push(name);
+                create_ms.push(ms);
+            }
+            Err(e) => {
+                failed_creates += 1;
+                if create_errors.len() < MAX_CREATE_ERRORS {
+                    create_errors.push(format!("{e:#}"));
+                }
+            }
+        }
     }
+    anyhow::ensure!(
+        !created.is_empty(),
+        "every pod create failed; the first errors: {}",
+        create_errors.join("; ")
+    );
 
     // Open every node: the burst of admissions fills all slots.
     let capacity = u64::from(args.nodes) * u64::from(args.gpus_per_node);
-    let burst = capacity.min(u64::from(args.pods)) as usize;
+    let burst = capacity.min(created.len() as u64) as usize;
     let opened = Instant::now();
     classes
         .patch(
@@ -194,7 +227,10 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     let mut seen = Seen::default();
     let mut rss_peak_kib = 0u64;
     let mut last_rss = Instant::now() - Duration::from_secs(1);
-    let total = args.pods as usize;
+    let mut peak_leases = 0usize;
+    let mut last_leases = Instant::now() - Duration::from_secs(2);
+    let leases: Api<GpuLease> = Api::namespaced(client.clone(), NS);
+    let total = created.len();
     while seen.succeeded.len() < total {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -216,11 +252,24 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
         if last_rss.elapsed() >= Duration::from_millis(500) {
             last_rss = Instant::now();
-            rss_peak_kib = rss_peak_kib.max(operator_peak_rss_kib(cluster).unwrap_or(0));
+            rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
+        }
+        if last_leases.elapsed() >= Duration::from_secs(2) {
+            last_leases = Instant::now();
+            peak_leases = peak_leases.max(count_leases(&leases).await);
         }
     }
     watch.abort();
-    rss_peak_kib = rss_peak_kib.max(operator_peak_rss_kib(cluster).unwrap_or(0));
+    rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
+    peak_leases = peak_leases.max(count_leases(&leases).await);
+    let writes_per_admission = match (operator_writes_before, operator_writes(cluster)) {
+        (Some(before), Some(after)) if !seen.ungated.is_empty() => {
+            Some(after.saturating_sub(before) as f64 / seen.ungated.len() as f64)
+        }
+        _ => None,
+    };
+    let rss_per_lease_kib = (peak_leases > 0 && rss_peak_kib > 0)
+        .then(|| rss_peak_kib.saturating_sub(rss_before_kib) as f64 / peak_leases as f64);
 
     let mut ungate_times: Vec<(Instant, String, String)> = seen
         .ungated
@@ -260,7 +309,8 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
     }
 
-    let patch_rate = raw_patch_rate(&pods, args.pods.min(2000), args.concurrency).await?;
+    let sample: Vec<String> = created.iter().take(2000).cloned().collect();
+    let patch_rate = raw_patch_rate(&pods, &sample, args.concurrency).await?;
     Ok(json!({
         "nodes": args.nodes,
         "gpusPerNode": args.gpus_per_node,
@@ -272,19 +322,28 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "slotFreeToUngateMs": {"samples": free_to_ungate_ms.len(), "p50": percentile(&mut free_to_ungate_ms, 0.50), "p99": percentile(&mut free_to_ungate_ms, 0.99)},
         "podCreateWithWebhookMs": {"p50": percentile(&mut create_ms, 0.50), "p99": percentile(&mut create_ms, 0.99)},
         "operatorPeakRssMiB": rss_peak_kib as f64 / 1024.0,
+        "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
+        "writesPerAdmission": writes_per_admission,
+        "peakLeases": peak_leases,
+        "rssPerLeaseKiB": rss_per_lease_kib,
         "apiServerRawPatchesPerSecond": patch_rate,
     }))
 }
 
 /// Label patches on existing pods, as fast as the API server takes them.
-async fn raw_patch_rate(pods: &Api<Pod>, n: u32, concurrency: u32) -> anyhow::Result<f64> {
+async fn raw_patch_rate(
+    pods: &Api<Pod>,
+    names: &[String],
+    concurrency: u32,
+) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let results: Vec<Result<Pod, kube::Error>> = futures::stream::iter(0..n)
-        .map(|i| {
+    let n = u32::try_from(names.len()).unwrap_or(u32::MAX);
+    let results: Vec<Result<Pod, kube::Error>> = futures::stream::iter(names)
+        .map(|name| {
             let pods = pods.clone();
             async move {
                 pods.patch(
-                    &format!("b{i:05}"),
+                    name,
                     &PatchParams::default(),
                     &Patch::Merge(
                         json!({"metadata": {"labels": {"bench.gpupool.io/patched": "yes"}}}),
@@ -311,26 +370,61 @@ fn percentile(v: &mut [f64], q: f64) -> Option<f64> {
     v.get(idx).copied()
 }
 
-/// Peak resident set (VmHWM) of the operator process, found among the
-/// cluster's children by its command name.
-fn operator_peak_rss_kib(cluster: &mut SimCluster) -> Option<u64> {
+/// How many pod-create errors the figures quote verbatim.
+const MAX_CREATE_ERRORS: usize = 5;
+
+/// A `/proc/<pid>/status` field (`VmRSS:` now, `VmHWM:` the peak) of the
+/// operator process, found among the cluster's children by its command
+/// name, in KiB.
+fn operator_rss_kib(cluster: &mut SimCluster, field: &str) -> Option<u64> {
     for pid in cluster.child_pids() {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
         if !"gpupool-operator".starts_with(comm.trim()) {
             continue;
         }
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        return status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+        return parse_status_kib(&status, field);
     }
     None
+}
+
+/// The KiB value of `field` in a `/proc/<pid>/status` text.
+fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Every API write the operator's identity has made, as the in-memory API
+/// server counts them; `None` on a real control plane, which does not
+/// count per user.
+fn operator_writes(cluster: &SimCluster) -> Option<u64> {
+    let writes = cluster.api_server()?.writes_by_user();
+    Some(writes.get(OPERATOR_USER).copied().unwrap_or(0))
+}
+
+/// The number of GpuLeases in the bench namespace (0 when listing fails:
+/// a missed sample only lowers the peak's resolution).
+async fn count_leases(leases: &Api<GpuLease>) -> usize {
+    leases
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items.len())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        let status = "Name:\tgpupool-operator\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n";
+        assert_eq!(parse_status_kib(status, "VmRSS:"), Some(10240));
+        assert_eq!(parse_status_kib(status, "VmHWM:"), Some(20480));
+        assert_eq!(parse_status_kib(status, "VmSwap:"), None);
+    }
 
     #[test]
     fn percentiles() {
