@@ -22,6 +22,7 @@ use crate::{Shared, UserInfo};
 mod discovery;
 mod openapi;
 mod protobuf;
+mod protobuf_kinds;
 mod request;
 mod table;
 mod watch;

@@ -1,6 +1,7 @@
 //! Request bodies in the Kubernetes protobuf encoding, for the kinds that
 //! typed Go clients (client-go clientsets, and so Helm's release storage)
-//! write in it: `Secret`, `ConfigMap` and `DeleteOptions`. Each is decoded
+//! write in it: `Secret`, `ConfigMap` and `DeleteOptions` here, and the
+//! kinds `kubectl create <kind>` sends in `protobuf_kinds`. Each is decoded
 //! into the JSON object the rest of the server handles; any other kind is
 //! refused with 415 naming it. Responses stay JSON, which those clients
 //! accept as well.
@@ -20,7 +21,7 @@ pub const CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
 const MAGIC: &[u8] = b"k8s\0";
 
 /// One field of a message as it is on the wire.
-enum Wire<'a> {
+pub(super) enum Wire<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
     Fixed,
@@ -84,7 +85,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Calls `f` with every field of a message.
-fn fields<'a>(
+pub(super) fn fields<'a>(
     buf: &'a [u8],
     mut f: impl FnMut(u64, Wire<'a>) -> Result<(), String>,
 ) -> Result<(), String> {
@@ -96,7 +97,7 @@ fn fields<'a>(
     Ok(())
 }
 
-fn string(w: Wire<'_>) -> Result<String, String> {
+pub(super) fn string(w: Wire<'_>) -> Result<String, String> {
     match w {
         Wire::Bytes(b) => String::from_utf8(b.to_vec())
             .map_err(|_| "a string field is not UTF-8 in protobuf body".to_string()),
@@ -104,14 +105,14 @@ fn string(w: Wire<'_>) -> Result<String, String> {
     }
 }
 
-fn bytes<'a>(w: Wire<'a>) -> Result<&'a [u8], String> {
+pub(super) fn bytes<'a>(w: Wire<'a>) -> Result<&'a [u8], String> {
     match w {
         Wire::Bytes(b) => Ok(b),
         _ => Err("a message field has the wrong wire type in protobuf body".into()),
     }
 }
 
-fn int(w: Wire<'_>) -> Result<i64, String> {
+pub(super) fn int(w: Wire<'_>) -> Result<i64, String> {
     match w {
         // int64 fields carry two's complement in the varint.
         Wire::Varint(v) => Ok(v as i64),
@@ -120,7 +121,7 @@ fn int(w: Wire<'_>) -> Result<i64, String> {
 }
 
 /// A `map<string, V>` entry: key 1, value 2.
-fn map_entry(w: Wire<'_>) -> Result<(String, &[u8]), String> {
+pub(super) fn map_entry(w: Wire<'_>) -> Result<(String, &[u8]), String> {
     let mut key = String::new();
     let mut value: &[u8] = &[];
     fields(bytes(w)?, |n, w| {
@@ -134,7 +135,7 @@ fn map_entry(w: Wire<'_>) -> Result<(String, &[u8]), String> {
     Ok((key, value))
 }
 
-fn utf8(b: &[u8]) -> Result<String, String> {
+pub(super) fn utf8(b: &[u8]) -> Result<String, String> {
     String::from_utf8(b.to_vec()).map_err(|_| "a map value is not UTF-8".to_string())
 }
 
@@ -170,7 +171,7 @@ fn owner_reference(w: Wire<'_>) -> Result<Value, String> {
 }
 
 /// `ObjectMeta` (managed fields are not kept, as for JSON writes).
-fn object_meta(w: Wire<'_>) -> Result<Value, String> {
+pub(super) fn object_meta(w: Wire<'_>) -> Result<Value, String> {
     let mut m = Map::new();
     let mut labels = Map::new();
     let mut annotations = Map::new();
@@ -375,14 +376,18 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         "Secret" => secret(raw),
         "ConfigMap" => config_map(raw),
         "DeleteOptions" => delete_options(raw),
-        _ => {
-            return Err(ApiError::new(
-                Reason::UnsupportedMediaType,
-                format!(
-                    "the simulated API server decodes protobuf only for Secret, ConfigMap and DeleteOptions, not {kind:?}; send application/json"
-                ),
-            ));
-        }
+        other => match super::protobuf_kinds::message_of(other) {
+            Some(message) => super::protobuf_kinds::decode(raw, message),
+            None => {
+                return Err(ApiError::new(
+                    Reason::UnsupportedMediaType,
+                    format!(
+                        "the simulated API server decodes protobuf only for Secret, ConfigMap, DeleteOptions, {}, not {kind:?}; send application/json",
+                        super::protobuf_kinds::KINDS
+                    ),
+                ));
+            }
+        },
     }
     .map_err(bad)?;
     if let Some(o) = obj.as_object_mut() {

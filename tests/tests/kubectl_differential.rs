@@ -1,0 +1,284 @@
+//! One kubectl script against the in-memory API server and, when
+//! `KUBEBUILDER_ASSETS` is set, against a real kube-apiserver: every
+//! command must succeed or fail on both alike, and what the gets print must
+//! be equal. The imperative `kubectl create <kind>` commands send protobuf
+//! bodies, which the in-memory server must decode for each kind.
+//!
+//! Needs `kubectl` on the PATH (prints a skip line without it). Without
+//! `KUBEBUILDER_ASSETS` only the in-memory server runs, and each command's
+//! expected outcome is checked.
+
+use std::path::Path;
+use std::process::Command;
+
+use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
+
+/// A step: the kubectl arguments and whether it must succeed.
+const SCRIPT: &[(&[&str], bool)] = &[
+    (&["create", "namespace", "diff"], true),
+    (&["create", "serviceaccount", "robot", "-n", "diff"], true),
+    (
+        &[
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx:1",
+            "--replicas=2",
+            "--port=8080",
+            "-n",
+            "diff",
+        ],
+        true,
+    ),
+    (
+        &[
+            "create",
+            "role",
+            "reader",
+            "--verb=get,list",
+            "--resource=pods",
+            "-n",
+            "diff",
+        ],
+        true,
+    ),
+    (
+        &[
+            "create",
+            "rolebinding",
+            "reader-robot",
+            "--role=reader",
+            "--serviceaccount=diff:robot",
+            "-n",
+            "diff",
+        ],
+        true,
+    ),
+    (
+        &[
+            "create",
+            "clusterrole",
+            "diff-nodes",
+            "--verb=get",
+            "--resource=nodes",
+        ],
+        true,
+    ),
+    (
+        &[
+            "create",
+            "clusterrolebinding",
+            "diff-nodes",
+            "--clusterrole=diff-nodes",
+            "--user=alice",
+        ],
+        true,
+    ),
+    (
+        &[
+            "create",
+            "service",
+            "clusterip",
+            "web",
+            "--tcp=80:8080",
+            "-n",
+            "diff",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "deployment",
+            "web",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.spec.replicas} {.spec.selector.matchLabels} {.spec.template.spec.containers[0].image} {.spec.template.spec.containers[0].ports[0].containerPort}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "serviceaccount",
+            "robot",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.metadata.name}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "role",
+            "reader",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.rules}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "rolebinding",
+            "reader-robot",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.subjects} {.roleRef}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "clusterrole",
+            "diff-nodes",
+            "-o",
+            "jsonpath={.rules}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "clusterrolebinding",
+            "diff-nodes",
+            "-o",
+            "jsonpath={.subjects} {.roleRef}",
+        ],
+        true,
+    ),
+    (
+        &[
+            "get",
+            "service",
+            "web",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.spec.ports} {.spec.selector} {.spec.type}",
+        ],
+        true,
+    ),
+    (&["create", "namespace", "diff"], false),
+    (
+        &["create", "role", "broken", "--verb=get", "-n", "diff"],
+        false,
+    ),
+    (&["delete", "clusterrolebinding", "diff-nodes"], true),
+    (&["delete", "clusterrole", "diff-nodes"], true),
+    (&["get", "clusterrole", "diff-nodes"], false),
+];
+
+/// (success, stdout or stderr) of one kubectl run.
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl runs");
+    let text = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            // Version-skew warnings differ by server version, not behaviour.
+            .filter(|l| !l.starts_with("Warning:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server() {
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: kubectl is not on the PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("in-memory API server");
+    let sim_kc = dir.path().join("sim.kubeconfig");
+    server
+        .write_kubeconfig(&sim_kc, ADMIN_TOKEN)
+        .expect("kubeconfig");
+
+    let plane = match control_plane::assets_from_env() {
+        Some(assets) => {
+            let mut config = ControlPlaneConfig::new(&assets, dir.path().join("cp"));
+            config.scheduler = false;
+            config.controller_manager = false;
+            Some(ControlPlane::start(config).await.expect("control plane"))
+        }
+        None => {
+            eprintln!(
+                "{} is not set: running the script on the in-memory API server only",
+                control_plane::ASSETS_ENV
+            );
+            None
+        }
+    };
+
+    let mut findings = Vec::new();
+    for (args, must_succeed) in SCRIPT {
+        let sim_kc = sim_kc.clone();
+        let args_owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let sim = tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = args_owned.iter().map(String::as_str).collect();
+            kubectl(&sim_kc, &a)
+        })
+        .await
+        .expect("kubectl task");
+        if sim.0 != *must_succeed {
+            findings.push(format!(
+                "kubectl {}: expected {}, the in-memory server gave: {}",
+                args.join(" "),
+                if *must_succeed {
+                    "success"
+                } else {
+                    "a failure"
+                },
+                sim.1
+            ));
+        }
+        if let Some(plane) = &plane {
+            let real_kc = plane.admin_kubeconfig().to_path_buf();
+            let args_owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let real = tokio::task::spawn_blocking(move || {
+                let a: Vec<&str> = args_owned.iter().map(String::as_str).collect();
+                kubectl(&real_kc, &a)
+            })
+            .await
+            .expect("kubectl task");
+            // Outcomes must agree; printed output too where it succeeded.
+            if sim.0 != real.0 || (sim.0 && sim.1 != real.1) {
+                findings.push(format!(
+                    "kubectl {}:\n  real:      {:?} {}\n  simulated: {:?} {}",
+                    args.join(" "),
+                    real.0,
+                    real.1,
+                    sim.0,
+                    sim.1
+                ));
+            }
+        }
+    }
+    server.shutdown().await;
+    if let Some(plane) = plane {
+        plane.stop().await.expect("control plane stops");
+    }
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
