@@ -21,7 +21,8 @@
 //!   lists paths and their `fieldValidation` parameter but no schemas, so
 //!   kubectl and Helm leave field validation to the server (unknown fields:
 //!   400 under `fieldValidation=Strict`, dropped with a `Warning` otherwise);
-//!   `/openapi/v2` is not served (`kubectl explain` does not work).
+//!   `/openapi/v2` is an empty document (`kubectl explain` does not work;
+//!   kubectl, which validates a `List` client-side, skips the kinds it lacks).
 //! - apps/v1 Deployments, DaemonSets, StatefulSets, ReplicaSets and the
 //!   rbac.authorization.k8s.io/v1 kinds are stored and served, but no
 //!   controller acts on them (no pods are created for a Deployment).

@@ -14,6 +14,21 @@ use std::process::Command;
 use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
 use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
 
+/// Replaced by the path of a `v1 List` of two ConfigMaps.
+const LIST: &str = "{list}";
+
+const LIST_YAML: &str = "apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: list-a, namespace: diff}
+  data: {a: '1'}
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: list-b, namespace: diff}
+";
+
 /// A step: the kubectl arguments and whether it must succeed.
 const SCRIPT: &[(&[&str], bool)] = &[
     (&["create", "namespace", "diff"], true),
@@ -167,6 +182,20 @@ const SCRIPT: &[(&[&str], bool)] = &[
         ],
         true,
     ),
+    (&["create", "-f", LIST], true),
+    (&["apply", "-f", LIST], true),
+    (
+        &[
+            "get",
+            "configmap",
+            "list-a",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.data}",
+        ],
+        true,
+    ),
     (&["create", "namespace", "diff"], false),
     (
         &["create", "role", "broken", "--verb=get", "-n", "diff"],
@@ -232,8 +261,15 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
         }
     };
 
+    let list = dir.path().join("list.yaml");
+    std::fs::write(&list, LIST_YAML).expect("list file");
+    let list = list.to_string_lossy().into_owned();
     let mut findings = Vec::new();
     for (args, must_succeed) in SCRIPT {
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == LIST { list.as_str() } else { *a })
+            .collect();
         let sim_kc = sim_kc.clone();
         let args_owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let sim = tokio::task::spawn_blocking(move || {

@@ -172,14 +172,51 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     resp
 }
 
+/// The media type of OpenAPI v2 in protobuf, as kubectl asks for it.
+const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// An OpenAPI v2 document with no paths and no definitions: protobuf
+/// (gnostic's `openapi_v2.Document`: `swagger` = 1, `info` = 2 with `title`
+/// = 1 and `version` = 2) when the client accepts it, JSON otherwise.
+fn openapi_v2(r: &Req) -> Response<Body> {
+    const TITLE: &str = "Kubernetes (gpupool simulated API server)";
+    const VERSION: &str = "v2";
+    if r.accept.contains("com.github.proto-openapi.spec.v2") {
+        let mut info = vec![0x0a, TITLE.len() as u8];
+        info.extend_from_slice(TITLE.as_bytes());
+        info.extend_from_slice(&[0x12, VERSION.len() as u8]);
+        info.extend_from_slice(VERSION.as_bytes());
+        let mut doc = vec![0x0a, 3];
+        doc.extend_from_slice(b"2.0");
+        doc.extend_from_slice(&[0x12, info.len() as u8]);
+        doc.extend_from_slice(&info);
+        let mut resp = bytes_response(200, Bytes::from(doc));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(OPENAPI_V2_PROTOBUF),
+        );
+        return resp;
+    }
+    json_response(
+        200,
+        &json!({"swagger": "2.0", "info": {"title": TITLE, "version": VERSION}, "paths": {}, "definitions": {}}),
+    )
+}
+
 async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
     let segs: Vec<&str> = r.segments.iter().map(String::as_str).collect();
-    // Clients ask for OpenAPI v2 in protobuf only; it is not published in
-    // any format, and "not found" is the truthful answer.
-    if matches!(segs.as_slice(), ["openapi", "v2", ..] | ["swagger.json"]) {
+    // OpenAPI v2 is published empty: a document with no definitions. kubectl
+    // validates a `kind: List` client-side against it (it cannot ask the
+    // server to validate a List), and skips kinds the document lacks, so the
+    // server still does all field validation; a 404 there made kubectl
+    // refuse every List.
+    if matches!(segs.as_slice(), ["openapi", "v2"] | ["swagger.json"]) {
+        return Ok(openapi_v2(r));
+    }
+    if matches!(segs.as_slice(), ["openapi", "v2", ..]) {
         return Err(ApiError::new(
             Reason::NotFound,
-            "the simulated API server does not publish OpenAPI v2 documents",
+            "the simulated API server publishes one empty OpenAPI v2 document, at /openapi/v2",
         ));
     }
     if r.accept.contains("protobuf") && !r.accept.contains("json") && !r.accept.contains("*/*") {

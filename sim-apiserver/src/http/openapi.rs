@@ -5,7 +5,8 @@
 //! That is what clients read to learn that the server validates fields
 //! itself (`fieldValidation`): kubectl and Helm then leave field checking to
 //! the server instead of downloading schemas for client-side validation,
-//! which this server cannot offer. `/openapi/v2` is not served.
+//! which this server cannot offer. `/openapi/v2` is one empty document (see
+//! `http::openapi_v2`), so kubectl skips client-side validation of a `List`.
 
 use serde_json::{Map, Value, json};
 
