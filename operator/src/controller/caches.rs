@@ -16,7 +16,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::metrics::Metrics;
 use crate::webhook::review::ClusterView;
@@ -32,12 +32,26 @@ pub struct Caches {
     pub classes: Store<GpuLeaseClass>,
     /// Every GpuLease.
     pub leases: Store<GpuLease>,
+    /// Which caches hold their first full list (Pods, Nodes,
+    /// GpuLeaseClasses, GpuLeases), and whether all do.
+    synced: watch::Receiver<Synced>,
 }
+
+/// First-list state of the four caches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Synced {
+    each: [bool; 4],
+    /// A cache's writer went away before its first list: it never will.
+    broken: bool,
+}
+
+/// Names of the caches, in the order of [`Synced::each`].
+const CACHE_NAMES: [&str; 4] = ["Pods", "Nodes", "GpuLeaseClasses", "GpuLeases"];
 
 impl Caches {
     /// Starts the four watches; each event notifies `changed`.
     pub fn start(client: &Client, changed: Arc<Notify>, metrics: &Metrics) -> Self {
-        Self {
+        let mut caches = Self {
             pods: watch(
                 Api::all(client.clone()),
                 trim_pod,
@@ -66,26 +80,63 @@ impl Caches {
                 metrics,
                 "leases",
             ),
-        }
+            synced: watch::channel(Synced::default()).1,
+        };
+        caches.synced = track_sync(&caches);
+        caches
     }
 
-    /// Waits until every cache has its first full list.
-    pub async fn wait_synced(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.pods.wait_until_ready().await?;
-        self.nodes.wait_until_ready().await?;
-        self.classes.wait_until_ready().await?;
-        self.leases.wait_until_ready().await?;
-        Ok(())
+    /// Waits until every cache has its first full list. Any number of tasks
+    /// may wait at once (the webhook on every replica, the decision loop on
+    /// the leader).
+    pub async fn wait_synced(&self) -> Result<(), NotSynced> {
+        self.wait_synced_within(Duration::MAX).await
     }
 
-    /// Waits up to `timeout` for each cache's first full list; the error
+    /// Waits up to `timeout` for every cache's first full list; the error
     /// names the first cache that did not fill.
     pub async fn wait_synced_within(&self, timeout: Duration) -> Result<(), NotSynced> {
-        wait_for("Pods", &self.pods, timeout).await?;
-        wait_for("Nodes", &self.nodes, timeout).await?;
-        wait_for("GpuLeaseClasses", &self.classes, timeout).await?;
-        wait_for("GpuLeases", &self.leases, timeout).await
+        let mut rx = self.synced.clone();
+        let done = rx.wait_for(|s| s.broken || s.each.iter().all(|r| *r));
+        let state = match tokio::time::timeout(timeout, done).await {
+            Ok(Ok(state)) => *state,
+            _ => *self.synced.borrow(),
+        };
+        match state.each.iter().position(|ready| !ready) {
+            None => Ok(()),
+            Some(i) => Err(NotSynced {
+                what: CACHE_NAMES[i],
+                timeout,
+            }),
+        }
     }
+}
+
+/// One task waits for each store's first list and publishes the state:
+/// a store's own readiness future is awaited by that task alone.
+fn track_sync(caches: &Caches) -> watch::Receiver<Synced> {
+    let (tx, rx) = watch::channel(Synced::default());
+    let (pods, nodes, classes, leases) = (
+        caches.pods.clone(),
+        caches.nodes.clone(),
+        caches.classes.clone(),
+        caches.leases.clone(),
+    );
+    tokio::spawn(async move {
+        let mark = |i: usize, result: Result<(), reflector::store::WriterDropped>| {
+            tx.send_modify(|s| match result {
+                Ok(()) => s.each[i] = true,
+                Err(_) => s.broken = true,
+            });
+        };
+        tokio::join!(
+            async { mark(0, pods.wait_until_ready().await) },
+            async { mark(1, nodes.wait_until_ready().await) },
+            async { mark(2, classes.wait_until_ready().await) },
+            async { mark(3, leases.wait_until_ready().await) },
+        );
+    });
+    rx
 }
 
 /// A cache that did not fill in time.
@@ -98,21 +149,6 @@ pub struct NotSynced {
     pub what: &'static str,
     /// How long it was given.
     pub timeout: Duration,
-}
-
-async fn wait_for<K>(
-    what: &'static str,
-    store: &Store<K>,
-    timeout: Duration,
-) -> Result<(), NotSynced>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    match tokio::time::timeout(timeout, store.wait_until_ready()).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(NotSynced { what, timeout }),
-    }
 }
 
 /// The webhook decides on the same caches as the controller: one index,
