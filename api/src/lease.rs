@@ -29,6 +29,18 @@ use serde::{Deserialize, Serialize};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Queued",
+        type_ = "date",
+        json_path = ".status.queuedAt",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.message",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]
