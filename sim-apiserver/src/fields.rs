@@ -47,6 +47,13 @@ struct Node {
     items: Option<usize>,
     /// For `oneOf`/`anyOf`: the alternative for each JSON type.
     alternatives: Vec<(&'static str, usize)>,
+    /// The Go type of an inline scalar schema (`int32`, `string`, …), whose
+    /// JSON type the real server's decoder enforces. Named schemas
+    /// (`Quantity`, `Time`, `IntOrString`) decode several JSON types and
+    /// are left out.
+    go_scalar: Option<&'static str>,
+    /// The Go struct a named object schema is (`DeploymentSpec`).
+    go_struct: Option<String>,
 }
 
 /// Builds nodes, one per named schema however often it is referred to (so
@@ -71,11 +78,14 @@ impl Compiler<'_> {
             });
             self.by_ref.insert(name.to_string(), id);
             if let Some(target) = self.defs.get(name) {
-                self.nodes[id] = self.build(target);
+                let mut node = self.build(target);
+                node.go_struct = name.rsplit('.').next().map(str::to_owned);
+                self.nodes[id] = node;
             }
             return id;
         }
-        let node = self.build(schema);
+        let mut node = self.build(schema);
+        node.go_scalar = go_scalar(schema);
         self.nodes.push(node);
         self.nodes.len() - 1
     }
@@ -345,6 +355,116 @@ fn builtins() -> &'static Builtins {
     })
 }
 
+/// The Go type the real decoder reads an inline scalar schema into.
+fn go_scalar(schema: &Value) -> Option<&'static str> {
+    match (
+        schema.get("type").and_then(Value::as_str),
+        schema.get("format").and_then(Value::as_str),
+    ) {
+        (Some("string"), None) => Some("string"),
+        (Some("boolean"), _) => Some("bool"),
+        (Some("integer"), Some("int32")) => Some("int32"),
+        (Some("integer"), _) => Some("int64"),
+        (Some("number"), _) => Some("float64"),
+        _ => None,
+    }
+}
+
+impl KnownFields {
+    /// The first value whose JSON type the real decoder would refuse for
+    /// its field, as Go's `encoding/json` words it.
+    fn type_error(
+        &self,
+        id: usize,
+        v: &Value,
+        go_path: &mut String,
+        go_struct: &str,
+    ) -> Option<String> {
+        let node = self.nodes.get(id)?;
+        let here = node.go_struct.as_deref().unwrap_or(go_struct);
+        let check = |sub: usize, key: &str, inner: &Value, path: &mut String| -> Option<String> {
+            let sub_node = self.nodes.get(sub)?;
+            let len = path.len();
+            push_key(path, key);
+            let found = match (sub_node.go_scalar, inner) {
+                (_, Value::Null) => None,
+                (Some(go), v) if !scalar_fits(go, v) => Some(format!(
+                    "json: cannot unmarshal {} into Go struct field {here}.{path} of type {go}",
+                    go_json_name(v)
+                )),
+                (_, Value::Object(_) | Value::Array(_)) => self.type_error(sub, inner, path, here),
+                _ => None,
+            };
+            path.truncate(len);
+            found
+        };
+        match v {
+            Value::Object(map) => {
+                if let Some(props) = &node.props {
+                    for (key, inner) in map {
+                        if let Some(&sub) = props.get(key)
+                            && let Some(e) = check(sub, key, inner, go_path)
+                        {
+                            return Some(e);
+                        }
+                    }
+                }
+                None
+            }
+            Value::Array(items) => {
+                let sub = node.items?;
+                let sub_node = self.nodes.get(sub)?;
+                items.iter().find_map(|inner| match (sub_node.go_scalar, inner) {
+                    (Some(go), v) if !v.is_null() && !scalar_fits(go, v) => Some(format!(
+                        "json: cannot unmarshal {} into Go struct field {here}.{go_path} of type {go}",
+                        go_json_name(v)
+                    )),
+                    (_, Value::Object(_) | Value::Array(_)) => {
+                        self.type_error(sub, inner, go_path, here)
+                    }
+                    _ => None,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether Go decodes JSON value `v` into a field of Go type `go`.
+fn scalar_fits(go: &str, v: &Value) -> bool {
+    match go {
+        "string" => v.is_string(),
+        "bool" => v.is_boolean(),
+        "int32" | "int64" => v.is_i64() || v.is_u64(),
+        _ => v.is_number(),
+    }
+}
+
+/// How Go's decoder names a JSON value's type in its errors.
+fn go_json_name(v: &Value) -> String {
+    match v {
+        Value::Bool(_) => "bool".into(),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(_) => "string".into(),
+        Value::Array(_) => "array".into(),
+        _ => "object".into(),
+    }
+}
+
+/// For a built-in kind: the first field whose JSON type its Go type cannot
+/// take, worded as the real server's decoder reports it (which refuses the
+/// whole body with 400). Custom resources are checked against their schema
+/// elsewhere, with 422.
+pub fn type_error(def: &ResourceDef, obj: &Value) -> Option<String> {
+    if def.custom {
+        return None;
+    }
+    let b = builtins();
+    let root = *b.kinds.get(&(def.group.as_str(), def.plural.as_str()))?;
+    b.fields
+        .type_error(root, obj, &mut String::new(), &def.kind)
+}
+
 /// Removes the fields of `obj` its type does not declare and returns their
 /// paths (`spec.containers[0].foo`), in document order.
 pub fn prune_unknown(def: &ResourceDef, obj: &mut Value) -> Vec<String> {
@@ -393,6 +513,34 @@ fn push_key(path: &mut String, key: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_of_the_wrong_json_type_is_named_as_gos_decoder_names_it() {
+        let reg = crate::registry::Registry::builtin();
+        let def = reg
+            .get("apps", "v1", "deployments")
+            .expect("deployments")
+            .clone();
+        let bad = serde_json::json!({"spec": {"replicas": "two"}});
+        assert_eq!(
+            type_error(&def, &bad).as_deref(),
+            Some(
+                "json: cannot unmarshal string into Go struct field DeploymentSpec.spec.replicas of type int32"
+            )
+        );
+        let port = serde_json::json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "c", "ports": [{"containerPort": "80"}]}]}}}});
+        assert_eq!(
+            type_error(&def, &port).as_deref(),
+            Some(
+                "json: cannot unmarshal string into Go struct field ContainerPort.spec.template.spec.containers.ports.containerPort of type int32"
+            )
+        );
+        // Quantities take numbers and strings alike.
+        let ok = serde_json::json!({"spec": {"replicas": 2, "template": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"gpupool/slot": 1, "cpu": "1"}}}]}}}});
+        assert_eq!(type_error(&def, &ok), None);
+    }
     use crate::registry::Registry;
     use serde_json::json;
 

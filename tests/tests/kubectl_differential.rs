@@ -16,6 +16,27 @@ use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
 
 /// Replaced by the path of a `v1 List` of two ConfigMaps.
 const LIST: &str = "{list}";
+/// Replaced by the path of a Deployment with `replicas: "two"`.
+const BAD_REPLICAS: &str = "{bad-replicas}";
+/// Replaced by the path of a pod whose container has no image.
+const NO_IMAGE: &str = "{no-image}";
+
+const BAD_REPLICAS_YAML: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: two, namespace: diff}
+spec:
+  replicas: 'two'
+  selector: {matchLabels: {app: two}}
+  template:
+    metadata: {labels: {app: two}}
+    spec: {containers: [{name: c, image: x}]}
+";
+
+const NO_IMAGE_YAML: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: no-image, namespace: diff}
+spec: {containers: [{name: c}]}
+";
 
 const LIST_YAML: &str = "apiVersion: v1
 kind: List
@@ -197,6 +218,9 @@ const SCRIPT: &[(&[&str], bool)] = &[
         true,
     ),
     (&["create", "namespace", "diff"], false),
+    (&["create", "-f", BAD_REPLICAS], false),
+    (&["create", "-f", NO_IMAGE], false),
+    (&["get", "pods", "-n", "diff", "-l", "app in (web"], false),
     (
         &["create", "role", "broken", "--verb=get", "-n", "diff"],
         false,
@@ -261,14 +285,30 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
         }
     };
 
-    let list = dir.path().join("list.yaml");
-    std::fs::write(&list, LIST_YAML).expect("list file");
-    let list = list.to_string_lossy().into_owned();
+    let files: Vec<(&str, String)> = [
+        (LIST, LIST_YAML),
+        (BAD_REPLICAS, BAD_REPLICAS_YAML),
+        (NO_IMAGE, NO_IMAGE_YAML),
+    ]
+    .iter()
+    .map(|(placeholder, yaml)| {
+        let path = dir
+            .path()
+            .join(format!("{}.yaml", placeholder.trim_matches(['{', '}'])));
+        std::fs::write(&path, yaml).expect("script file");
+        (*placeholder, path.to_string_lossy().into_owned())
+    })
+    .collect();
     let mut findings = Vec::new();
     for (args, must_succeed) in SCRIPT {
         let args: Vec<&str> = args
             .iter()
-            .map(|a| if *a == LIST { list.as_str() } else { *a })
+            .map(|a| {
+                files
+                    .iter()
+                    .find(|(placeholder, _)| placeholder == a)
+                    .map_or(*a, |(_, path)| path.as_str())
+            })
             .collect();
         let sim_kc = sim_kc.clone();
         let args_owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();

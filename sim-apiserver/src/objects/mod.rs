@@ -28,6 +28,12 @@ use patch::PatchType;
 /// `fieldValidation=Strict` refuses it (400, as the real decoder does),
 /// under `Warn` adds one warning per field.
 fn check_fields(def: &ResourceDef, obj: &mut Value, ctx: &WriteCtx) -> Result<(), ApiError> {
+    if let Some(e) = fields::type_error(def, obj) {
+        return Err(ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            def.kind, def.version, def.kind
+        )));
+    }
     let unknown = fields::prune_unknown(def, obj);
     if unknown.is_empty() {
         return Ok(());

@@ -134,6 +134,13 @@ pub fn validate_create(pod: &Value) -> Vec<FieldCause> {
         causes.push(FieldCause::required("spec.containers", ""));
     }
     for (field, i, c) in containers(spec) {
+        // As the real ValidatePodCreate: every container is named and has
+        // an image (a Deployment's template may omit it; its pods may not).
+        for key in ["name", "image"] {
+            if c.get(key).and_then(Value::as_str).is_none_or(str::is_empty) {
+                causes.push(FieldCause::required(format!("spec.{field}[{i}].{key}"), ""));
+            }
+        }
         let req = c
             .get("resources")
             .and_then(|r| r.get("requests"))
@@ -550,7 +557,7 @@ mod tests {
 
     #[test]
     fn extended_resource_requests_must_equal_limits() {
-        let pod = json!({"spec": {"containers": [{"name": "c", "resources": {
+        let pod = json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {
             "requests": {"gpupool/slot": "1"}, "limits": {"gpupool/slot": "2"}}}]}});
         let causes = validate_create(&pod);
         assert_eq!(causes.len(), 1);
@@ -560,6 +567,23 @@ mod tests {
                 .contains("must be equal to gpupool/slot limit"),
             "{}",
             causes[0]
+        );
+    }
+
+    #[test]
+    fn containers_need_a_name_and_an_image() {
+        let pod = json!({"spec": {"initContainers": [{"name": "init", "image": ""}],
+            "containers": [{"image": "i"}]}});
+        let causes: Vec<String> = validate_create(&pod)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            causes,
+            [
+                "spec.containers[0].name: Required value",
+                "spec.initContainers[0].image: Required value",
+            ],
         );
     }
 
@@ -581,7 +605,7 @@ mod tests {
     #[test]
     fn node_name_is_refused_while_gated() {
         let gated = json!({"spec": {"nodeName": "node-1", "schedulingGates": [{"name": "a"}],
-            "containers": [{"name": "c"}]}});
+            "containers": [{"name": "c", "image": "i"}]}});
         let causes = validate_create(&gated);
         assert_eq!(causes.len(), 1, "{causes:?}");
         assert_eq!(
@@ -589,7 +613,7 @@ mod tests {
             "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared"
         );
         let ungated = json!({"spec": {"nodeName": "node-1", "schedulingGates": [],
-            "containers": [{"name": "c"}]}});
+            "containers": [{"name": "c", "image": "i"}]}});
         assert!(validate_create(&ungated).is_empty());
         // Setting nodeName on update is a spec change the real server refuses
         // whether or not the pod is gated.
