@@ -185,6 +185,22 @@ async fn up_on_a_real_control_plane_runs_a_slot_pod_to_a_bound_lease_and_leaves_
         "{nodes}"
     );
 
+    // Each simulated kubelet heartbeats through its Lease, as a real one does.
+    let (ok, leases) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "leases",
+            "-n",
+            "kube-node-lease",
+            "-o",
+            "jsonpath={.items[*].spec.holderIdentity}",
+        ],
+        None,
+    );
+    assert!(ok, "{leases}");
+    assert_eq!(leases, "node-1 node-2");
+
     let (ok, out) = kubectl(&kubeconfig, &["apply", "-f", "-"], Some(CLASS_AND_POD));
     assert!(ok, "{out}");
     let deadline = Instant::now() + Duration::from_secs(60);

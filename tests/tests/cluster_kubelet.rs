@@ -483,3 +483,22 @@ async fn a_pod_deleted_while_the_watch_was_down_frees_its_devices_on_relist() {
         "the kubelet forgot the vanished pod after listing again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_heartbeats_through_its_node_lease() {
+    let node = node().await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(node.client.clone(), "kube-node-lease");
+    let lease = gpupool_sim::cluster::workload::wait_for(
+        Duration::from_secs(10),
+        || async { leases.get_opt("node-1").await.ok().flatten() },
+        |l: &k8s_openapi::api::coordination::v1::Lease| {
+            l.spec.as_ref().is_some_and(|s| s.renew_time.is_some())
+        },
+    )
+    .await
+    .expect("the heartbeat Lease exists and is renewed");
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-1"));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+}

@@ -193,6 +193,7 @@ impl RunningKubelet {
                 }
             }),
             tokio::spawn(node::keep_status(shared.clone(), cancel.clone())),
+            tokio::spawn(node::keep_lease(shared.clone(), cancel.clone())),
             tokio::spawn(pods::run(shared.clone(), cancel.clone())),
         ];
         let mut kubelet = Self {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpupool_api::names::LABEL_HOSTNAME;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -126,5 +127,51 @@ pub async fn keep_status(shared: Arc<Shared>, cancel: CancellationToken) {
             () = shared.node_dirty.notified() => {}
             () = tokio::time::sleep(wait) => {}
         }
+    }
+}
+
+/// The namespace of node heartbeat Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// How often the heartbeat Lease is renewed (the kubelet's default).
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+/// How long a heartbeat stays valid (the kubelet's default).
+const LEASE_DURATION_SECONDS: i32 = 40;
+
+/// Renews the node's heartbeat Lease in `kube-node-lease` every 10 s until
+/// cancelled, as the kubelet does: on a real control plane this (with the
+/// Ready condition written at registration) is what says the node is alive,
+/// without rewriting the Node object and waking every Node watcher. A
+/// failed renewal is logged and retried at the next tick.
+pub async fn keep_lease(shared: Arc<Shared>, cancel: CancellationToken) {
+    let api: Api<Lease> = Api::namespaced(shared.client.clone(), NODE_LEASE_NAMESPACE);
+    loop {
+        if let Err(e) = renew_lease(&api, &shared.node_name).await {
+            tracing::warn!(node = %shared.node_name, error = %e, "cannot renew the node's heartbeat Lease");
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(LEASE_RENEW) => {}
+        }
+    }
+}
+
+async fn renew_lease(api: &Api<Lease>, node: &str) -> Result<(), kube::Error> {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let spec = json!({"spec": {
+        "holderIdentity": node,
+        "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+        "renewTime": now,
+    }});
+    match api.patch(node, &patch_params(), &Patch::Merge(&spec)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            let mut lease = spec;
+            lease["metadata"] = json!({"name": node, "namespace": NODE_LEASE_NAMESPACE});
+            let lease: Lease = serde_json::from_value(lease).map_err(kube::Error::SerdeError)?;
+            api.create(&PostParams::default(), &lease).await.map(|_| ())
+        }
+        Err(e) => Err(e),
     }
 }
