@@ -203,6 +203,19 @@ const SCRIPT: &[(&[&str], bool)] = &[
         ],
         true,
     ),
+    (&["run", "diff-pod", "--image=nginx", "-n", "default"], true),
+    (
+        &[
+            "get",
+            "pod",
+            "diff-pod",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.serviceAccountName} {.spec.tolerations} {.spec.containers[0].imagePullPolicy} {.spec.containers[0].terminationMessagePath} {.spec.containers[0].terminationMessagePolicy} {.spec.containers[0].volumeMounts[0].mountPath}",
+        ],
+        true,
+    ),
     (&["create", "-f", LIST], true),
     (&["apply", "-f", LIST], true),
     (
@@ -272,8 +285,9 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
     let plane = match control_plane::assets_from_env() {
         Some(assets) => {
             let mut config = ControlPlaneConfig::new(&assets, dir.path().join("cp"));
+            // The controller-manager makes the default ServiceAccount,
+            // without which a pod is refused.
             config.scheduler = false;
-            config.controller_manager = false;
             Some(ControlPlane::start(config).await.expect("control plane"))
         }
         None => {

@@ -483,9 +483,9 @@ mod tests {
 
     #[test]
     fn other_kinds_and_garbage_are_refused() {
-        let e = decode(&envelope("Pod", &[])).expect_err("pods are not decoded");
+        let e = decode(&envelope("PersistentVolume", &[])).expect_err("not decoded");
         assert_eq!(e.http_code(), 415);
-        assert!(e.message.contains("\"Pod\""), "{}", e.message);
+        assert!(e.message.contains("\"PersistentVolume\""), "{}", e.message);
         assert_eq!(decode(b"{}").expect_err("no magic").http_code(), 400);
         let mut truncated = MAGIC.to_vec();
         truncated.extend_from_slice(&[0x12, 0x05, 0x01]);

@@ -1,6 +1,7 @@
-//! Protobuf decoding of the built-in kinds `kubectl create <kind>` sends in
-//! the protobuf encoding (namespace, serviceaccount, deployment, role,
-//! clusterrole, rolebinding, clusterrolebinding, service), driven by
+//! Protobuf decoding of the built-in kinds `kubectl create <kind>` and
+//! `kubectl run` send in the protobuf encoding (namespace, serviceaccount,
+//! deployment, role, clusterrole, rolebinding, clusterrolebinding, service,
+//! pod), driven by
 //! tables of each message's fields as upstream's `generated.proto` numbers
 //! them.
 //!
@@ -269,6 +270,14 @@ const POD_TEMPLATE_SPEC: Message = Message {
     name: "PodTemplateSpec",
     fields: &[(1, F::Meta("metadata")), (2, F::Msg("spec", &POD_SPEC))],
 };
+const POD: Message = Message {
+    name: "Pod",
+    fields: &[
+        (1, F::Meta("metadata")),
+        (2, F::Msg("spec", &POD_SPEC)),
+        (3, F::Skip),
+    ],
+};
 const DEPLOYMENT_STRATEGY: Message = Message {
     name: "DeploymentStrategy",
     fields: &[(1, F::Str("type"))],
@@ -305,6 +314,7 @@ pub fn message_of(kind: &str) -> Option<&'static Message> {
         "RoleBinding" | "ClusterRoleBinding" => &ROLE_BINDING,
         "Service" => &SERVICE,
         "Deployment" => &DEPLOYMENT,
+        "Pod" => &POD,
         _ => return None,
     })
 }

@@ -61,6 +61,89 @@ fn qos_class(spec: &Value) -> &'static str {
     }
 }
 
+/// `Always` for an untagged or `:latest` image, else `IfNotPresent`, as the
+/// real defaulting chooses.
+fn default_pull_policy(image: &str) -> &'static str {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    match last.split_once(':') {
+        Some((_, tag)) if tag != "latest" => "IfNotPresent",
+        _ if image.contains('@') => "IfNotPresent",
+        _ => "Always",
+    }
+}
+
+/// The DefaultTolerationSeconds admission plugin: tolerate a not-ready or
+/// unreachable node for 300 s, unless the pod already says otherwise.
+fn add_default_tolerations(spec: &mut Value) {
+    let mut list = spec
+        .get("tolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let has = |list: &[Value], key: &str| {
+        list.iter().any(|t| {
+            t.get("key").and_then(Value::as_str) == Some(key)
+                || (t.get("key").is_none()
+                    && t.get("operator").and_then(Value::as_str) == Some("Exists"))
+        })
+    };
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        if !has(&list, key) {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
+    spec["tolerations"] = Value::Array(list);
+}
+
+/// The ServiceAccount admission plugin's projected token volume
+/// (`kube-api-access-<suffix>`); returns its name for the mounts. A pod
+/// that already mounts the service-account path keeps its own.
+fn add_token_volume(spec: &mut Value) -> String {
+    const SUFFIX_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let seed = jiff::Timestamp::now().as_nanosecond().unsigned_abs();
+    let suffix: String = (0..5)
+        .map(|i| {
+            let n = (seed >> (i * 5)) as usize % SUFFIX_CHARS.len();
+            char::from(SUFFIX_CHARS[n])
+        })
+        .collect();
+    let name = format!("kube-api-access-{suffix}");
+    let volume = json!({"name": name, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}});
+    match spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        Some(list) => list.push(volume),
+        None => spec["volumes"] = json!([volume]),
+    }
+    name
+}
+
+/// Mounts the token volume where clients look for it, unless the
+/// container mounts something there already.
+fn mount_token_volume(container: &mut Value, volume: &str) {
+    const PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let mounts = container
+        .get("volumeMounts")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if mounts
+        .iter()
+        .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(PATH))
+    {
+        return;
+    }
+    let mut mounts = mounts;
+    mounts.push(json!({"name": volume, "readOnly": true, "mountPath": PATH}));
+    container["volumeMounts"] = Value::Array(mounts);
+}
+
 /// Defaults and the initial status the real server gives a new pod.
 pub fn prepare_create(pod: &mut Value) {
     let spec = &mut pod["spec"];
@@ -75,11 +158,21 @@ pub fn prepare_create(pod: &mut Value) {
         ("priority", json!(0)),
         ("enableServiceLinks", json!(true)),
         ("securityContext", json!({})),
+        ("preemptionPolicy", json!("PreemptLowerPriority")),
+        // The ServiceAccount admission plugin: the namespace's default
+        // account, in both the field and its deprecated alias.
+        ("serviceAccountName", json!("default")),
     ] {
         if spec.get(k).is_none() {
             spec[k] = v;
         }
     }
+    if spec.get("serviceAccount").is_none() {
+        spec["serviceAccount"] = spec["serviceAccountName"].clone();
+    }
+    add_default_tolerations(spec);
+    let mount_token = spec.get("automountServiceAccountToken") != Some(&json!(false));
+    let token_volume = mount_token.then(|| add_token_volume(spec));
     // Requests default to limits, as the real defaulting does.
     for field in ["containers", "initContainers"] {
         if let Some(list) = spec.get_mut(field).and_then(Value::as_array_mut) {
@@ -97,7 +190,20 @@ pub fn prepare_create(pod: &mut Value) {
                     }
                 }
                 if c.get("imagePullPolicy").is_none() {
-                    c["imagePullPolicy"] = json!("IfNotPresent");
+                    c["imagePullPolicy"] = json!(default_pull_policy(
+                        c.get("image").and_then(Value::as_str).unwrap_or_default()
+                    ));
+                }
+                for (k, v) in [
+                    ("terminationMessagePath", "/dev/termination-log"),
+                    ("terminationMessagePolicy", "File"),
+                ] {
+                    if c.get(k).is_none() {
+                        c[k] = json!(v);
+                    }
+                }
+                if let Some(volume) = &token_volume {
+                    mount_token_volume(c, volume);
                 }
             }
         }
@@ -568,6 +674,49 @@ mod tests {
             "{}",
             causes[0]
         );
+    }
+
+    #[test]
+    fn new_pods_get_the_real_servers_defaults() {
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "nginx"}],
+            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]}});
+        prepare_create(&mut pod);
+        let spec = &pod["spec"];
+        assert_eq!(spec["serviceAccountName"], "default");
+        assert_eq!(spec["serviceAccount"], "default");
+        let keys: Vec<&str> = spec["tolerations"]
+            .as_array()
+            .expect("tolerations")
+            .iter()
+            .filter_map(|t| t["key"].as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "node.kubernetes.io/unreachable",
+                "node.kubernetes.io/not-ready"
+            ],
+            "the pod's own toleration is kept, the missing one added"
+        );
+        let c = &spec["containers"][0];
+        assert_eq!(c["imagePullPolicy"], "Always", "untagged");
+        assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
+        assert_eq!(c["terminationMessagePolicy"], "File");
+        let volume = spec["volumes"][0]["name"].as_str().expect("token volume");
+        assert!(volume.starts_with("kube-api-access-"), "{volume}");
+        assert_eq!(c["volumeMounts"][0]["name"], volume);
+
+        let mut opted_out = json!({"spec": {"automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": "nginx:1.27"}]}});
+        prepare_create(&mut opted_out);
+        assert!(opted_out["spec"].get("volumes").is_none());
+        assert_eq!(
+            opted_out["spec"]["containers"][0]["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        assert_eq!(default_pull_policy("registry:5000/app"), "Always");
+        assert_eq!(default_pull_policy("app:latest"), "Always");
+        assert_eq!(default_pull_policy("app@sha256:abc"), "IfNotPresent");
     }
 
     #[test]
