@@ -1,7 +1,8 @@
 //! The operator's rules on a real Kubernetes control plane
 //! (`Backend::Real`): FIFO admission, helpers on idle GPUs, a helper
-//! preempted through the real Eviction API for a primary, and the operator
-//! killed with SIGKILL mid-queue. The operator and device plugins run with
+//! preempted through the real Eviction API for a primary, the operator
+//! killed with SIGKILL mid-queue, and the leader of two replicas killed
+//! (leader election on the real coordination API). The operator and device plugins run with
 //! tokens of their ServiceAccounts under exactly the chart's RBAC, so a verb
 //! the chart lacks fails here.
 //!
@@ -20,6 +21,10 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn start(nodes: u32, gpus: u32) -> Option<SimCluster> {
+    start_replicas(nodes, gpus, 1).await
+}
+
+async fn start_replicas(nodes: u32, gpus: u32, replicas: usize) -> Option<SimCluster> {
     let Some(assets) = control_plane::assets_from_env() else {
         eprintln!(
             "skipping: {} is not set (bash .ci/install-k8s.sh prepares a real control plane)",
@@ -32,6 +37,7 @@ async fn start(nodes: u32, gpus: u32) -> Option<SimCluster> {
         nodes,
         gpus_per_node: gpus,
         operator: OperatorMode::Required,
+        operator_replicas: replicas,
         ready_timeout: Duration::from_secs(120),
         // GPUPOOL_KEEP_RUN=1 keeps the run directory (logs) of a failing start.
         remove_run_dir: std::env::var_os("GPUPOOL_KEEP_RUN").is_none(),
@@ -166,5 +172,41 @@ async fn the_queue_survives_a_sigkill_of_the_operator_on_a_real_control_plane() 
     wait_pod(&pods, "waiting", WAIT, |p| phase(p) == "Running")
         .await
         .expect("the queued pod runs after the restart");
+    cluster.shutdown().await.expect("cluster stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_other_replica_takes_over_when_the_leader_is_killed_on_a_real_control_plane() {
+    let Some(mut cluster) = start_replicas(1, 1, 2).await else {
+        return;
+    };
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let leases: Api<GpuLease> = Api::namespaced(client.clone(), "default");
+    create(&pods, "running", 1, Role::Primary).await;
+    lease_phase(&leases, "running", LeasePhase::Bound).await;
+    create(&pods, "waiting", 1, Role::Primary).await;
+    lease_phase(&leases, "waiting", LeasePhase::Queued).await;
+    let leader = cluster
+        .operator_leader()
+        .await
+        .expect("read the election Lease")
+        .expect("one replica leads");
+
+    cluster
+        .kill_operator_replica(leader)
+        .await
+        .expect("SIGKILL the leader");
+    pods.delete("running", &DeleteParams::default())
+        .await
+        .expect("delete running");
+    // The survivor takes the Lease once it expires (15 s) and admits.
+    let lease = lease_phase(&leases, "waiting", LeasePhase::Bound).await;
+    assert!(lease.status.is_some_and(|s| !s.gpus.is_empty()));
+    let new_leader = cluster
+        .operator_leader()
+        .await
+        .expect("read the election Lease");
+    assert_eq!(new_leader, Some(1 - leader), "the other replica leads");
     cluster.shutdown().await.expect("cluster stops");
 }
