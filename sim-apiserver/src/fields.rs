@@ -291,6 +291,14 @@ fn builtins() -> &'static Builtins {
         add::<core::Service>(g, k, "", "services");
         add::<core::Endpoints>(g, k, "", "endpoints");
         add::<coordination::Lease>(g, k, "coordination.k8s.io", "leases");
+        {
+            use k8s_openapi::api::authorization::v1 as authz;
+            let group = "authorization.k8s.io";
+            add::<authz::SelfSubjectAccessReview>(g, k, group, "selfsubjectaccessreviews");
+            add::<authz::SelfSubjectRulesReview>(g, k, group, "selfsubjectrulesreviews");
+            add::<authz::SubjectAccessReview>(g, k, group, "subjectaccessreviews");
+            add::<authz::LocalSubjectAccessReview>(g, k, group, "localsubjectaccessreviews");
+        }
         add::<events::Event>(g, k, "events.k8s.io", "events");
         add::<policy::PodDisruptionBudget>(g, k, "policy", "poddisruptionbudgets");
         add::<apiext::CustomResourceDefinition>(

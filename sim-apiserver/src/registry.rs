@@ -112,7 +112,7 @@ impl ResourceDef {
 
     /// The `APIResource` entries of this resource and its subresources.
     pub fn discovery_entries(&self) -> Vec<Value> {
-        let verbs = if self.kind == "Binding" || self.kind == "Eviction" {
+        let verbs = if self.kind == "Binding" || self.kind == "Eviction" || is_review(&self.kind) {
             json!(["create"])
         } else {
             json!([
@@ -176,6 +176,11 @@ impl ResourceDef {
 pub struct Registry {
     /// (group, version, plural) → definition.
     defs: BTreeMap<(String, String, String), Arc<ResourceDef>>,
+}
+
+/// Whether a kind is an access review: create-only, answered at once.
+pub fn is_review(kind: &str) -> bool {
+    kind.ends_with("AccessReview") || kind.ends_with("RulesReview")
 }
 
 struct Builtin {
@@ -390,6 +395,43 @@ const BUILTINS: &[Builtin] = &[
         short: &["rs"],
         namespaced: true,
         status: true,
+    },
+    // Access reviews: answered, never stored (see `http::access_review`).
+    Builtin {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SelfSubjectAccessReview",
+        plural: "selfsubjectaccessreviews",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SelfSubjectRulesReview",
+        plural: "selfsubjectrulesreviews",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "SubjectAccessReview",
+        plural: "subjectaccessreviews",
+        short: &[],
+        namespaced: false,
+        status: false,
+    },
+    Builtin {
+        group: "authorization.k8s.io",
+        version: "v1",
+        kind: "LocalSubjectAccessReview",
+        plural: "localsubjectaccessreviews",
+        short: &[],
+        namespaced: true,
+        status: false,
     },
     Builtin {
         group: "rbac.authorization.k8s.io",

@@ -1174,3 +1174,33 @@ async fn writes_are_counted_per_user_and_reads_are_not() {
         |user: &str| after.get(user).copied().unwrap_or(0) - before.get(user).copied().unwrap_or(0);
     assert_eq!((grew("admin"), grew("other")), (2, 1), "{after:?}");
 }
+
+#[tokio::test]
+async fn access_reviews_say_allowed_and_are_create_only() {
+    let (_server, client) = start().await;
+    let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": "delete", "resource": "nodes"}}});
+    let req = http::Request::post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&review).expect("body"))
+        .expect("request");
+    let answer: serde_json::Value = client.request(req).await.expect("review answered");
+    assert_eq!(answer["status"]["allowed"], true);
+    assert!(
+        answer["status"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("does not enforce RBAC")),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["spec"], review["spec"],
+        "the request comes back with its status"
+    );
+    let get = http::Request::get("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        .body(Vec::new())
+        .expect("request");
+    match client.request::<serde_json::Value>(get).await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 405, "{e:?}"),
+        other => panic!("a GET of reviews must be refused: {other:?}"),
+    }
+}

@@ -216,6 +216,11 @@ const SCRIPT: &[(&[&str], bool)] = &[
         ],
         true,
     ),
+    (
+        &["auth", "can-i", "create", "deployments", "-n", "diff"],
+        true,
+    ),
+    (&["auth", "can-i", "get", "/healthz"], true),
     (&["create", "-f", LIST], true),
     (&["apply", "-f", LIST], true),
     (

@@ -203,6 +203,39 @@ fn openapi_v2(r: &Req) -> Response<Body> {
     )
 }
 
+/// Access reviews (`kubectl auth can-i`): this server enforces no RBAC,
+/// so every review says allowed, and says why; rules reviews list one rule
+/// allowing everything. Nothing is stored, as on a real server.
+fn access_review(r: &Req, plural: &str) -> Result<Response<Body>, ApiError> {
+    if r.method != Method::POST {
+        return Err(ApiError::new(
+            Reason::MethodNotAllowed,
+            format!(
+                "the server does not allow this method on the requested resource ({plural} are create-only)"
+            ),
+        ));
+    }
+    let mut review = r.json_body()?;
+    if !review.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "the body of a {plural} request must be an object"
+        )));
+    }
+    review["status"] = if plural.ends_with("rulesreviews") {
+        json!({
+            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            "incomplete": false,
+        })
+    } else {
+        json!({
+            "allowed": true,
+            "reason": "the gpupool simulated API server does not enforce RBAC: every authenticated user may do everything",
+        })
+    };
+    Ok(json_response(201, &review))
+}
+
 async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
     let segs: Vec<&str> = r.segments.iter().map(String::as_str).collect();
     // OpenAPI v2 is published empty: a document with no definitions. kubectl
@@ -257,6 +290,13 @@ async fn route(sh: &Arc<Shared>, r: &Req) -> Result<Response<Body>, ApiError> {
         }
         ["sim", "faults", rest @ ..] => faults_admin(sh, r, rest),
         ["api", "v1", rest @ ..] => resource(sh, r, "", "v1", rest).await,
+        ["apis", "authorization.k8s.io", "v1", rest @ ..]
+            if rest
+                .last()
+                .is_some_and(|p| p.ends_with("accessreviews") || p.ends_with("rulesreviews")) =>
+        {
+            access_review(r, rest.last().copied().unwrap_or_default())
+        }
         ["apis", g, v, rest @ ..] => resource(sh, r, g, v, rest).await,
         _ => Err(ApiError::new(
             Reason::NotFound,

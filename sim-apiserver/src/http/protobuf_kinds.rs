@@ -304,6 +304,50 @@ const DEPLOYMENT: Message = Message {
     ],
 };
 
+const RESOURCE_ATTRIBUTES: Message = Message {
+    name: "ResourceAttributes",
+    fields: &[
+        (1, F::Str("namespace")),
+        (2, F::Str("verb")),
+        (3, F::Str("group")),
+        (4, F::Str("version")),
+        (5, F::Str("resource")),
+        (6, F::Str("subresource")),
+        (7, F::Str("name")),
+    ],
+};
+const NON_RESOURCE_ATTRIBUTES: Message = Message {
+    name: "NonResourceAttributes",
+    fields: &[(1, F::Str("path")), (2, F::Str("verb"))],
+};
+const SELF_SUBJECT_ACCESS_REVIEW_SPEC: Message = Message {
+    name: "SelfSubjectAccessReviewSpec",
+    fields: &[
+        (1, F::Msg("resourceAttributes", &RESOURCE_ATTRIBUTES)),
+        (2, F::Msg("nonResourceAttributes", &NON_RESOURCE_ATTRIBUTES)),
+    ],
+};
+const SELF_SUBJECT_ACCESS_REVIEW: Message = Message {
+    name: "SelfSubjectAccessReview",
+    fields: &[
+        (1, F::Meta("metadata")),
+        (2, F::Msg("spec", &SELF_SUBJECT_ACCESS_REVIEW_SPEC)),
+        (3, F::Skip),
+    ],
+};
+const SELF_SUBJECT_RULES_REVIEW_SPEC: Message = Message {
+    name: "SelfSubjectRulesReviewSpec",
+    fields: &[(1, F::Str("namespace"))],
+};
+const SELF_SUBJECT_RULES_REVIEW: Message = Message {
+    name: "SelfSubjectRulesReview",
+    fields: &[
+        (1, F::Meta("metadata")),
+        (2, F::Msg("spec", &SELF_SUBJECT_RULES_REVIEW_SPEC)),
+        (3, F::Skip),
+    ],
+};
+
 /// The message table of a kind, when it is one decoded here.
 pub fn message_of(kind: &str) -> Option<&'static Message> {
     Some(match kind {
@@ -315,6 +359,8 @@ pub fn message_of(kind: &str) -> Option<&'static Message> {
         "Service" => &SERVICE,
         "Deployment" => &DEPLOYMENT,
         "Pod" => &POD,
+        "SelfSubjectAccessReview" => &SELF_SUBJECT_ACCESS_REVIEW,
+        "SelfSubjectRulesReview" => &SELF_SUBJECT_RULES_REVIEW,
         _ => return None,
     })
 }
