@@ -29,12 +29,18 @@
 //!
 //! Identity: bearer tokens map to users (token → username, uid, groups);
 //! requests without a known token get 401. **RBAC is not enforced**: every
-//! authenticated user may do everything. Server-side apply is refused with
-//! 415; protobuf request bodies are decoded for Secrets, ConfigMaps and
-//! DeleteOptions (what typed Go clients such as Helm's release storage
-//! send), refused with 415 otherwise, and answers are always JSON (406 for
-//! clients that accept only protobuf); `pods/log`, `exec` and the like
-//! answer 501. Fault injection ([`Faults`]) is off by default.
+//! authenticated user may do everything, and access reviews (`kubectl auth
+//! can-i`) say so. Server-side apply is refused with 415; protobuf request
+//! bodies are decoded for what typed Go clients send (Secrets, ConfigMaps
+//! and DeleteOptions from Helm's release storage; Namespaces,
+//! ServiceAccounts, Deployments, Pods, Services, RBAC objects and access
+//! reviews from `kubectl create`/`run`/`auth`), refused with 415 otherwise,
+//! and answers are always JSON (406 for clients that accept only protobuf);
+//! `pods/log`, `exec` and the like answer 501. New pods get the real
+//! server's defaults (service account and token volume, tolerations,
+//! termination-message fields). Write requests are counted per user
+//! ([`RunningApiServer::writes_by_user`]). Fault injection ([`Faults`]) is
+//! off by default.
 
 pub mod bench;
 pub mod error;
