@@ -217,12 +217,26 @@ pub(crate) struct Shared {
     http_client: objects::admission::WebhookClient,
     /// Write requests (POST, PUT, PATCH, DELETE) per authenticated user.
     writes: Mutex<BTreeMap<String, u64>>,
+    /// Services given a cluster IP so far: the next one is 10.96.0.10 on.
+    cluster_ips: std::sync::atomic::AtomicU32,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would be a bug; keep serving anyway.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A cluster IP no Service of this server has had, from the Service
+    /// range 10.96.0.0/12 (10.96.0.1 is the `kubernetes` Service's on a
+    /// real cluster, so allocation starts above it).
+    fn next_cluster_ip(&self) -> String {
+        let n = 10
+            + self
+                .cluster_ips
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ip = u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + (n % (1 << 20));
+        std::net::Ipv4Addr::from(ip).to_string()
     }
 
     /// Counts one write request by `user`, whatever its outcome: what a
@@ -272,6 +286,7 @@ impl ApiServer {
             cancel: CancellationToken::new(),
             http_client: objects::admission::WebhookClient::new(),
             writes: Mutex::new(BTreeMap::new()),
+            cluster_ips: std::sync::atomic::AtomicU32::new(0),
         });
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             objects::bootstrap_namespace(&shared, ns);

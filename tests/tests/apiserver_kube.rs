@@ -1204,3 +1204,59 @@ async fn access_reviews_say_allowed_and_are_create_only() {
         other => panic!("a GET of reviews must be refused: {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn services_get_distinct_cluster_ips_unless_headless_or_external() {
+    let (_server, client) = start().await;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "default");
+    let make = |name: &str, spec: serde_json::Value| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::Service>(
+            json!({"metadata": {"name": name}, "spec": spec}),
+        )
+        .expect("service")
+    };
+    let mut ips = Vec::new();
+    for name in ["a", "b"] {
+        let made = services
+            .create(
+                &PostParams::default(),
+                &make(name, json!({"ports": [{"port": 80}]})),
+            )
+            .await
+            .expect("create");
+        let spec = made.spec.expect("spec");
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        let port = &spec.ports.expect("ports")[0];
+        assert_eq!(port.protocol.as_deref(), Some("TCP"));
+        assert_eq!(
+            port.target_port,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(80))
+        );
+        let ip = spec.cluster_ip.expect("cluster IP");
+        assert!(ip.starts_with("10.96."), "{ip}");
+        ips.push(ip);
+    }
+    assert_ne!(ips[0], ips[1], "each Service its own IP");
+    let headless = services
+        .create(
+            &PostParams::default(),
+            &make("h", json!({"clusterIP": "None"})),
+        )
+        .await
+        .expect("create headless");
+    assert_eq!(
+        headless.spec.and_then(|s| s.cluster_ip).as_deref(),
+        Some("None")
+    );
+    let external = services
+        .create(
+            &PostParams::default(),
+            &make(
+                "x",
+                json!({"type": "ExternalName", "externalName": "example.com"}),
+            ),
+        )
+        .await
+        .expect("create external");
+    assert_eq!(external.spec.and_then(|s| s.cluster_ip), None);
+}

@@ -250,7 +250,12 @@ fn secret(raw: &[u8]) -> Result<Value, String> {
                 data.insert(k, json!(base64_encode(v)));
             }
             3 => {
-                o.insert("type".into(), json!(string(w)?));
+                // Go's protobuf writes an unset type as ""; the server
+                // then defaults it, as for JSON without one.
+                let t = string(w)?;
+                if !t.is_empty() {
+                    o.insert("type".into(), json!(t));
+                }
             }
             4 => {
                 let (k, v) = map_entry(w)?;

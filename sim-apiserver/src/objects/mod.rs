@@ -198,6 +198,52 @@ pub fn admin_put(
 }
 
 /// Defaults the real server applies on create, per kind.
+/// A new Service's defaults as the real server sets them: type ClusterIP,
+/// no session affinity, a cluster IP (unless headless or ExternalName)
+/// with its single-stack IPv4 family, TCP ports targeting themselves, an
+/// empty load-balancer status.
+fn service_defaults(sh: &Shared, obj: &mut Value) {
+    let spec = &mut obj["spec"];
+    if !spec.is_object() {
+        *spec = json!({});
+    }
+    for (k, v) in [("type", "ClusterIP"), ("sessionAffinity", "None")] {
+        if spec.get(k).is_none() {
+            spec[k] = json!(v);
+        }
+    }
+    if spec["type"] != "ExternalName" {
+        let ip = match spec.get("clusterIP").and_then(Value::as_str) {
+            Some(ip) if !ip.is_empty() => ip.to_owned(),
+            _ => sh.next_cluster_ip(),
+        };
+        spec["clusterIP"] = json!(ip);
+        if spec.get("clusterIPs").is_none() {
+            spec["clusterIPs"] = json!([ip]);
+        }
+        for (k, v) in [
+            ("ipFamilies", json!(["IPv4"])),
+            ("ipFamilyPolicy", json!("SingleStack")),
+            ("internalTrafficPolicy", json!("Cluster")),
+        ] {
+            if spec.get(k).is_none() {
+                spec[k] = v;
+            }
+        }
+    }
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for port in ports {
+            if port.get("protocol").is_none() {
+                port["protocol"] = json!("TCP");
+            }
+            if port.get("targetPort").is_none() {
+                port["targetPort"] = port["port"].clone();
+            }
+        }
+    }
+    obj["status"] = json!({"loadBalancer": {}});
+}
+
 fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
     match (def.group.as_str(), def.plural.as_str()) {
         ("", "pods") => pods::prepare_create(obj),
@@ -227,6 +273,7 @@ fn defaults_on_create(sh: &Shared, def: &ResourceDef, obj: &mut Value) -> Result
                 obj["type"] = json!("Opaque");
             }
         }
+        ("", "services") => service_defaults(sh, obj),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             let defs = crate::registry::defs_from_crd(obj).map_err(|m| {
                 ApiError::invalid(
