@@ -110,6 +110,21 @@ async fn slots_allocation_and_scheduling_limits() {
     let two = wait_pod(&pods, "two", WAIT, |p| phase(p) == "Running")
         .await
         .expect("two runs");
+    // The scheduler says where it put each pod, as kube-scheduler does.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let scheduled = events
+        .list(&kube::api::ListParams::default().fields("involvedObject.name=one"))
+        .await
+        .expect("list events");
+    assert!(
+        scheduled
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Scheduled")
+                && e.message.as_deref() == Some("Successfully assigned default/one to node-1")),
+        "{:?}",
+        scheduled.items
+    );
     assert_eq!(
         one.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         Some("node-1")

@@ -158,10 +158,12 @@ async fn run(client: Client, cancel: CancellationToken) {
                     name,
                     node,
                 } => {
-                    if bind(&client, &namespace, &name, &node).await
-                        && let Some(uid) = find_uid(&visible, &namespace, &name)
-                    {
-                        in_flight.insert(uid, node);
+                    let uid = find_uid(&visible, &namespace, &name);
+                    if bind(&client, &namespace, &name, &node).await {
+                        record_scheduled(&client, &namespace, &name, uid.as_deref(), &node).await;
+                        if let Some(uid) = uid {
+                            in_flight.insert(uid, node);
+                        }
                     }
                 }
                 Decision::Unschedulable {
@@ -224,6 +226,45 @@ async fn bind(client: &Client, namespace: &str, name: &str, node: &str) -> bool 
             tracing::warn!(pod = %format!("{namespace}/{name}"), node, error = %e, "binding failed");
             false
         }
+    }
+}
+
+/// The `Scheduled` event kube-scheduler records for every pod it binds
+/// (events.k8s.io/v1, reported as `default-scheduler`). A failed write is
+/// only logged: events are best effort, as the real recorder's are.
+async fn record_scheduled(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+    node: &str,
+) {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let event = serde_json::json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": format!("{name}."), "namespace": namespace},
+        "eventTime": now,
+        "reportingController": "default-scheduler",
+        "reportingInstance": "default-scheduler-gpupool-sim",
+        "action": "Binding",
+        "reason": "Scheduled",
+        "type": "Normal",
+        "note": format!("Successfully assigned {namespace}/{name} to {node}"),
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+    });
+    let created = match serde_json::from_value(event) {
+        Ok(event) => events
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(kube::Error::SerdeError(e)),
+    };
+    if let Err(e) = created {
+        tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot record the Scheduled event");
     }
 }
 
