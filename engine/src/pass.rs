@@ -71,6 +71,10 @@ pub(crate) struct Ticket<'a> {
     /// Admitted in an earlier pass but the pod still shows its gate: the
     /// admission patch is driven again.
     pub redrive: bool,
+    /// Admitted by this pass's queue step (perhaps again, after an earlier
+    /// admission that never reached its pod went back to the queue): its
+    /// admission time is this pass's.
+    pub admitted_now: bool,
 }
 
 /// A pod that still runs or may run (it holds its slots until it is gone).
@@ -250,6 +254,7 @@ impl<'a> Pass<'a> {
             waits: false,
             serves: None,
             redrive: false,
+            admitted_now: false,
         }
     }
 

@@ -484,6 +484,7 @@ fn admit<'a>(
     nodes.take(res, node, ticket.slots);
     let name = nodes.list[node as usize].name.as_str();
     ticket.phase = LeasePhase::Admitted;
+    ticket.admitted_now = true;
     ticket.node = Some(name);
     ticket.node_idx = Some(node);
     ticket.position = None;

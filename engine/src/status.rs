@@ -35,11 +35,24 @@ struct Times {
 fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
     let p = t.persisted;
     let kept = |f: fn(&GpuLeaseStatus) -> Option<&Time>| p.and_then(f).map(|t| t.0);
+    // A lease sent back to the queue (its admission never reached its pod)
+    // has not been admitted: when it is admitted again, that is the time.
+    let waiting = matches!(t.phase, LeasePhase::Queued | LeasePhase::Rejected);
     Times {
         queued: kept(|s| s.queued_at.as_ref())
             .or_else(|| t.pod.map(|p| p.enqueued_at.unwrap_or(p.created_at))),
-        admitted: kept(|s| s.admitted_at.as_ref()).or(t.phase.holds_slots().then_some(now)),
-        bound: kept(|s| s.bound_at.as_ref()).or((t.phase == LeasePhase::Bound).then_some(now)),
+        admitted: if t.admitted_now {
+            Some(now)
+        } else {
+            (!waiting)
+                .then(|| kept(|s| s.admitted_at.as_ref()).or(t.phase.holds_slots().then_some(now)))
+                .flatten()
+        },
+        bound: (!waiting && !t.admitted_now)
+            .then(|| {
+                kept(|s| s.bound_at.as_ref()).or((t.phase == LeasePhase::Bound).then_some(now))
+            })
+            .flatten(),
         released: kept(|s| s.released_at.as_ref())
             .or((t.phase == LeasePhase::Released).then_some(now)),
     }

@@ -1234,8 +1234,10 @@ fn a_lost_admission_goes_back_behind_an_earlier_primary_that_waits_again() {
         .map(|a| (a.key.name.as_str(), a.node.as_str()))
         .collect();
     assert_eq!(admitted, [("p0", "n2")]);
+    let p1 = plan.lease_status(&key("p1")).expect("p1's status changes");
+    assert_eq!(p1.phase, LeasePhase::Queued);
     assert_eq!(
-        plan.lease_status(&key("p1")).map(|s| s.phase),
-        Some(LeasePhase::Queued)
+        p1.admitted_at, None,
+        "not admitted any more: admitted again later, at that time"
     );
 }

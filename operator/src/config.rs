@@ -19,7 +19,12 @@ const IN_CLUSTER_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/servicea
 /// `gpupool-operator`: admits pods to GPU slots in FIFO order, lets helpers
 /// use idle GPUs, preempts them for primaries, and serves the pod webhook.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "gpupool-operator", version, about)]
+#[command(
+    name = "gpupool-operator",
+    version,
+    about,
+    after_help = "One of --webhook-service NAMESPACE/NAME (in a cluster) or --webhook-url URL (outside one) is required.\nKubernetes access: in-cluster config, else KUBECONFIG. Logs: RUST_LOG (default info), coloured only on a terminal without NO_COLOR."
+)]
 pub struct Args {
     /// HTTPS port of the pod admission webhook.
     #[arg(long, env = "GPUPOOL_WEBHOOK_PORT", default_value_t = 9443)]

@@ -155,6 +155,11 @@ impl Health {
         self.webhook_serving.store(true, Ordering::SeqCst);
     }
 
+    /// True once the webhook accepts connections.
+    pub fn webhook_serving(&self) -> bool {
+        self.webhook_serving.load(Ordering::SeqCst)
+    }
+
     /// Records that every watch has delivered its first list.
     pub fn set_synced(&self) {
         self.synced.store(true, Ordering::SeqCst);

@@ -114,7 +114,14 @@ fn help_exits_0() {
         "--namespace",
         "--webhook-service",
         "--webhook-url",
+        "--webhook-bind-address",
+        "--device-plugin-user",
+        "--status-writes-per-second",
     ] {
         assert!(stdout.contains(flag), "help lists {flag}");
     }
+    assert!(
+        stdout.contains("One of --webhook-service NAMESPACE/NAME (in a cluster) or --webhook-url URL (outside one) is required."),
+        "{stdout}"
+    );
 }
