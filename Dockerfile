@@ -20,9 +20,10 @@ COPY . .
 # copied out because cache mounts are not part of the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p gpupool-operator -p gpupool-device-plugin \
+    cargo build --release --locked -p gpupool-operator -p gpupool-device-plugin -p kubectl-gpupool \
     && mkdir -p /out \
-    && cp target/release/gpupool-operator target/release/gpupool-device-plugin /out/
+    && cp target/release/gpupool-operator target/release/gpupool-device-plugin \
+          target/release/kubectl-gpupool /out/
 
 # ---------------------------------------------------------------------------
 # Device plugin: runs as root, because it creates its socket in the kubelet's
@@ -50,6 +51,10 @@ LABEL org.opencontainers.image.title="gpupool-operator" \
       org.opencontainers.image.source="https://github.com/gpupool/gpupool" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/gpupool-operator /usr/local/bin/gpupool-operator
+# The kubectl plugin ships beside it, so an operator pod can be asked about
+# the queue with `kubectl exec … -- kubectl-gpupool queue` using its own
+# (read-only for leases) service account.
+COPY --from=build /out/kubectl-gpupool /usr/local/bin/kubectl-gpupool
 USER 65532:65532
 EXPOSE 9443 8080
 ENTRYPOINT ["/usr/local/bin/gpupool-operator"]
