@@ -194,6 +194,7 @@ fn widget_pod(name: &str, widgets: u32, resource: &str) -> Pod {
             node_name: Some("node-1".into()),
             containers: vec![Container {
                 name: "main".into(),
+                image: Some("registry.example/widget:1".into()),
                 resources: Some(ResourceRequirements {
                     requests: Some(amount.clone()),
                     limits: Some(amount),
