@@ -152,14 +152,20 @@ impl ResourceDef {
         for (sub, kind) in &self.extra_subresources {
             let (group, version) = match *kind {
                 "Eviction" => ("policy", "v1"),
+                "Scale" => ("autoscaling", "v1"),
                 _ => ("", "v1"),
+            };
+            let verbs = if *kind == "Scale" {
+                json!(["get", "patch", "update"])
+            } else {
+                json!(["create"])
             };
             let mut e = json!({
                 "name": format!("{}/{sub}", self.plural),
                 "singularName": "",
                 "namespaced": self.namespaced,
                 "kind": kind,
-                "verbs": ["create"],
+                "verbs": verbs,
             });
             if !group.is_empty() {
                 e["group"] = json!(group);
@@ -482,10 +488,10 @@ impl Registry {
                 "namespaces" => Printer::Namespace,
                 _ => Printer::Default,
             };
-            let extra = if b.plural == "pods" {
-                vec![("binding", "Binding"), ("eviction", "Eviction")]
-            } else {
-                Vec::new()
+            let extra = match b.plural {
+                "pods" => vec![("binding", "Binding"), ("eviction", "Eviction")],
+                "deployments" | "replicasets" | "statefulsets" => vec![("scale", "Scale")],
+                _ => Vec::new(),
             };
             let categories = if matches!(
                 b.plural,

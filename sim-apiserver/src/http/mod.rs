@@ -413,6 +413,16 @@ async fn resource(
         ));
     }
     let ns = t.ns.unwrap_or_default();
+    if t.sub == Some("scale")
+        && def.group == "apps"
+        && matches!(
+            def.plural.as_str(),
+            "deployments" | "replicasets" | "statefulsets"
+        )
+        && let Some(name) = t.name
+    {
+        return scale(sh, r, &def, ns, name).await;
+    }
     let part = match t.sub {
         None => Part::Main,
         Some("status") if def.status_subresource => Part::Status,
@@ -538,6 +548,104 @@ async fn resource(
             ),
         )),
     }
+}
+
+/// The `autoscaling/v1` Scale of a workload: its replicas and, in status,
+/// the replicas it has and its selector as a string.
+fn scale_of(obj: &Value) -> Value {
+    let selector = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    let meta = &obj["metadata"];
+    json!({
+        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector,
+        },
+    })
+}
+
+/// `deployments|replicasets|statefulsets/<name>/scale`: GET reads the
+/// Scale; PUT and PATCH change `spec.replicas` of the workload (a PUT's
+/// resourceVersion, when given, must be current) and answer its new Scale.
+/// Nothing acts on the replicas: no controller runs here.
+async fn scale(
+    sh: &Arc<Shared>,
+    r: &Req,
+    def: &ResourceDef,
+    ns: &str,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let current = sh
+        .lock()
+        .get(&def.id(), ns, name)
+        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    let before = scale_of(&current);
+    let wanted = match r.method {
+        Method::GET => return Ok(json_response(200, &before)),
+        Method::PUT => r.json_body()?,
+        Method::PATCH => {
+            let kind = PatchType::from_content_type(&r.content_type)?;
+            crate::objects::patch::apply(&before, kind, &r.body)?
+        }
+        _ => {
+            return Err(ApiError::new(
+                Reason::MethodNotAllowed,
+                format!(
+                    "the server does not allow this method on the requested resource ({} {}/scale)",
+                    r.method, def.plural
+                ),
+            ));
+        }
+    };
+    let replicas = wanted.pointer("/spec/replicas").and_then(Value::as_i64);
+    let Some(replicas) = replicas.filter(|n| (0..=i64::from(i32::MAX)).contains(n)) else {
+        return Err(ApiError::invalid(
+            "autoscaling",
+            "Scale",
+            name,
+            vec![crate::error::FieldCause::invalid(
+                "spec.replicas",
+                wanted.pointer("/spec/replicas").unwrap_or(&Value::Null),
+                "must be greater than or equal to 0",
+            )],
+        ));
+    };
+    let mut patch = json!({"spec": {"replicas": replicas}});
+    if let Some(rv) = wanted
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        && r.method == Method::PUT
+        && !rv.is_empty()
+    {
+        patch["metadata"] = json!({"resourceVersion": rv});
+    }
+    let ctx = r.write_ctx()?;
+    let body = serde_json::to_vec(&patch).unwrap_or_default();
+    let updated = objects::update(
+        sh,
+        def,
+        ns,
+        name,
+        Part::Main,
+        Change::Patch(PatchType::Merge, Bytes::from(body)),
+        &ctx,
+    )
+    .await?;
+    Ok(json_response(200, &scale_of(&updated)))
 }
 
 fn delete_options(r: &Req) -> Result<(DeleteOpts, bool), ApiError> {
