@@ -1260,3 +1260,58 @@ async fn services_get_distinct_cluster_ips_unless_headless_or_external() {
         .expect("create external");
     assert_eq!(external.spec.and_then(|s| s.cluster_ip), None);
 }
+
+#[tokio::test]
+async fn deployments_scale_through_their_scale_subresource() {
+    let (_server, client) = start().await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    let d: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .expect("deployment");
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create");
+    let scale = deployments.get_scale("web").await.expect("get scale");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(1));
+    assert_eq!(
+        scale.status.map(|s| s.selector),
+        Some(Some("app=web".into()))
+    );
+    let patched = deployments
+        .patch_scale(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("patch scale");
+    assert_eq!(patched.spec.and_then(|s| s.replicas), Some(3));
+    let stored = deployments.get("web").await.expect("get");
+    assert_eq!(stored.spec.replicas, Some(3));
+    let err = deployments
+        .patch_scale(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await
+        .expect_err("negative replicas");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 422),
+        "{err}"
+    );
+    let err = deployments
+        .get_scale("absent")
+        .await
+        .expect_err("no such deployment");
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 404),
+        "{err}"
+    );
+}
