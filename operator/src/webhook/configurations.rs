@@ -182,6 +182,7 @@ pub fn mutating(
             failure_policy: Some("Fail".to_owned()),
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector(config)),
+            object_selector: Some(LabelSelector::default()),
             reinvocation_policy: Some("Never".to_owned()),
             rules: Some(vec![pod_rule("CREATE")]),
             side_effects: "None".to_owned(),
@@ -215,6 +216,8 @@ pub fn validating(
                 }]),
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(config)),
+                object_selector: Some(LabelSelector::default()),
+            object_selector: Some(LabelSelector::default()),
                 rules: Some(vec![pod_rule("UPDATE")]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
@@ -227,6 +230,10 @@ pub fn validating(
                 failure_policy: Some("Fail".to_owned()),
                 match_conditions: Some(vec![not_the_operator(config)]),
                 match_policy: Some("Equivalent".to_owned()),
+                // Written out as the API server defaults them, so a stored
+                // configuration compares equal and is not rewritten in a loop.
+                namespace_selector: Some(LabelSelector::default()),
+                object_selector: Some(LabelSelector::default()),
                 rules: Some(vec![gpupool_rule(&["gpuleases", "gpuleases/status"])]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
@@ -238,6 +245,10 @@ pub fn validating(
                 client_config: client_config(&config.endpoint, CLASS_PATH, ca_bundle),
                 failure_policy: Some("Fail".to_owned()),
                 match_policy: Some("Equivalent".to_owned()),
+                // Written out as the API server defaults them, so a stored
+                // configuration compares equal and is not rewritten in a loop.
+                namespace_selector: Some(LabelSelector::default()),
+                object_selector: Some(LabelSelector::default()),
                 rules: Some(vec![gpupool_rule(&["gpuleaseclasses"])]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
