@@ -217,7 +217,6 @@ pub fn validating(
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(config)),
                 object_selector: Some(LabelSelector::default()),
-            object_selector: Some(LabelSelector::default()),
                 rules: Some(vec![pod_rule("UPDATE")]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
