@@ -220,7 +220,6 @@ pub fn validating(
                 rules: Some(vec![pod_rule("UPDATE")]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
-                ..Default::default()
             },
             ValidatingWebhook {
                 name: LEASE_WEBHOOK_NAME.to_owned(),
@@ -236,7 +235,6 @@ pub fn validating(
                 rules: Some(vec![gpupool_rule(&["gpuleases", "gpuleases/status"])]),
                 side_effects: "None".to_owned(),
                 timeout_seconds: Some(TIMEOUT_SECONDS),
-                ..Default::default()
             },
             ValidatingWebhook {
                 name: CLASS_WEBHOOK_NAME.to_owned(),
