@@ -65,16 +65,22 @@ mod tests {
         assert_eq!(lease.spec.scope, "Namespaced");
         assert_eq!(lease.spec.names.plural, "gpuleases");
         let version = &lease.spec.versions[0];
-        let cols: Vec<&str> = version
-            .additional_printer_columns
-            .iter()
-            .flatten()
-            .map(|c| c.name.as_str())
-            .collect();
+        // The design's columns by default; -o wide adds when the lease was
+        // queued and why it waits.
+        let cols = |wide: bool| -> Vec<&str> {
+            version
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .filter(|c| (c.priority.unwrap_or(0) > 0) == wide)
+                .map(|c| c.name.as_str())
+                .collect()
+        };
         assert_eq!(
-            cols,
+            cols(false),
             ["Class", "Role", "Phase", "Position", "Node", "GPU", "Age"]
         );
+        assert_eq!(cols(true), ["Queued", "Message"]);
         assert!(
             version
                 .subresources
