@@ -15,7 +15,7 @@ use gpupool_operator::webhook::configurations::{
 use gpupool_operator::webhook::{
     self, RunningWebhook, WebhookConfig, WebhookEndpoint, WebhookMetrics,
 };
-use gpupool_tests::apiserver::{ApiServer, ApiServerConfig, FaultConfig, RunningApiServer};
+use gpupool_sim_apiserver::{ApiServer, ApiServerConfig, FaultConfig, RunningApiServer};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };

@@ -7,11 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
-use gpupool_tests::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use gpupool_sim::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -20,11 +19,6 @@ use serde_json::{Value, json};
 
 /// Namespace the tests' workload pods live in.
 pub const NS: &str = "ml";
-
-/// The operator binary built with this test.
-pub fn operator_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpupool-operator"))
-}
 
 /// A running simulated cluster and an admin client.
 pub struct Sim {
@@ -41,15 +35,18 @@ impl Sim {
             nodes,
             gpus_per_node: gpus,
             operator: OperatorMode::Required,
-            operator_bin: Some(operator_bin()),
             ready_timeout: Duration::from_secs(60),
             ..Default::default()
         })
         .await
     }
 
-    /// Starts a cluster with `config` and namespace `ml`.
+    /// Starts a cluster with `config` and namespace `ml`, on the backend
+    /// `GPUPOOL_E2E_BACKEND` names (the in-memory API server unless it says
+    /// `real` and `KUBEBUILDER_ASSETS` is set), so every rule suite runs on
+    /// both.
     pub async fn start_with(mut config: ClusterConfig) -> Sim {
+        config.backend = Backend::from_env();
         // GPUPOOL_KEEP_RUN=1 keeps the run directory (logs) for a failing test.
         config.remove_run_dir = std::env::var_os("GPUPOOL_KEEP_RUN").is_none();
         let cluster = SimCluster::start(config)
