@@ -1,0 +1,444 @@
+//! Every command the READMEs show, as written.
+//!
+//! - A ```` ```sh ```` block either runs as written (bash, `-euo pipefail`,
+//!   the workspace's binaries and `.tools/bin` first on the PATH, its own
+//!   process group, killed afterwards so a `&` leaves nothing behind) or
+//!   opens with `# needs: <what and why>`. Such a block needs something these
+//!   machines lack (Docker, a GPU cluster, an installed release); it still
+//!   runs, as written, with `helm`, `docker`, `kind` and `kubectl` replaced
+//!   by checks: `helm install|upgrade` becomes `helm template` with the same
+//!   arguments, `docker build --target T` needs stage `T` in the Dockerfile,
+//!   and every file a command names must exist.
+//! - The opening block is the README's promise: the test command is what
+//!   `.ci/run` runs (it is running now, so it is not run again), and the
+//!   demo runs with nothing but its story on the terminal.
+//! - `examples/README.md`'s script runs against a simulated cluster of 2
+//!   nodes × 2 GPUs, and then every `$ command` of the README's transcripts
+//!   runs there too: each table header the README shows must be printed,
+//!   and every other output starts as the README says.
+//!
+//! Needs the workspace's binaries (`cargo build --workspace --bins`, the
+//! first half of the test command), `kubectl` and `helm`
+//! (`.ci/install-helm.sh`); prints a skip line without them.
+
+mod helm_support;
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpupool_api::GpuLease;
+use gpupool_sim::cluster::{ClusterConfig, OperatorMode, SimCluster};
+use helm_support::repo_root;
+use kube::Api;
+
+/// What a block that cannot run here must open with.
+const NEEDS: &str = "# needs: ";
+
+/// The README's opening commands, exactly.
+const DEMO_COMMAND: &str = "cargo build --workspace --bins && ./target/debug/gpupool-sim demo";
+const TEST_COMMAND: &str = "cargo build --workspace --bins && cargo test --workspace";
+
+/// Longest any one block may run.
+const BLOCK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One fenced code block.
+#[derive(Debug)]
+struct Block {
+    file: &'static str,
+    /// 1-based line of the opening fence.
+    line: usize,
+    /// The fence's info string (`sh`, `yaml`, empty).
+    info: String,
+    body: Vec<String>,
+}
+
+impl Block {
+    fn is_shell(&self) -> bool {
+        self.info.split_whitespace().next() == Some("sh")
+    }
+
+    /// The reason after `# needs: `, when the block opens with one.
+    fn needs(&self) -> Option<&str> {
+        self.body.first()?.strip_prefix(NEEDS)
+    }
+
+    fn script(&self) -> String {
+        self.body.join("\n") + "\n"
+    }
+
+    fn at(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+}
+
+fn blocks(file: &'static str) -> Vec<Block> {
+    let text = std::fs::read_to_string(repo_root().join(file)).expect("the README reads");
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for (i, line) in text.lines().enumerate() {
+        match (&mut open, line.strip_prefix("```")) {
+            (None, Some(info)) => {
+                open = Some(Block {
+                    file,
+                    line: i + 1,
+                    info: info.trim().to_owned(),
+                    body: Vec::new(),
+                });
+            }
+            (Some(_), Some(_)) => out.extend(open.take()),
+            (Some(block), None) => block.body.push(line.to_owned()),
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "{file}: a code block is never closed");
+    out
+}
+
+fn kubectl_available() -> bool {
+    Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The PATH a reader has after the README's build: the workspace's
+/// binaries and the installed helm first.
+fn reader_path() -> OsString {
+    let root = repo_root();
+    let mut dirs = vec![root.join("target/debug"), root.join(".tools/bin")];
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(dirs).expect("PATH joins")
+}
+
+/// What one script left.
+#[derive(Debug)]
+struct Ran {
+    ok: bool,
+    output: String,
+}
+
+/// Runs `script` with bash in its own process group from the repository
+/// root, and kills the whole group afterwards (or at the timeout).
+fn run_script(script: &str, envs: &[(&str, OsString)]) -> Ran {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(format!("set -euo pipefail\n{script}"))
+        .current_dir(repo_root())
+        .env("PATH", reader_path())
+        .env_remove("KUBECONFIG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("bash starts");
+    let pid = child.id() as i32;
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stderr.read_to_end(&mut s);
+        s
+    });
+    let deadline = Instant::now() + BLOCK_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for bash") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Whatever the script left running in the background goes with it.
+    if let Some(group) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    }
+    let _ = child.wait();
+    let mut output = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
+    output.push_str(&String::from_utf8_lossy(
+        &err_reader.join().unwrap_or_default(),
+    ));
+    Ran {
+        ok: status.is_some_and(|s| s.success()),
+        output: match status {
+            Some(_) => output,
+            None => format!("timed out after {BLOCK_TIMEOUT:?}\n{output}"),
+        },
+    }
+}
+
+/// Stand-ins for the tools a `# needs:` block cannot really run here.
+const CHECKS: &str = r#"
+helm() {
+  local verb="$1"; shift
+  case "$verb" in
+    install|upgrade)
+      local args=() a
+      for a in "$@"; do
+        case "$a" in
+          --create-namespace|--wait|--atomic|--install|--reuse-values|--reset-values) ;;
+          *) args+=("$a") ;;
+        esac
+      done
+      "$REAL_HELM" template "${args[@]}" >/dev/null ;;
+    uninstall|list|status) ;;
+    *) echo "no check for helm $verb" >&2; return 1 ;;
+  esac
+}
+docker() {
+  [ "$1" = build ] || { echo "no check for docker $1" >&2; return 1; }
+  local prev="" a
+  for a in "$@"; do
+    if [ "$prev" = --target ]; then
+      grep -Eq "^FROM .* AS $a\$" Dockerfile || { echo "Dockerfile has no stage $a" >&2; return 1; }
+    fi
+    prev="$a"
+  done
+  [ "${!#}" = . ] || { echo "docker build must run from the repository root" >&2; return 1; }
+}
+kind() { :; }
+kubectl() {
+  local prev="" a
+  for a in "$@"; do
+    if [ "$prev" = -f ] && [ "$a" != - ]; then
+      [ -e "$a" ] || { echo "kubectl -f $a: no such file" >&2; return 1; }
+    fi
+    prev="$a"
+  done
+}
+"#;
+
+#[test]
+fn every_shell_block_runs_or_says_what_it_needs() {
+    for file in ["README.md", "examples/README.md"] {
+        let shell: Vec<Block> = blocks(file).into_iter().filter(Block::is_shell).collect();
+        assert!(!shell.is_empty(), "{file} shows no commands");
+        for block in shell {
+            if let Some(reason) = block.needs() {
+                assert!(
+                    reason.trim().len() >= 10,
+                    "{}: `# needs:` must say what the block needs and why",
+                    block.at()
+                );
+            }
+            assert!(
+                !block.body.iter().any(|l| l.starts_with("$ ")),
+                "{}: a shell block holds commands, not a transcript",
+                block.at()
+            );
+        }
+    }
+}
+
+#[test]
+fn blocks_that_need_a_cluster_render_and_name_real_files() {
+    let Some(helm) = helm_support::helm() else {
+        return;
+    };
+    let mut checked = 0;
+    for block in blocks("README.md") {
+        if !block.is_shell() || block.needs().is_none() {
+            continue;
+        }
+        let ran = run_script(
+            &format!("{CHECKS}\n{}", block.script()),
+            &[("REAL_HELM", helm.clone().into_os_string())],
+        );
+        assert!(ran.ok, "{} fails as written:\n{}", block.at(), ran.output);
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} blocks need a cluster?");
+}
+
+/// What a log line looks like on a terminal: a level among the first words,
+/// or colour.
+fn looks_like_a_log_line(line: &str) -> bool {
+    line.contains('\x1b')
+        || line
+            .split_whitespace()
+            .take(3)
+            .any(|w| matches!(w, "TRACE" | "DEBUG" | "INFO" | "WARN" | "ERROR"))
+}
+
+#[test]
+fn the_opening_commands_are_the_test_command_and_a_clean_demo() {
+    let all = blocks("README.md");
+    let first = all.first().expect("the README opens with its commands");
+    let commands: Vec<&str> = first
+        .body
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        commands,
+        [DEMO_COMMAND, TEST_COMMAND],
+        "the README opens with the demo and the test command"
+    );
+    // The test command is what CI runs, with --locked.
+    let ci = std::fs::read_to_string(repo_root().join(".ci/run")).expect(".ci/run reads");
+    assert!(ci.contains("cargo build --workspace --bins --locked\n"));
+    assert!(ci.contains("cargo test --workspace --locked\n"));
+
+    // The build half is what this test binary was built with; the demo runs
+    // as written, and its terminal carries the story only.
+    let demo = DEMO_COMMAND.split(" && ").nth(1).expect("the demo command");
+    let ran = run_script(demo, &[]);
+    assert!(ran.ok, "the demo fails:\n{}", ran.output);
+    let logs: Vec<&str> = ran
+        .output
+        .lines()
+        .filter(|l| looks_like_a_log_line(l))
+        .collect();
+    assert!(
+        logs.is_empty(),
+        "the demo printed log lines into its story:\n{}",
+        logs.join("\n")
+    );
+}
+
+#[test]
+fn runnable_blocks_run_as_written() {
+    if !kubectl_available() {
+        eprintln!("skipping: kubectl not installed");
+        return;
+    }
+    if helm_support::helm().is_none() {
+        return;
+    }
+    let mut ran_blocks = 0;
+    // The opening block is the previous test's.
+    for block in blocks("README.md").into_iter().skip(1) {
+        if !block.is_shell() || block.needs().is_some() {
+            continue;
+        }
+        let ran = run_script(&block.script(), &[]);
+        assert!(ran.ok, "{} fails as written:\n{}", block.at(), ran.output);
+        ran_blocks += 1;
+    }
+    assert!(ran_blocks >= 2, "only {ran_blocks} README blocks ran");
+}
+
+/// A table header: words in capitals only (`#` and `*` allowed).
+fn is_header(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words.len() >= 2
+        && words.iter().all(|w| {
+            w.chars()
+                .all(|c| c.is_ascii_uppercase() || "#*-()".contains(c))
+        })
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// `$ command` lines and the output shown under each, from plain blocks.
+fn transcripts() -> Vec<(String, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for block in blocks("README.md") {
+        if !block.info.is_empty() {
+            continue;
+        }
+        let mut current: Option<(String, String, Vec<String>)> = None;
+        for line in &block.body {
+            if let Some(cmd) = line.strip_prefix("$ ") {
+                out.extend(current.take());
+                current = Some((block.at(), cmd.to_owned(), Vec::new()));
+            } else if let Some((_, _, shown)) = &mut current
+                && !line.trim().is_empty()
+            {
+                shown.push(line.clone());
+            }
+        }
+        out.extend(current);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
+    if !kubectl_available() {
+        eprintln!("skipping: kubectl not installed");
+        return;
+    }
+    let cluster = SimCluster::start(ClusterConfig {
+        nodes: 2,
+        gpus_per_node: 2,
+        operator: OperatorMode::Required,
+        ready_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .await
+    .expect("the simulated cluster starts (cargo build --workspace --bins first)");
+    let env = vec![("KUBECONFIG", cluster.kubeconfig().as_os_str().to_owned())];
+
+    let examples: Vec<Block> = blocks("examples/README.md")
+        .into_iter()
+        .filter(Block::is_shell)
+        .collect();
+    assert_eq!(examples.len(), 1, "examples/README.md shows one script");
+    let script = examples[0].script();
+    let script_env = env.clone();
+    let ran = tokio::task::spawn_blocking(move || run_script(&script, &script_env))
+        .await
+        .expect("the script runs");
+    assert!(
+        ran.ok,
+        "{} fails as written:\n{}",
+        examples[0].at(),
+        ran.output
+    );
+
+    // The transcripts speak of train-c and train-d waiting.
+    let leases: Api<GpuLease> = Api::namespaced(cluster.client(), "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leases.get_opt("train-d").await.ok().flatten().is_none() {
+        assert!(Instant::now() < deadline, "train-d got no lease");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let all = transcripts();
+    assert!(all.len() >= 6, "the README shows {} commands", all.len());
+    for (at, cmd, shown) in all {
+        let script = cmd.clone();
+        let env = env.clone();
+        let ran = tokio::task::spawn_blocking(move || run_script(&script, &env))
+            .await
+            .expect("the command runs");
+        assert!(ran.ok, "{at}: `{cmd}` fails:\n{}", ran.output);
+        let printed: Vec<Vec<&str>> = ran.output.lines().map(words).collect();
+        for header in shown.iter().filter(|l| is_header(l)) {
+            assert!(
+                printed.contains(&words(header)),
+                "{at}: `{cmd}` no longer prints the header the README shows\n  README: {header}\n  printed:\n{}",
+                ran.output
+            );
+        }
+        if let Some(first) = shown.first().filter(|l| !is_header(l)) {
+            let want = words(first).first().copied();
+            let got = printed.first().and_then(|w| w.first().copied());
+            assert_eq!(
+                got, want,
+                "{at}: `{cmd}` starts differently than the README shows:\n{}",
+                ran.output
+            );
+        }
+    }
+    cluster.shutdown().await.expect("the cluster stops");
+}
