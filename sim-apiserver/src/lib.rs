@@ -412,12 +412,7 @@ impl RunningApiServer {
             .get(group, version, plural)
             .cloned()
             .ok_or_else(|| error::ApiError::not_found(group, plural, ""))?;
-        let ctx = objects::WriteCtx {
-            user: admin_user(),
-            dry_run: false,
-            validation: objects::FieldValidation::Warn,
-            warnings: Default::default(),
-        };
+        let ctx = objects::WriteCtx::internal(admin_user(), objects::FieldValidation::Warn);
         objects::create(&self.shared, &def, namespace, obj, &ctx)
             .await
             .map(|o| (*o).clone())

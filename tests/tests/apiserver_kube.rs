@@ -430,18 +430,19 @@ async fn every_patch_type() {
         .expect("merge");
     assert_eq!(out.annotations().len(), 1);
 
-    // Server-side apply is refused loudly.
-    let err = api_err(
-        pods.patch(
+    // Server-side apply is a patch type like the others.
+    let applied = pods
+        .patch(
             "p",
             &PatchParams::apply("t"),
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"applied": "yes"}}})),
         )
         .await
-        .expect_err("ssa"),
+        .expect("apply");
+    assert_eq!(
+        applied.labels().get("applied").map(String::as_str),
+        Some("yes")
     );
-    assert_eq!(err.code, 415);
-    assert!(err.message.contains("not supported"), "{}", err.message);
 
     // Adding a scheduling gate after creation is invalid.
     let err = api_err(

@@ -140,6 +140,7 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     };
     let accept = header_str(header::ACCEPT);
     let content_type = header_str(header::CONTENT_TYPE);
+    let user_agent = header_str(header::USER_AGENT);
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -161,6 +162,7 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         accept,
         content_type,
         user,
+        user_agent,
         body,
     };
     let started = std::time::Instant::now();
@@ -511,6 +513,17 @@ async fn resource(
         (&Method::PATCH, Some(name), _) => {
             let ctx = r.write_ctx()?;
             let kind = PatchType::from_content_type(&r.content_type)?;
+            if kind == PatchType::Apply {
+                let (obj, created) =
+                    objects::apply(sh, &def, ns, name, part, &r.body, &ctx).await?;
+                return Ok(with_warnings(
+                    bytes_response(
+                        if created { 201 } else { 200 },
+                        Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default()),
+                    ),
+                    &ctx,
+                ));
+            }
             let obj = objects::update(
                 sh,
                 &def,

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use crate::UserInfo;
-use crate::error::{ApiError, Reason};
+use crate::error::{ApiError, FieldCause, Reason};
 use crate::http::protobuf;
 use crate::objects::{FieldValidation, WriteCtx};
 use crate::registry::ResourceDef;
@@ -67,6 +67,8 @@ pub struct Req {
     pub content_type: String,
     /// The authenticated user.
     pub user: UserInfo,
+    /// The User-Agent header.
+    pub user_agent: String,
     /// The body.
     pub body: Bytes,
 }
@@ -111,11 +113,67 @@ impl Req {
                 )));
             }
         };
+        let options = match self.method {
+            Method::POST => "CreateOptions",
+            Method::PUT => "UpdateOptions",
+            Method::DELETE => "DeleteOptions",
+            _ => "PatchOptions",
+        };
+        let invalid =
+            |cause: FieldCause| ApiError::invalid("meta.k8s.io", options, "", vec![cause]);
+        let field_manager = self.q("fieldManager").map(str::to_string);
+        if let Some(m) = &field_manager {
+            if m.chars().count() > MAX_FIELD_MANAGER {
+                return Err(invalid(FieldCause::invalid(
+                    "fieldManager",
+                    &Value::String(m.clone()),
+                    format!("must have at most {MAX_FIELD_MANAGER} characters"),
+                )));
+            }
+            if let Some((i, c)) = m.chars().enumerate().find(|(_, c)| c.is_control()) {
+                return Err(invalid(FieldCause::invalid(
+                    "fieldManager",
+                    &Value::String(m.clone()),
+                    format!("invalid character {c:?} (at position {i})"),
+                )));
+            }
+        }
+        let force = match self.q("force") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "force: invalid value {other:?}: must be true or false"
+                )));
+            }
+        };
+        if self.method == Method::PATCH {
+            let apply = self
+                .content_type
+                .split(';')
+                .next()
+                .is_some_and(|ct| ct.trim() == "application/apply-patch+yaml");
+            if apply && field_manager.is_none() {
+                return Err(invalid(FieldCause::required(
+                    "fieldManager",
+                    "is required for apply patch",
+                )));
+            }
+            if !apply && self.q("force").is_some() {
+                return Err(invalid(FieldCause::forbidden(
+                    "force",
+                    "may not be specified for non-apply patch",
+                )));
+            }
+        }
         Ok(WriteCtx {
             user: self.user.clone(),
             dry_run,
             validation,
             warnings: Default::default(),
+            field_manager,
+            user_agent: manager_from_user_agent(&self.user_agent),
+            force,
         })
     }
 
@@ -141,6 +199,22 @@ impl Req {
             ApiError::bad_request(format!("json: cannot unmarshal the request body: {e}"))
         })
     }
+}
+
+/// The longest field manager name the real server accepts.
+const MAX_FIELD_MANAGER: usize = 128;
+
+/// The program name of a user agent (`kubectl/v1.32 (linux/amd64) …` →
+/// `kubectl`), as the real server names the manager of a write without a
+/// `fieldManager`; control characters dropped, at most 128 characters.
+fn manager_from_user_agent(ua: &str) -> String {
+    ua.split('/')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_FIELD_MANAGER)
+        .collect()
 }
 
 /// Selectors of a list or watch.
@@ -180,5 +254,91 @@ pub fn parse_rv(r: &Req) -> Result<Option<u64>, ApiError> {
                 "resourceVersion: Invalid value: \"{s}\": must be a non-negative integer"
             ))
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: Method, query: &[(&str, &str)], content_type: &str) -> Req {
+        Req {
+            method,
+            segments: Vec::new(),
+            query: query
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            accept: String::new(),
+            content_type: content_type.into(),
+            user: crate::admin_user(),
+            user_agent: "kubectl/v1.32.4 (linux/amd64) kubernetes/abc".into(),
+            body: Bytes::new(),
+        }
+    }
+
+    const APPLY: &str = "application/apply-patch+yaml";
+
+    #[test]
+    fn managers_default_to_the_user_agent_program() {
+        let ctx = req(Method::PUT, &[], "application/json")
+            .write_ctx()
+            .expect("valid");
+        assert_eq!(ctx.manager(), "kubectl");
+        let ctx = req(Method::POST, &[("fieldManager", "kubectl-create")], "")
+            .write_ctx()
+            .expect("valid");
+        assert_eq!(ctx.manager(), "kubectl-create");
+        assert_eq!(manager_from_user_agent("helm\u{7}x/4"), "helmx");
+    }
+
+    #[test]
+    fn apply_needs_a_field_manager_and_only_apply_takes_force() {
+        let e = req(Method::PATCH, &[], APPLY)
+            .write_ctx()
+            .expect_err("no manager");
+        assert_eq!(e.http_code(), 422);
+        assert_eq!(
+            e.message,
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"
+        );
+        let ctx = req(
+            Method::PATCH,
+            &[("fieldManager", "m"), ("force", "true")],
+            APPLY,
+        )
+        .write_ctx()
+        .expect("valid");
+        assert!(ctx.force);
+        let e = req(
+            Method::PATCH,
+            &[("force", "true")],
+            "application/merge-patch+json",
+        )
+        .write_ctx()
+        .expect_err("force");
+        assert_eq!(e.http_code(), 422);
+        assert!(e.message.contains("force: Forbidden"), "{}", e.message);
+        let e = req(
+            Method::PATCH,
+            &[("fieldManager", "m"), ("force", "yes")],
+            APPLY,
+        )
+        .write_ctx()
+        .expect_err("bad force");
+        assert_eq!(e.http_code(), 400);
+        let long = "m".repeat(129);
+        let e = req(Method::POST, &[("fieldManager", long.as_str())], "")
+            .write_ctx()
+            .expect_err("too long");
+        assert!(
+            e.message.starts_with("CreateOptions.meta.k8s.io"),
+            "{}",
+            e.message
+        );
+        let e = req(Method::PUT, &[("fieldManager", "a\u{1}b")], "")
+            .write_ctx()
+            .expect_err("control character");
+        assert!(e.message.contains("invalid character"), "{}", e.message);
     }
 }

@@ -18,6 +18,35 @@ pub struct WriteCtx {
     pub validation: FieldValidation,
     /// Warnings for the response's `Warning` headers.
     pub warnings: Warnings,
+    /// The `fieldManager` parameter; an apply's manager, required for it.
+    pub field_manager: Option<String>,
+    /// The program name of the request's user agent: the manager other
+    /// writes are recorded for when no `fieldManager` is given.
+    pub user_agent: String,
+    /// `force=true`: an apply takes over the fields it conflicts on.
+    pub force: bool,
+}
+
+impl WriteCtx {
+    /// A write from inside the process: no manager, nothing recorded.
+    pub fn internal(user: UserInfo, validation: FieldValidation) -> Self {
+        WriteCtx {
+            user,
+            dry_run: false,
+            validation,
+            warnings: Warnings::default(),
+            field_manager: None,
+            user_agent: String::new(),
+            force: false,
+        }
+    }
+
+    /// The manager a create or update is recorded for: the `fieldManager`
+    /// parameter, else the user agent's program name (empty for writes
+    /// from inside the process, which are not recorded).
+    pub fn manager(&self) -> &str {
+        self.field_manager.as_deref().unwrap_or(&self.user_agent)
+    }
 }
 
 /// Warnings a write collects for the response (shared with the caller).

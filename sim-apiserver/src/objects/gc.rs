@@ -158,12 +158,7 @@ pub async fn run(sh: Arc<Shared>) {
             let mut st = sh.lock();
             find_work(&mut st)
         };
-        let ctx = WriteCtx {
-            user: gc_user(),
-            dry_run: false,
-            validation: objects::FieldValidation::Ignore,
-            warnings: Default::default(),
-        };
+        let ctx = WriteCtx::internal(gc_user(), objects::FieldValidation::Ignore);
         let mut again = false;
         for (id, ns, name) in work.deletes {
             let def = sh.lock().registry.storage_def(&id).cloned();

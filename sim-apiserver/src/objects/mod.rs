@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 pub mod admission;
+pub mod apply;
 pub mod context;
 pub mod events;
 pub mod gc;
@@ -76,6 +77,8 @@ pub enum Change {
     Replace(Value),
     /// PATCH.
     Patch(PatchType, bytes::Bytes),
+    /// Server-side apply of a parsed configuration (see [`apply()`]).
+    Apply(Value),
 }
 
 /// Options of a delete.
@@ -398,13 +401,26 @@ async fn admit(
     admission::validate(sh, def, op, sub, obj, old, ctx).await
 }
 
-/// POST: creates an object.
+/// POST: creates an object, recording its creator's fields.
 pub async fn create(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    ns: &str,
+    obj: Value,
+    ctx: &WriteCtx,
+) -> Result<Arc<Value>, ApiError> {
+    create_with(sh, def, ns, obj, ctx, None).await
+}
+
+/// Creates an object; with `applier`, it is the configuration that manager
+/// applies, and its `Apply` entry is the object's only managed fields.
+async fn create_with(
     sh: &Arc<Shared>,
     def: &ResourceDef,
     ns: &str,
     mut obj: Value,
     ctx: &WriteCtx,
+    applier: Option<&str>,
 ) -> Result<Arc<Value>, ApiError> {
     check_type(def, &mut obj)?;
     check_fields(def, &mut obj, ctx)?;
@@ -478,7 +494,13 @@ pub async fn create(
     {
         return Err(namespace_missing(ns));
     }
+    if let Some(manager) = applier {
+        obj = apply::apply(def, Part::Main, None, obj, manager, ctx.force)?;
+    }
     defaults_on_create(sh, def, &mut obj)?;
+    if applier.is_none() {
+        apply::record_update(def, Part::Main, None, &mut obj, ctx.manager());
+    }
     admit(sh, def, Operation::Create, Part::Main, &mut obj, None, ctx).await?;
     let id = def.id();
     let mut st = sh.lock();
@@ -688,6 +710,10 @@ pub async fn update(
                 b
             }
             Change::Patch(kind, body) => patch::apply(&old, *kind, body)?,
+            Change::Apply(config) => {
+                let manager = ctx.field_manager.as_deref().unwrap_or_default();
+                apply::apply(def, part, Some(&old), config.clone(), manager, ctx.force)?
+            }
         };
         if !requested.is_object() {
             return Err(ApiError::bad_request(
@@ -698,6 +724,7 @@ pub async fn update(
         let explicit = match &change {
             Change::Replace(_) => true,
             Change::Patch(_, body) => body.windows(17).any(|w| w == b"\"resourceVersion\""),
+            Change::Apply(config) => rv_of(config).is_some(),
         };
         let precondition = rv_of(&requested).filter(|_| explicit).map(str::to_string);
         if let Some(p) = &precondition
@@ -711,7 +738,20 @@ pub async fn update(
             ));
         }
         meta_mut(&mut requested).insert("resourceVersion".into(), json!(old_rv));
+        let applied = match &change {
+            Change::Apply(_) => Some(requested["metadata"].get("managedFields").cloned()),
+            _ => None,
+        };
         let mut new = merge_update(def, part, &old, requested);
+        match applied {
+            Some(Some(managed)) => {
+                meta_mut(&mut new).insert("managedFields".into(), managed);
+            }
+            Some(None) => {
+                meta_mut(&mut new).remove("managedFields");
+            }
+            None => apply::record_update(def, part, Some(&old), &mut new, ctx.manager()),
+        }
         if new == *old {
             return Ok(old);
         }
@@ -754,6 +794,54 @@ pub async fn update(
             crate::objects::events::mirror(&mut st, nsk, name, Some(&stored));
         }
         return Ok(stored);
+    }
+    Err(ApiError::conflict(
+        &def.group,
+        &def.plural,
+        name,
+        "too many concurrent writers; please retry",
+    ))
+}
+
+/// PATCH with `application/apply-patch+yaml`: server-side apply of the
+/// body (YAML or JSON) for the `fieldManager` of `ctx`, creating the
+/// object when it is missing. Answers the object and whether it was
+/// created.
+pub async fn apply(
+    sh: &Arc<Shared>,
+    def: &ResourceDef,
+    ns: &str,
+    name: &str,
+    part: Part,
+    body: &[u8],
+    ctx: &WriteCtx,
+) -> Result<(Arc<Value>, bool), ApiError> {
+    let Some(manager) = ctx.field_manager.as_deref() else {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            vec![FieldCause::required(
+                "fieldManager",
+                "is required for apply patch",
+            )],
+        ));
+    };
+    let mut config = apply::parse_config(def, ns, name, body)?;
+    check_fields(def, &mut config, ctx)?;
+    let id = def.id();
+    for _ in 0..MAX_ATTEMPTS {
+        let exists = sh.lock().get(&id, ns_key(def, ns), name).is_some();
+        if exists || part != Part::Main {
+            match update(sh, def, ns, name, part, Change::Apply(config.clone()), ctx).await {
+                Err(e) if e.reason == Reason::NotFound && part == Part::Main => continue,
+                r => return r.map(|o| (o, false)),
+            }
+        }
+        match create_with(sh, def, ns, config.clone(), ctx, Some(manager)).await {
+            Err(e) if e.reason == Reason::AlreadyExists => continue,
+            r => return r.map(|o| (o, true)),
+        }
     }
     Err(ApiError::conflict(
         &def.group,

@@ -14,25 +14,25 @@ pub enum PatchType {
     Merge,
     /// `application/strategic-merge-patch+json`.
     Strategic,
+    /// `application/apply-patch+yaml`: server-side apply (see
+    /// [`crate::objects::apply`]); as a plain patch, a merge of the YAML.
+    Apply,
 }
 
 impl PatchType {
-    /// Maps a Content-Type to a patch type; server-side apply and anything
-    /// else is refused with 415.
+    /// Maps a Content-Type to a patch type; apply in CBOR and anything else
+    /// is refused with 415.
     pub fn from_content_type(ct: &str) -> Result<Self, ApiError> {
         let base = ct.split(';').next().unwrap_or_default().trim();
         match base {
             "application/json-patch+json" => Ok(PatchType::Json),
             "application/merge-patch+json" => Ok(PatchType::Merge),
             "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Err(ApiError::new(
-                Reason::UnsupportedMediaType,
-                "server-side apply (application/apply-patch+yaml) is not supported by the gpupool simulated API server; use a JSON, merge or strategic merge patch",
-            )),
+            "application/apply-patch+yaml" => Ok(PatchType::Apply),
             other => Err(ApiError::new(
                 Reason::UnsupportedMediaType,
                 format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got \"{other}\")"
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got \"{other}\")"
                 ),
             )),
         }
@@ -41,8 +41,13 @@ impl PatchType {
 
 /// Applies a patch body to a copy of `current`.
 pub fn apply(current: &Value, kind: PatchType, body: &[u8]) -> Result<Value, ApiError> {
-    let patch: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let patch: Value = if kind == PatchType::Apply {
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
+    };
     let mut doc = current.clone();
     match kind {
         PatchType::Json => {
@@ -55,7 +60,7 @@ pub fn apply(current: &Value, kind: PatchType, body: &[u8]) -> Result<Value, Api
                 )
             })?;
         }
-        PatchType::Merge => {
+        PatchType::Merge | PatchType::Apply => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request(
                     "error decoding patch: a merge patch must be a JSON object",
@@ -278,9 +283,26 @@ mod tests {
     }
 
     #[test]
-    fn apply_patch_is_refused_with_415() {
-        let err = PatchType::from_content_type("application/apply-patch+yaml").expect_err("ssa");
+    fn apply_is_a_patch_type_and_unknown_media_types_are_415() {
+        assert_eq!(
+            PatchType::from_content_type("application/apply-patch+yaml; charset=utf-8")
+                .expect("apply"),
+            PatchType::Apply
+        );
+        let err = PatchType::from_content_type("application/apply-patch+cbor").expect_err("cbor");
         assert_eq!(err.http_code(), 415);
-        assert!(err.message.contains("not supported"));
+        let merged = apply(
+            &json!({"spec": {"replicas": 1}}),
+            PatchType::Apply,
+            b"spec:\n  replicas: 3\n",
+        )
+        .expect("YAML merges");
+        assert_eq!(merged["spec"]["replicas"], 3);
+        assert_eq!(
+            apply(&json!({}), PatchType::Apply, b"[x")
+                .expect_err("bad YAML")
+                .http_code(),
+            400
+        );
     }
 }
