@@ -55,6 +55,8 @@ pub enum Printer {
     Node,
     /// The namespace columns.
     Namespace,
+    /// The columns the real server prints for this built-in plural.
+    Builtin(&'static str),
     /// A CRD's additional printer columns.
     Columns(Vec<PrinterColumn>),
 }
@@ -486,7 +488,7 @@ impl Registry {
                 "pods" => Printer::Pod,
                 "nodes" => Printer::Node,
                 "namespaces" => Printer::Namespace,
-                _ => Printer::Default,
+                plural => Printer::Builtin(plural),
             };
             let extra = match b.plural {
                 "pods" => vec![("binding", "Binding"), ("eviction", "Eviction")],

@@ -4,6 +4,11 @@
 //! be equal. The imperative `kubectl create <kind>` commands send protobuf
 //! bodies, which the in-memory server must decode for each kind.
 //!
+//! Then the header line of `kubectl get` for every built-in kind the
+//! in-memory server stores (and `-o wide` where the real one adds
+//! columns) must match the real server's, and, without one, the headers
+//! the real server is known to print.
+//!
 //! Needs `kubectl` on the PATH (prints a skip line without it). Without
 //! `KUBEBUILDER_ASSETS` only the in-memory server runs, and each command's
 //! expected outcome is checked.
@@ -50,10 +55,208 @@ items:
   metadata: {name: list-b, namespace: diff}
 ";
 
+/// Replaced by the path of one object of each kind whose table is checked.
+const KINDS: &str = "{kinds}";
+
+const KINDS_YAML: &str = "apiVersion: v1
+kind: Secret
+metadata: {name: s, namespace: diff}
+stringData: {a: b}
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: rs, namespace: diff}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: rs}}
+  template:
+    metadata: {labels: {app: rs}}
+    spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: ds, namespace: diff}
+spec:
+  selector: {matchLabels: {app: ds}}
+  template:
+    metadata: {labels: {app: ds}}
+    spec: {nodeSelector: {disk: ssd}, containers: [{name: c, image: x}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: sts, namespace: diff}
+spec:
+  serviceName: sts
+  selector: {matchLabels: {app: sts}}
+  template:
+    metadata: {labels: {app: sts}}
+    spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: v1
+kind: Event
+metadata: {name: ev, namespace: diff}
+involvedObject: {kind: Pod, name: p, namespace: diff}
+reason: Tested
+message: a message
+type: Normal
+source: {component: diff}
+firstTimestamp: '2024-01-01T00:00:00Z'
+lastTimestamp: '2024-01-01T00:00:00Z'
+count: 1
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: lease, namespace: diff}
+spec: {holderIdentity: me}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: manual, namespace: diff}
+subsets: [{addresses: [{ip: 10.0.0.1}], ports: [{port: 80}]}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: pdb, namespace: diff}
+spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np, namespace: diff}
+spec: {podSelector: {matchLabels: {app: web}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: diff-view}
+rules: [{apiGroups: [''], resources: [pods], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: diff-view}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: diff-view}
+subjects: [{kind: Group, name: viewers, apiGroup: rbac.authorization.k8s.io}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {name: diff-hook}
+webhooks:
+- name: diff.example.com
+  clientConfig: {service: {name: nothing, namespace: diff}}
+  rules: [{apiGroups: [example.com], apiVersions: [v1], operations: [CREATE], resources: [widgets]}]
+  failurePolicy: Ignore
+  sideEffects: None
+  admissionReviewVersions: [v1]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: diff-policy}
+spec:
+  failurePolicy: Ignore
+  matchConstraints:
+    resourceRules: [{apiGroups: [example.com], apiVersions: [v1], operations: [CREATE], resources: [widgets]}]
+  validations: [{expression: 'true'}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: diff-binding}
+spec: {policyName: diff-policy, validationActions: [Deny]}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.diff.example.com}
+spec:
+  group: diff.example.com
+  names: {kind: Widget, plural: widgets}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object}}
+";
+
+/// `kubectl get` commands and the header line (columns separated by one
+/// space) the real server prints for them.
+const HEADERS: &[(&[&str], &str)] = &[
+    (&["get", "namespace", "diff"], "NAME STATUS AGE"),
+    (&["get", "configmaps", "-n", "diff"], "NAME DATA AGE"),
+    (&["get", "secrets", "-n", "diff"], "NAME TYPE DATA AGE"),
+    (&["get", "serviceaccounts", "-n", "diff"], "NAME AGE"),
+    (
+        &["get", "services", "-n", "diff"],
+        "NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE",
+    ),
+    (
+        &["get", "services", "-n", "diff", "-o", "wide"],
+        "NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE SELECTOR",
+    ),
+    (
+        &["get", "deployments", "-n", "diff"],
+        "NAME READY UP-TO-DATE AVAILABLE AGE",
+    ),
+    (
+        &["get", "deployments", "-n", "diff", "-o", "wide"],
+        "NAME READY UP-TO-DATE AVAILABLE AGE CONTAINERS IMAGES SELECTOR",
+    ),
+    (
+        &["get", "replicaset", "rs", "-n", "diff"],
+        "NAME DESIRED CURRENT READY AGE",
+    ),
+    (
+        &["get", "daemonsets", "-n", "diff", "-o", "wide"],
+        "NAME DESIRED CURRENT READY UP-TO-DATE AVAILABLE NODE SELECTOR AGE CONTAINERS IMAGES SELECTOR",
+    ),
+    (&["get", "statefulsets", "-n", "diff"], "NAME READY AGE"),
+    (
+        &["get", "endpoints", "manual", "-n", "diff"],
+        "NAME ENDPOINTS AGE",
+    ),
+    (
+        &["get", "event", "ev", "-n", "diff"],
+        "LAST SEEN TYPE REASON OBJECT MESSAGE",
+    ),
+    (&["get", "leases", "-n", "diff"], "NAME HOLDER AGE"),
+    (
+        &["get", "poddisruptionbudgets", "-n", "diff"],
+        "NAME MIN AVAILABLE MAX UNAVAILABLE ALLOWED DISRUPTIONS AGE",
+    ),
+    (
+        &["get", "networkpolicies", "-n", "diff"],
+        "NAME POD-SELECTOR AGE",
+    ),
+    (&["get", "roles", "-n", "diff"], "NAME CREATED AT"),
+    (&["get", "rolebindings", "-n", "diff"], "NAME ROLE AGE"),
+    (
+        &["get", "rolebindings", "-n", "diff", "-o", "wide"],
+        "NAME ROLE AGE USERS GROUPS SERVICEACCOUNTS",
+    ),
+    (&["get", "clusterrole", "diff-view"], "NAME CREATED AT"),
+    (
+        &["get", "clusterrolebinding", "diff-view", "-o", "wide"],
+        "NAME ROLE AGE USERS GROUPS SERVICEACCOUNTS",
+    ),
+    (
+        &["get", "validatingwebhookconfigurations", "diff-hook"],
+        "NAME WEBHOOKS AGE",
+    ),
+    (
+        &["get", "validatingadmissionpolicies", "diff-policy"],
+        "NAME VALIDATIONS PARAMKIND AGE",
+    ),
+    (
+        &["get", "validatingadmissionpolicybindings", "diff-binding"],
+        "NAME POLICYNAME PARAMREF AGE",
+    ),
+    (
+        &["get", "crd", "widgets.diff.example.com"],
+        "NAME CREATED AT",
+    ),
+];
+
 /// A step: the kubectl arguments and whether it must succeed.
 const SCRIPT: &[(&[&str], bool)] = &[
     (&["create", "namespace", "diff"], true),
     (&["create", "serviceaccount", "robot", "-n", "diff"], true),
+    (&["create", "-f", KINDS], true),
     (
         &[
             "create",
@@ -223,6 +426,19 @@ const SCRIPT: &[(&[&str], bool)] = &[
     (&["auth", "can-i", "get", "/healthz"], true),
     (&["create", "-f", LIST], true),
     (&["apply", "-f", LIST], true),
+    (&["apply", "--server-side", "-f", LIST], true),
+    (
+        &[
+            "get",
+            "configmap",
+            "list-b",
+            "-n",
+            "diff",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager} {.metadata.managedFields[*].operation}",
+        ],
+        true,
+    ),
     (
         &[
             "get",
@@ -268,6 +484,21 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The first line `kubectl get` prints, its columns separated by one
+/// space (widths follow the rows); the error when it fails.
+fn header(kubeconfig: &Path, args: &[&str]) -> String {
+    let (ok, text) = kubectl(kubeconfig, args);
+    if !ok {
+        return format!("failed: {text}");
+    }
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server() {
     if Command::new("kubectl")
@@ -308,6 +539,7 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
         (LIST, LIST_YAML),
         (BAD_REPLICAS, BAD_REPLICAS_YAML),
         (NO_IMAGE, NO_IMAGE_YAML),
+        (KINDS, KINDS_YAML),
     ]
     .iter()
     .map(|(placeholder, yaml)| {
@@ -367,6 +599,38 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
                     real.1,
                     sim.0,
                     sim.1
+                ));
+            }
+        }
+    }
+    for (args, expected) in HEADERS {
+        let sim_kc = sim_kc.clone();
+        let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let sim = tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = owned.iter().map(String::as_str).collect();
+            header(&sim_kc, &a)
+        })
+        .await
+        .expect("kubectl task");
+        if sim != *expected {
+            findings.push(format!(
+                "kubectl {}: header {sim:?}, the real server prints {expected:?}",
+                args.join(" ")
+            ));
+        }
+        if let Some(plane) = &plane {
+            let real_kc = plane.admin_kubeconfig().to_path_buf();
+            let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let real = tokio::task::spawn_blocking(move || {
+                let a: Vec<&str> = owned.iter().map(String::as_str).collect();
+                header(&real_kc, &a)
+            })
+            .await
+            .expect("kubectl task");
+            if real != sim {
+                findings.push(format!(
+                    "kubectl {} header:\n  real:      {real}\n  simulated: {sim}",
+                    args.join(" ")
                 ));
             }
         }

@@ -21,6 +21,7 @@ use crate::{Shared, UserInfo};
 
 mod discovery;
 mod openapi;
+mod printers;
 mod protobuf;
 mod protobuf_kinds;
 mod request;

@@ -1,5 +1,6 @@
-//! `meta.k8s.io/v1` Table rendering for kubectl: pod and node columns, CRD
-//! printer columns (simple JSONPath with `[*]`), NAME/AGE otherwise.
+//! `meta.k8s.io/v1` Table rendering for kubectl: pod and node columns, the
+//! other built-in kinds' columns (see `printers`), CRD printer columns
+//! (simple JSONPath with `[*]`), NAME/AGE otherwise.
 
 use std::sync::Arc;
 
@@ -113,6 +114,13 @@ fn columns(def: &ResourceDef) -> Vec<Value> {
             name,
             col("Age", "string", "", 0, "CreationTimestamp of the object."),
         ],
+        Printer::Builtin(plural) => match super::printers::columns(plural) {
+            Some(cs) => cs,
+            None => vec![
+                name,
+                col("Age", "string", "", 0, "CreationTimestamp of the object."),
+            ],
+        },
         Printer::Columns(cs) => {
             let mut out = vec![name];
             out.extend(
@@ -338,6 +346,7 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             age(obj),
         ],
         Printer::Default => vec![json!(meta_str(obj, "name").unwrap_or_default()), age(obj)],
+        Printer::Builtin(plural) => super::printers::cells(plural, obj),
         Printer::Columns(cs) => {
             let mut out = vec![json!(meta_str(obj, "name").unwrap_or_default())];
             out.extend(cs.iter().map(|c| column_cell(obj, c)));

@@ -161,7 +161,7 @@ pub fn record_update(
     if !changes.changed.is_empty() || own.time.is_none() {
         own.time = Some(now_rfc3339());
     }
-    entries.retain(|e| e.apply || !e.set.is_empty());
+    entries.retain(|e| !e.set.is_empty());
     managed::cap(&mut entries);
     set_managed_fields(new, entries);
 }
@@ -323,7 +323,7 @@ pub fn apply(
         owned.union(&e.set);
     }
     walk::prune(&mut merged, &last, &owned, &types);
-    entries.retain(|e| e.apply || !e.set.is_empty());
+    entries.retain(|e| !e.set.is_empty());
     set_managed_fields(&mut merged, entries);
     Ok(merged)
 }
@@ -481,6 +481,14 @@ mod tests {
         )
         .expect("drops b and c");
         assert_eq!(after["data"], json!({"a": "1", "c": "3"}));
+    }
+
+    #[test]
+    fn a_manager_applying_no_fields_keeps_no_entry() {
+        let def = cm_def();
+        let only_name = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        let obj = apply(&def, Part::Main, None, only_name, "m1", false).expect("applies");
+        assert!(obj["metadata"].get("managedFields").is_none(), "{obj}");
     }
 
     #[test]
