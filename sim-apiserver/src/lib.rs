@@ -17,7 +17,8 @@
 //! - CustomResourceDefinitions make their resources servable, validated
 //!   against their `openAPIV3Schema`; admission webhooks are called over
 //!   HTTPS; PodDisruptionBudgets guard evictions.
-//! - Discovery and `meta.k8s.io/v1` Table output for kubectl. `/openapi/v3`
+//! - Discovery and `meta.k8s.io/v1` Table output for kubectl, with the
+//!   real server's columns for the built-in kinds. `/openapi/v3`
 //!   lists paths and their `fieldValidation` parameter but no schemas, so
 //!   kubectl and Helm leave field validation to the server (unknown fields:
 //!   400 under `fieldValidation=Strict`, dropped with a `Warning` otherwise);
@@ -30,7 +31,10 @@
 //! Identity: bearer tokens map to users (token → username, uid, groups);
 //! requests without a known token get 401. **RBAC is not enforced**: every
 //! authenticated user may do everything, and access reviews (`kubectl auth
-//! can-i`) say so. Server-side apply is refused with 415; protobuf request
+//! can-i`) say so. Server-side apply works for every stored kind, with
+//! `metadata.managedFields` per field manager, conflicts and force (see
+//! `objects/apply`); every other write records an `Update` entry for its
+//! manager. Protobuf request
 //! bodies are decoded for what typed Go clients send (Secrets, ConfigMaps
 //! and DeleteOptions from Helm's release storage; Namespaces,
 //! ServiceAccounts, Deployments, Pods, Services, RBAC objects and access

@@ -15,7 +15,7 @@ pub enum PatchType {
     /// `application/strategic-merge-patch+json`.
     Strategic,
     /// `application/apply-patch+yaml`: server-side apply (see
-    /// [`crate::objects::apply`]); as a plain patch, a merge of the YAML.
+    /// the `objects::apply` module); as a plain patch, a merge of the YAML.
     Apply,
 }
 
