@@ -493,12 +493,14 @@ async fn kubectl_apply_server_side() {
     );
     let stored = admin.get("", "configmaps", "default", "k").expect("stored");
     assert_eq!(stored["data"]["a"], "uno");
-    let managers: Vec<&str> = stored["metadata"]["managedFields"]
+    // Entries sort by time, then manager: compare them as a set.
+    let mut managers: Vec<&str> = stored["metadata"]["managedFields"]
         .as_array()
         .expect("entries")
         .iter()
         .filter_map(|e| e["manager"].as_str())
         .collect();
+    managers.sort_unstable();
     assert_eq!(managers, ["intruder", "kubectl"]);
 
     // The first manager drops b: the intruder still applies it, so it stays.
