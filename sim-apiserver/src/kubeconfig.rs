@@ -19,11 +19,17 @@ pub fn render(server: &str, ca_pem: Option<&str>, token: &str) -> String {
     )
 }
 
-/// Writes a kubeconfig readable only by its owner.
+/// Writes a kubeconfig readable only by its owner, all at once: the file
+/// appears complete or not at all.
 pub fn write(path: &Path, contents: &str) -> std::io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
+    // Written aside and renamed into place: whoever waits for the file
+    // (a script's `until [ -s kubeconfig ]`) never reads half of it.
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".{}.tmp", std::process::id()));
+    let aside = std::path::PathBuf::from(aside);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     #[cfg(unix)]
@@ -31,8 +37,14 @@ pub fn write(path: &Path, contents: &str) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         opts.mode(0o600);
     }
-    let mut f = opts.open(path)?;
-    f.write_all(contents.as_bytes())
+    let written = opts
+        .open(&aside)
+        .and_then(|mut f| f.write_all(contents.as_bytes()))
+        .and_then(|()| std::fs::rename(&aside, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&aside);
+    }
+    written
 }
 
 #[cfg(test)]
@@ -56,5 +68,35 @@ mod tests {
                 .and_then(|c| c.server.as_deref()),
             Some("http://127.0.0.1:1234")
         );
+    }
+
+    #[test]
+    fn write_is_private_complete_and_leaves_nothing_aside() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/kubeconfig");
+        write(&path, "first").expect("written");
+        write(&path, "second").expect("rewritten");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "second");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(path.parent().expect("dir"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["kubeconfig"], "no temporary file is left");
+    }
+
+    #[test]
+    fn write_into_a_directory_path_fails_and_leaves_nothing_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("taken");
+        std::fs::create_dir(&path).expect("a directory where the file goes");
+        write(&path, "x").expect_err("cannot replace a directory");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["taken"]);
     }
 }
