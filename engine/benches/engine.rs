@@ -11,7 +11,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpupool_api::{GpuLeaseStatus, LeaseGpu, LeasePhase, Role};
 use gpupool_engine::fixtures::{self, at};
-use gpupool_engine::{NodeInfo, ObjectKey, PodInfo, PodPhase, Snapshot, decide};
+use gpupool_engine::{NodeInfo, ObjectKey, PodInfo, PodPhase, Snapshot, decide, decide_steps};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const NODES: usize = 1_000;
@@ -148,6 +148,27 @@ fn bench(c: &mut Criterion) {
     unsorted.leases = order.iter().map(|&i| settled.leases[i].clone()).collect();
     g.bench_function("full_pass_unsorted_input", |b| {
         b.iter(|| decide(black_box(&unsorted)))
+    });
+    g.finish();
+
+    // Where (b) goes: each step's cost is the difference between the
+    // prefixes that end before and after it; the plan is dropped outside
+    // the measurement.
+    let mut g = c.benchmark_group("steps_after_pod_finished");
+    g.sample_size(20);
+    for steps in 0..=6 {
+        g.bench_function(format!("through_{steps}"), |b| {
+            b.iter_with_large_drop(|| decide_steps(black_box(&after), steps))
+        });
+    }
+    g.bench_function("sort_pods_and_leases", |b| {
+        b.iter(|| {
+            let mut pods: Vec<&PodInfo> = after.pods.iter().collect();
+            pods.sort_by(|a, b| a.key.cmp(&b.key));
+            let mut leases: Vec<_> = after.leases.iter().collect();
+            leases.sort_by(|a, b| a.key.cmp(&b.key));
+            (pods.len(), leases.len())
+        })
     });
     g.finish();
 }

@@ -35,15 +35,49 @@ pub use status::QUEUE_HEAD;
 /// `lease_progress` together list only leases
 /// whose wanted status differs from the persisted one.
 pub fn decide(snapshot: &Snapshot) -> Plan {
-    let mut pass = pass::Pass::new(snapshot);
+    decide_until(snapshot, usize::MAX)
+}
+
+/// Runs the first `steps` steps of a pass and returns the plan so far, so a
+/// benchmark can tell what each step costs (0: index classes and nodes; 1:
+/// join pods and leases into tickets; 2: count leases, sequences and
+/// eviction retries; 3: the queues and readmissions; 4: lease specs; 5:
+/// lease statuses; 6: class statuses).
+#[cfg(feature = "fixtures")]
+#[doc(hidden)]
+pub fn decide_steps(snapshot: &Snapshot, steps: usize) -> Plan {
+    decide_until(snapshot, steps)
+}
+
+fn decide_until(snapshot: &Snapshot, steps: usize) -> Plan {
+    let mut pass = pass::Pass::index(snapshot);
+    if steps == 0 {
+        return pass.plan;
+    }
+    pass.join();
+    if steps == 1 {
+        return pass.plan;
+    }
     pass.count_leases();
     pass.requeue_overcommitted_redrives();
     pass.assign_sequences();
     pass.retry_evictions();
+    if steps == 2 {
+        return pass.plan;
+    }
     pass.run_queues();
     pass.readmit();
+    if steps == 3 {
+        return pass.plan;
+    }
     pass.emit_lease_specs();
+    if steps == 4 {
+        return pass.plan;
+    }
     pass.emit_lease_statuses();
+    if steps == 5 {
+        return pass.plan;
+    }
     pass.emit_class_statuses();
     pass.plan
 }

@@ -107,14 +107,12 @@ pub(crate) struct ClassQueue {
 }
 
 impl<'a> Pass<'a> {
-    /// Indexes the snapshot and builds every ticket with its lifecycle phase
-    /// (released, admitted outside the queue, bound, preempting, or a queue
-    /// candidate), counting used capacity on the way.
-    pub fn new(snapshot: &'a Snapshot) -> Self {
+    /// Indexes the snapshot's classes and nodes; [`Pass::join`] builds the tickets.
+    pub fn index(snapshot: &'a Snapshot) -> Self {
         let resources = capacity::resource_names(&snapshot.classes);
         let nodes = Nodes::new(&snapshot.nodes, &resources);
         let classes = Classes::new(&snapshot.classes, &resources, &nodes);
-        let mut pass = Pass {
+        Pass {
             now: snapshot.now,
             snapshot,
             resources,
@@ -124,13 +122,13 @@ impl<'a> Pass<'a> {
             queues: Vec::new(),
             reservations: BTreeMap::new(),
             plan: Plan::default(),
-        };
-        pass.join();
-        pass
+        }
     }
 
-    /// Walks pods and leases in key order together.
-    fn join(&mut self) {
+    /// Builds every ticket with its lifecycle phase (released, admitted
+    /// outside the queue, bound, preempting, or a queue candidate), counting
+    /// used capacity on the way: walks pods and leases in key order together.
+    pub fn join(&mut self) {
         let pods = sorted_by_key(&self.snapshot.pods, |p| &p.key);
         let leases = sorted_by_key(&self.snapshot.leases, |l| &l.key);
         let (mut i, mut j) = (0, 0);
