@@ -5,13 +5,18 @@
 //! (b) `pass_after_pod_finished`: the pass after one running pod is gone:
 //!     the head is admitted and every queued lease's position moves.
 //! (c) `full_pass_unsorted_input`: (a) with pods and leases in no order.
+//! (d) `kept_engine_full_pass`: (a) on the engine's kept state.
+//! (e) `kept_engine_after_pod_finished`: (b) on the engine's kept state: the
+//!     pod's removal fed to it, then its pass.
 
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use gpupool_api::{GpuLeaseStatus, LeaseGpu, LeasePhase, Role};
 use gpupool_engine::fixtures::{self, at};
-use gpupool_engine::{NodeInfo, ObjectKey, PodInfo, PodPhase, Snapshot, decide, decide_steps};
+use gpupool_engine::{
+    Engine, NodeInfo, ObjectKey, PodInfo, PodPhase, Snapshot, decide, decide_steps,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const NODES: usize = 1_000;
@@ -133,6 +138,21 @@ fn bench(c: &mut Criterion) {
     assert!(plan.lease_progress.len() > QUEUED / 2, "positions move");
     g.bench_function("pass_after_pod_finished", |b| {
         b.iter(|| decide(black_box(&after)))
+    });
+
+    // (d) The kept engine, fed the one event (the pod is gone) and deciding.
+    let kept = Engine::from_snapshot(&settled);
+    g.bench_function("kept_engine_full_pass", |b| b.iter(|| kept.decide()));
+    g.bench_function("kept_engine_after_pod_finished", |b| {
+        b.iter_batched(
+            || kept.clone(),
+            |mut engine| {
+                engine.remove_pod(&gone);
+                let plan = engine.decide();
+                (engine, plan)
+            },
+            BatchSize::LargeInput,
+        )
     });
 
     let mut unsorted = settled.clone();

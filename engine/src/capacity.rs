@@ -8,7 +8,7 @@ use super::model::{ClassInfo, NodeInfo};
 
 /// The distinct resource names the classes manage, sorted; a resource is
 /// referred to by its index in this list for the rest of the pass.
-pub(crate) fn resource_names(classes: &[ClassInfo]) -> Vec<&str> {
+pub(crate) fn resource_names<'a>(classes: &[&'a ClassInfo]) -> Vec<&'a str> {
     let mut names: Vec<&str> = classes
         .iter()
         .map(|c| c.spec.resource_name.as_str())
@@ -29,11 +29,9 @@ pub(crate) struct Nodes<'a> {
 }
 
 impl<'a> Nodes<'a> {
-    /// Indexes the nodes (a duplicate name keeps its first entry).
-    pub fn new(nodes: &'a [NodeInfo], resources: &[&str]) -> Self {
-        let mut list: Vec<&NodeInfo> = nodes.iter().collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
-        list.dedup_by(|a, b| a.name == b.name);
+    /// Indexes the nodes, given sorted by name with one entry per name.
+    pub fn new(nodes: &[&'a NodeInfo], resources: &[&str]) -> Self {
+        let list = nodes.to_vec();
         let by_name = list
             .iter()
             .enumerate()

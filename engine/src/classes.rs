@@ -144,10 +144,9 @@ pub(crate) enum PodClass<'a> {
 impl<'a> Classes<'a> {
     /// Resolves and checks every class. `resources` lists the pass's resource
     /// names in order (see `capacity::resource_names`).
-    pub fn new(infos: &'a [ClassInfo], resources: &[&str], nodes: &Nodes<'_>) -> Self {
-        let mut sorted: Vec<&ClassInfo> = infos.iter().collect();
-        sorted.sort_by(|a, b| a.name.cmp(&b.name));
-        sorted.dedup_by(|a, b| a.name == b.name);
+    /// `infos` is sorted by name, one entry per name.
+    pub fn new(infos: &[&'a ClassInfo], resources: &[&str], nodes: &Nodes<'_>) -> Self {
+        let sorted = infos;
         let established = established_default(
             sorted
                 .iter()
@@ -155,7 +154,7 @@ impl<'a> Classes<'a> {
                 .map(|c| (c.name.as_str(), c.created_at)),
         );
         let mut list = Vec::with_capacity(sorted.len());
-        for info in sorted {
+        for &info in sorted {
             let res = resources
                 .binary_search(&info.spec.resource_name.as_str())
                 .unwrap_or(0);

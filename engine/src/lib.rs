@@ -1,8 +1,10 @@
 //! The admission engine: pure, deterministic FIFO/helper decisions (DESIGN §5).
 //!
-//! It reads a [`Snapshot`] and returns a [`Plan`]; it performs no I/O, holds
-//! no state between passes and never reads a clock, so the same snapshot
-//! always yields the same plan.
+//! It reads a [`Snapshot`] and returns a [`Plan`]; it performs no I/O and
+//! never reads a clock, so the same snapshot always yields the same plan.
+//! A caller that sees the cluster change object by object keeps an
+//! [`Engine`] instead and updates it per change: its passes run the same
+//! rules over the kept, already ordered state.
 
 mod capacity;
 mod classes;
@@ -15,10 +17,12 @@ mod pass;
 mod preempt;
 mod queue;
 mod sequence;
+mod state;
 mod status;
 
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
+pub use state::Engine;
 pub use status::QUEUE_HEAD;
 
 /// Decides one pass (DESIGN §5 steps 2–9) over every class at once.
@@ -49,8 +53,17 @@ pub fn decide_steps(snapshot: &Snapshot, steps: usize) -> Plan {
     decide_until(snapshot, steps)
 }
 
+/// The one pass every decision runs, over a snapshot or the kept state.
+fn run(view: pass::View<'_>) -> Plan {
+    run_until(view, usize::MAX)
+}
+
 fn decide_until(snapshot: &Snapshot, steps: usize) -> Plan {
-    let mut pass = pass::Pass::index(snapshot);
+    run_until(pass::View::of(snapshot), steps)
+}
+
+fn run_until(view: pass::View<'_>, steps: usize) -> Plan {
+    let mut pass = pass::Pass::index(view);
     if steps == 0 {
         return pass.plan;
     }

@@ -13,7 +13,8 @@ use super::classes::{Classes, PodClass};
 use super::fit;
 use super::message::Message;
 use super::model::{
-    LeaseInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot, StaleLease,
+    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
+    StaleLease,
 };
 
 /// Who a preempted helper makes room for.
@@ -85,7 +86,7 @@ pub(crate) fn is_live(pod: &PodInfo) -> bool {
 /// The state of one decision pass.
 pub(crate) struct Pass<'a> {
     pub now: Timestamp,
-    pub snapshot: &'a Snapshot,
+    pub view: View<'a>,
     pub resources: Vec<&'a str>,
     pub nodes: Nodes<'a>,
     pub classes: Classes<'a>,
@@ -107,18 +108,18 @@ pub(crate) struct ClassQueue {
 }
 
 impl<'a> Pass<'a> {
-    /// Indexes the snapshot's classes and nodes; [`Pass::join`] builds the tickets.
-    pub fn index(snapshot: &'a Snapshot) -> Self {
-        let resources = capacity::resource_names(&snapshot.classes);
-        let nodes = Nodes::new(&snapshot.nodes, &resources);
-        let classes = Classes::new(&snapshot.classes, &resources, &nodes);
+    /// Indexes the view's classes and nodes; [`Pass::join`] builds the tickets.
+    pub fn index(view: View<'a>) -> Self {
+        let resources = capacity::resource_names(&view.classes);
+        let nodes = Nodes::new(&view.nodes, &resources);
+        let classes = Classes::new(&view.classes, &resources, &nodes);
         Pass {
-            now: snapshot.now,
-            snapshot,
+            now: view.now,
+            tickets: Vec::with_capacity(view.leases.len() + 16),
+            view,
             resources,
             nodes,
             classes,
-            tickets: Vec::with_capacity(snapshot.leases.len() + 16),
             queues: Vec::new(),
             reservations: BTreeMap::new(),
             plan: Plan::default(),
@@ -129,8 +130,8 @@ impl<'a> Pass<'a> {
     /// outside the queue, bound, preempting, or a queue candidate), counting
     /// used capacity on the way: walks pods and leases in key order together.
     pub fn join(&mut self) {
-        let pods = sorted_by_key(&self.snapshot.pods, |p| &p.key);
-        let leases = sorted_by_key(&self.snapshot.leases, |l| &l.key);
+        let pods = std::mem::take(&mut self.view.pods);
+        let leases = std::mem::take(&mut self.view.leases);
         let (mut i, mut j) = (0, 0);
         while i < pods.len() || j < leases.len() {
             let order = match (pods.get(i), leases.get(j)) {
@@ -140,26 +141,12 @@ impl<'a> Pass<'a> {
             };
             let pod = (order != Ordering::Greater).then(|| pods[i]);
             let lease = (order != Ordering::Less).then(|| leases[j]);
-            if pod.is_some() {
-                i += 1;
-                while pods
-                    .get(i)
-                    .is_some_and(|p| Some(&p.key) == pod.map(|x| &x.key))
-                {
-                    i += 1;
-                }
-            }
-            if lease.is_some() {
-                j += 1;
-                while leases
-                    .get(j)
-                    .is_some_and(|l| Some(&l.key) == lease.map(|x| &x.key))
-                {
-                    j += 1;
-                }
-            }
+            i += usize::from(pod.is_some());
+            j += usize::from(lease.is_some());
             self.visit(pod, lease);
         }
+        self.view.pods = pods;
+        self.view.leases = leases;
     }
 
     fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
@@ -486,9 +473,24 @@ impl<'a> Pass<'a> {
             if lease.missing || t.phase == LeasePhase::Released || !is_live(pod) {
                 continue;
             }
-            let want = self.new_spec(t);
-            if want != lease.spec {
-                self.plan.lease_specs.insert(t.key.clone(), want);
+            // Compared field by field: building the wanted spec for each of
+            // thousands of unchanged leases would allocate three strings each.
+            let GpuLeaseSpec {
+                class_name,
+                pod_name,
+                pod_uid,
+                role,
+                slots,
+            } = &lease.spec;
+            let same = *class_name == t.class_name
+                && *pod_name == t.key.name
+                && *pod_uid == pod.uid
+                && *role == t.role
+                && *slots == t.slots;
+            if !same {
+                self.plan
+                    .lease_specs
+                    .insert(t.key.clone(), self.new_spec(t));
             }
         }
     }
@@ -513,10 +515,36 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// References in key order; already-sorted input (a controller cache kept
-/// in key order) costs one comparison per element.
-fn sorted_by_key<T>(items: &[T], key: impl Fn(&T) -> &ObjectKey) -> Vec<&T> {
+/// What one pass reads: every list sorted by name or key with one entry per
+/// name or key (the first one given wins), so every pass over the same
+/// cluster sees the same order whether it comes from a [`Snapshot`] or
+/// from the engine's kept state.
+pub(crate) struct View<'a> {
+    pub now: Timestamp,
+    pub classes: Vec<&'a ClassInfo>,
+    pub nodes: Vec<&'a NodeInfo>,
+    pub pods: Vec<&'a PodInfo>,
+    pub leases: Vec<&'a LeaseInfo>,
+}
+
+impl<'a> View<'a> {
+    /// Sorts the snapshot's lists (already-sorted input, as the controller's
+    /// caches give it, costs one comparison per element).
+    pub fn of(snapshot: &'a Snapshot) -> Self {
+        Self {
+            now: snapshot.now,
+            classes: sorted_unique(&snapshot.classes, |c| c.name.as_str()),
+            nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
+            pods: sorted_unique(&snapshot.pods, |p| &p.key),
+            leases: sorted_unique(&snapshot.leases, |l| &l.key),
+        }
+    }
+}
+
+/// References in key order, the first of equal keys kept (the sort is stable).
+fn sorted_unique<T, K: Ord + ?Sized>(items: &[T], key: impl Fn(&T) -> &K) -> Vec<&T> {
     let mut v: Vec<&T> = items.iter().collect();
     v.sort_by(|a, b| key(a).cmp(key(b)));
+    v.dedup_by(|a, b| key(a) == key(b));
     v
 }

@@ -10,7 +10,7 @@ impl Pass<'_> {
     /// Gives every ticket without a sequence the next ones, in queue order.
     pub fn assign_sequences(&mut self) {
         let highest = self
-            .snapshot
+            .view
             .leases
             .iter()
             .filter_map(|l| l.status.as_ref().and_then(|s| s.sequence))

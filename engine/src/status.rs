@@ -14,6 +14,10 @@ use super::pass::{Pass, Ticket};
 /// Most entries a class's `status.queue` lists.
 pub const QUEUE_HEAD: usize = 20;
 
+/// Bytes reserved for a rendered message ("waiting: 9999 primaries ahead
+/// (head …) …" fits).
+const MESSAGE_CAPACITY: usize = 160;
+
 /// How a lease's wanted status differs from the persisted one.
 enum Change {
     /// Nothing to write.
@@ -61,11 +65,10 @@ fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
 impl Pass<'_> {
     /// How the ticket's wanted status differs from the persisted one;
     /// `scratch` is reused to render messages without allocating per lease.
-    fn differs(&self, t: &Ticket<'_>, scratch: &mut String) -> Change {
+    fn differs(&self, t: &Ticket<'_>, times: &Times, scratch: &mut String) -> Change {
         let Some(p) = t.persisted else {
             return Change::Phase;
         };
-        let times = times(t, self.now);
         let same_preempter = match (&t.preempted_by, &p.preempted_by) {
             (None, None) => true,
             (Some(a), Some(b)) => {
@@ -100,8 +103,12 @@ impl Pass<'_> {
     }
 
     fn build(&self, t: &Ticket<'_>) -> GpuLeaseStatus {
-        let times = times(t, self.now);
-        let mut message = String::new();
+        self.build_with(t, times(t, self.now))
+    }
+
+    fn build_with(&self, t: &Ticket<'_>, times: Times) -> GpuLeaseStatus {
+        // Room for the longest common message, so rendering does not regrow it.
+        let mut message = String::with_capacity(MESSAGE_CAPACITY);
         t.message.render(&self.classes, &mut message);
         GpuLeaseStatus {
             phase: t.phase,
@@ -145,11 +152,16 @@ impl Pass<'_> {
                     }
                 }
                 Some(_) if t.message == Message::Unchanged => {}
-                Some(_) => match self.differs(t, &mut scratch) {
-                    Change::Phase => changed.push((t.key.clone(), self.build(t))),
-                    Change::Progress => progress.push((t.key.clone(), self.build(t))),
-                    Change::None => {}
-                },
+                Some(_) => {
+                    let times = times(t, self.now);
+                    match self.differs(t, &times, &mut scratch) {
+                        Change::Phase => changed.push((t.key.clone(), self.build_with(t, times))),
+                        Change::Progress => {
+                            progress.push((t.key.clone(), self.build_with(t, times)));
+                        }
+                        Change::None => {}
+                    }
+                }
             }
         }
         self.plan.create_leases = created;
