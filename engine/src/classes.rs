@@ -60,7 +60,7 @@ pub fn is_extended_resource(name: &str) -> bool {
 /// the same in the lease of one that got past it: one rule, one function.
 pub fn largest_node<'n>(
     class: &ClassInfo,
-    nodes: &'n [NodeInfo],
+    nodes: impl IntoIterator<Item = &'n NodeInfo>,
     pod: &PodInfo,
 ) -> Result<Option<(&'n str, u32)>, String> {
     let selector = ClassSelector::compile(class.spec.node_selector.as_ref())?;

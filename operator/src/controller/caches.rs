@@ -4,9 +4,10 @@
 //! wakes the decision loop through one [`Notify`], which coalesces bursts:
 //! however many events arrive during a pass, one more pass follows.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -18,6 +19,8 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 
+use super::translate;
+use crate::engine::{self, ClassInfo, NodeInfo, PodInfo};
 use crate::metrics::Metrics;
 use crate::webhook::review::ClusterView;
 
@@ -32,6 +35,9 @@ pub struct Caches {
     pub classes: Store<GpuLeaseClass>,
     /// Every GpuLease.
     pub leases: Store<GpuLease>,
+    /// Every node in the engine's form, kept in step with `nodes` by the
+    /// node watch, so an admission review converts no node.
+    pub node_index: NodeIndex,
     /// Which caches hold their first full list (Pods, Nodes,
     /// GpuLeaseClasses, GpuLeases), and whether all do.
     synced: watch::Receiver<Synced>,
@@ -51,6 +57,7 @@ const CACHE_NAMES: [&str; 4] = ["Pods", "Nodes", "GpuLeaseClasses", "GpuLeases"]
 impl Caches {
     /// Starts the four watches; each event notifies `changed`.
     pub fn start(client: &Client, changed: Arc<Notify>, metrics: &Metrics) -> Self {
+        let node_index = NodeIndex::default();
         let mut caches = Self {
             pods: watch(
                 Api::all(client.clone()),
@@ -58,6 +65,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "pods",
+                |_| {},
             ),
             nodes: watch(
                 Api::all(client.clone()),
@@ -65,6 +73,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "nodes",
+                node_index.updater(),
             ),
             classes: watch(
                 Api::all(client.clone()),
@@ -72,6 +81,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "classes",
+                |_| {},
             ),
             leases: watch(
                 Api::all(client.clone()),
@@ -79,7 +89,9 @@ impl Caches {
                 changed,
                 metrics,
                 "leases",
+                |_| {},
             ),
+            node_index,
             synced: watch::channel(Synced::default()).1,
         };
         caches.synced = track_sync(&caches);
@@ -157,8 +169,14 @@ impl ClusterView for Caches {
     fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
         self.classes.state()
     }
-    fn nodes(&self) -> Vec<Arc<Node>> {
-        self.nodes.state()
+    fn largest_node(
+        &self,
+        class: &ClassInfo,
+        pod: &PodInfo,
+    ) -> Result<Option<(String, u32)>, String> {
+        let nodes = self.node_index.read();
+        let largest = engine::largest_node(class, nodes.values(), pod)?;
+        Ok(largest.map(|(name, slots)| (name.to_owned(), slots)))
     }
     fn leases(&self) -> Vec<Arc<GpuLease>> {
         self.leases.state()
@@ -171,6 +189,7 @@ fn watch<K>(
     changed: Arc<Notify>,
     metrics: &Metrics,
     what: &'static str,
+    on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -181,23 +200,86 @@ where
         .default_backoff()
         .modify(trim)
         .reflect(writer);
-    tokio::spawn(drive(stream, changed, metrics.clone(), what));
+    tokio::spawn(drive(stream, changed, metrics.clone(), what, on_event));
     reader
 }
 
+/// Follows a watch: each event, once its store holds it, goes to `on_event`
+/// and then wakes the decision loop.
 async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     changed: Arc<Notify>,
     metrics: Metrics,
     what: &'static str,
+    mut on_event: impl FnMut(&watcher::Event<K>),
 ) {
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         match item {
-            Ok(_) => changed.notify_one(),
+            Ok(event) => {
+                on_event(&event);
+                changed.notify_one();
+            }
             Err(e) => {
                 metrics.error("watch");
                 tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// Every node in the engine's form, by name; cheap to clone (one index shared).
+#[derive(Clone, Default)]
+pub struct NodeIndex(Arc<RwLock<BTreeMap<String, NodeInfo>>>);
+
+impl NodeIndex {
+    /// Reads the index. A writer that panicked left whole entries only
+    /// (each change is one insert or remove), so a poisoned lock is read on.
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, NodeInfo>> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, NodeInfo>> {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies one node watch event: a node added, changed or deleted, or a
+    /// re-list (nodes it no longer lists are dropped when it completes).
+    pub fn updater(&self) -> impl FnMut(&watcher::Event<Node>) + Send + 'static {
+        let index = self.clone();
+        let mut relisted: BTreeSet<String> = BTreeSet::new();
+        move |event| match event {
+            watcher::Event::Apply(node) => index.upsert(node),
+            watcher::Event::Delete(node) => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    index.write().remove(name);
+                }
+            }
+            watcher::Event::Init => relisted.clear(),
+            watcher::Event::InitApply(node) => {
+                if let Some(name) = &node.metadata.name {
+                    relisted.insert(name.clone());
+                }
+                index.upsert(node);
+            }
+            watcher::Event::InitDone => {
+                index.write().retain(|name, _| relisted.contains(name));
+                relisted.clear();
+            }
+        }
+    }
+
+    fn upsert(&self, node: &Node) {
+        match translate::node_info_all(node) {
+            Some(info) => drop(self.write().insert(info.name.clone(), info)),
+            None => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    self.write().remove(name);
+                }
             }
         }
     }
@@ -257,6 +339,53 @@ fn trim_lease(lease: &mut GpuLease) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn node(name: &str, slots: u32) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"gpupool/slot": slots.to_string(), "cpu": "4"}}
+        }))
+        .expect("node")
+    }
+
+    fn slots(index: &NodeIndex) -> Vec<(String, u32)> {
+        index
+            .read()
+            .values()
+            .map(|n| (n.name.clone(), n.allocatable["gpupool/slot"]))
+            .collect()
+    }
+
+    #[test]
+    fn the_node_index_follows_node_events_and_relists() {
+        let index = NodeIndex::default();
+        let mut update = index.updater();
+        update(&watcher::Event::Init);
+        update(&watcher::Event::InitApply(node("a", 4)));
+        update(&watcher::Event::InitApply(node("b", 8)));
+        update(&watcher::Event::InitDone);
+        assert_eq!(slots(&index), [("a".into(), 4), ("b".into(), 8)]);
+
+        update(&watcher::Event::Apply(node("a", 2)));
+        update(&watcher::Event::Apply(node("c", 1)));
+        update(&watcher::Event::Delete(node("b", 8)));
+        assert_eq!(slots(&index), [("a".into(), 2), ("c".into(), 1)]);
+
+        // A re-list that no longer shows c drops it once complete.
+        update(&watcher::Event::Init);
+        update(&watcher::Event::InitApply(node("a", 6)));
+        assert_eq!(
+            slots(&index).len(),
+            2,
+            "nothing dropped before the list is complete"
+        );
+        update(&watcher::Event::InitDone);
+        assert_eq!(slots(&index), [("a".into(), 6)]);
+
+        // A node without a name is never indexed.
+        update(&watcher::Event::Apply(Node::default()));
+        assert_eq!(slots(&index).len(), 1);
+    }
 
     #[test]
     fn trimming_keeps_what_admission_reads() {

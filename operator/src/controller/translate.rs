@@ -47,6 +47,18 @@ pub fn lease_info(lease: &GpuLease) -> Option<LeaseInfo> {
     })
 }
 
+/// A node as the engine sees it with every resource it advertises, whichever
+/// class uses it: the form the webhook's node index keeps.
+pub fn node_info_all(node: &Node) -> Option<NodeInfo> {
+    let resources: BTreeSet<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .map(|alloc| alloc.keys().cloned().collect())
+        .unwrap_or_default();
+    node_info(node, &resources)
+}
+
 /// A node as the engine sees it: allocatable of `resources` only, in whole slots.
 pub fn node_info(node: &Node, resources: &BTreeSet<String>) -> Option<NodeInfo> {
     let name = node.metadata.name.clone()?;

@@ -18,7 +18,7 @@ use gpupool_api::pod::{self, PodError};
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
 
 use crate::controller::translate;
-use crate::engine::{self, NodeInfo, established_default};
+use crate::engine::{self, ClassInfo, NodeInfo, PodInfo, established_default};
 
 pub use super::guard::{Identities, validate_class, validate_lease};
 use jiff::Timestamp;
@@ -36,8 +36,13 @@ use serde_json::{Value, json};
 pub trait ClusterView {
     /// Every GpuLeaseClass.
     fn classes(&self) -> Vec<Arc<GpuLeaseClass>>;
-    /// Every Node.
-    fn nodes(&self) -> Vec<Arc<Node>>;
+    /// `engine::largest_node` for `class` and `pod` over every Node (as the
+    /// engine sees it): the webhook and the engine apply one rule.
+    fn largest_node(
+        &self,
+        class: &ClassInfo,
+        pod: &PodInfo,
+    ) -> Result<Option<(String, u32)>, String>;
     /// Every GpuLease.
     fn leases(&self) -> Vec<Arc<GpuLease>>;
 }
@@ -57,8 +62,18 @@ impl ClusterView for StaticView {
     fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
         self.classes.clone()
     }
-    fn nodes(&self) -> Vec<Arc<Node>> {
-        self.nodes.clone()
+    fn largest_node(
+        &self,
+        class: &ClassInfo,
+        pod: &PodInfo,
+    ) -> Result<Option<(String, u32)>, String> {
+        let nodes: Vec<NodeInfo> = self
+            .nodes
+            .iter()
+            .filter_map(|n| translate::node_info_all(n))
+            .collect();
+        let largest = engine::largest_node(class, &nodes, pod)?;
+        Ok(largest.map(|(name, slots)| (name.to_owned(), slots)))
     }
     fn leases(&self) -> Vec<Arc<GpuLease>> {
         self.leases.clone()
@@ -378,20 +393,14 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
     // The engine's own rule, on the engine's own view of the nodes, so the
     // webhook never refuses what the engine would admit, nor the reverse.
     let resources = BTreeSet::from([resource.to_owned()]);
-    let nodes: Vec<NodeInfo> = view
-        .nodes()
-        .iter()
-        .filter_map(|n| translate::node_info(n, &resources))
-        .collect();
     let engine_class = translate::class_info(class);
     let engine_pod = translate::pod_info(pod, &resources, Timestamp::UNIX_EPOCH);
     if let (Some(engine_class), Some(engine_pod)) = (engine_class, engine_pod) {
-        let largest =
-            engine::largest_node(&engine_class, &nodes, &engine_pod).map_err(|reason| {
-                Denial::InvalidNodeSelector {
-                    class: class_name.clone(),
-                    reason,
-                }
+        let largest = view
+            .largest_node(&engine_class, &engine_pod)
+            .map_err(|reason| Denial::InvalidNodeSelector {
+                class: class_name.clone(),
+                reason,
             })?;
         if let Some((node, largest)) = largest
             && slots > largest
@@ -401,7 +410,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
                 resource: resource.to_owned(),
                 class: class_name,
                 largest,
-                node: node.to_owned(),
+                node,
             });
         }
     }

@@ -14,7 +14,7 @@ impl ClusterView for UntouchableView {
     fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
         panic!("the review read the class store")
     }
-    fn nodes(&self) -> Vec<Arc<Node>> {
+    fn largest_node(&self, _: &ClassInfo, _: &PodInfo) -> Result<Option<(String, u32)>, String> {
         panic!("the review read the node store")
     }
     fn leases(&self) -> Vec<Arc<GpuLease>> {
