@@ -111,7 +111,6 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         let loop_config = LoopConfig {
             resync: config.resync,
             instance: config.identity.clone(),
-            decide: crate::engine::decide,
             unmanaged_namespaces: unmanaged_namespaces.clone(),
             status_writes_per_second: config.status_writes_per_second,
             progress_metrics,

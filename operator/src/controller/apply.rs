@@ -32,7 +32,7 @@ use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
-use super::progress::ProgressWriter;
+use super::progress::{ProgressWriter, Wanted};
 use crate::engine::{Admission, Eviction, NewLease, ObjectKey, Plan, StaleLease};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -111,7 +111,7 @@ impl Applier {
     pub async fn apply(
         &mut self,
         plan: Plan,
-        input: &PassInput,
+        input: &PassInput<'_>,
         overlay: &mut Overlay,
     ) -> ApplyOutcome {
         let mut outcome = ApplyOutcome::default();
@@ -141,7 +141,7 @@ impl Applier {
             .retain(|key, _| plan.evictions.iter().any(|e| &e.key == key));
         for key in self.blocked_evictions.keys() {
             if !statuses.contains_key(key)
-                && let Some(current) = input.leases.get(key).and_then(|l| l.status.clone())
+                && let Some(current) = input.lease(key).and_then(|l| l.status.clone())
                 && current.phase == LeasePhase::Preempting
             {
                 statuses.insert(key.clone(), current);
@@ -158,16 +158,15 @@ impl Applier {
             self.progress.forget(key);
         }
         for (key, status) in plan.lease_progress {
-            let Some(obj) = input.leases.get(&key) else {
+            let Some(lease) = input.lease(&key) else {
                 continue;
             };
-            let old = obj.status.as_ref();
-            if !patch::lease_status_differs(old, &status) {
-                continue;
-            }
-            let body =
-                patch::lease_status_patch(old, &status, obj.metadata.resource_version.as_deref());
-            self.progress.offer(key, status.position.unwrap_or(0), body);
+            let priority = status.position.unwrap_or(0);
+            let wanted = Wanted {
+                lease: lease.clone(),
+                status,
+            };
+            self.progress.offer(key, priority, wanted);
         }
         let admissions: BTreeMap<ObjectKey, Admission> = plan
             .admissions
@@ -229,8 +228,7 @@ impl Applier {
         }
         let sequence_of = |a: &Admission| {
             input
-                .leases
-                .get(&a.key)
+                .lease(&a.key)
                 .and_then(|l| l.status.as_ref())
                 .and_then(|s| s.sequence)
         };
@@ -255,10 +253,9 @@ impl Applier {
         for (class, status) in plan.class_statuses {
             self.record_queue_depth(&class, &status);
             let before = input
-                .snapshot
-                .classes
-                .iter()
-                .find(|c| c.name == class)
+                .engine
+                .classes()
+                .get(&class)
                 .and_then(|c| c.status.as_ref());
             if let Some(why) = newly_invalid(before, &status) {
                 tracing::warn!(class = %class, %why, "class is invalid");
@@ -350,8 +347,8 @@ impl Applier {
         Api::namespaced(self.client.clone(), ns)
     }
 
-    fn delete_chain(&self, stale: &StaleLease, input: &PassInput) -> Option<Chain> {
-        let obj = input.leases.get(&stale.key)?;
+    fn delete_chain(&self, stale: &StaleLease, input: &PassInput<'_>) -> Option<Chain> {
+        let obj = input.lease(&stale.key)?;
         let uid = obj.metadata.uid.clone()?;
         let api = self.leases(&stale.key.namespace);
         let key = stale.key.clone();
@@ -488,9 +485,9 @@ impl Applier {
         &self,
         key: ObjectKey,
         status: GpuLeaseStatus,
-        input: &PassInput,
+        input: &PassInput<'_>,
     ) -> Option<Chain> {
-        let obj = input.leases.get(&key)?;
+        let obj = input.lease(&key)?;
         let old = obj.status.as_ref();
         if !patch::lease_status_differs(old, &status) {
             return None;
@@ -533,10 +530,10 @@ impl Applier {
         }))
     }
 
-    fn admit_chain(&self, a: Admission, input: &PassInput) -> Chain {
+    fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &a.key.namespace);
-        let pod = input.pods.get(&a.key).cloned();
-        let lease = input.leases.get(&a.key).cloned();
+        let pod = input.pod(&a.key).cloned();
+        let lease = input.lease(&a.key).cloned();
         let class = lease.as_ref().map(|l| l.spec.class_name.clone());
         // The enqueue stamp has microseconds; the lease's queuedAt only seconds.
         let queued_at = pod
@@ -629,11 +626,10 @@ impl Applier {
         })
     }
 
-    fn evict_chain(&self, e: Eviction, input: &PassInput) -> Chain {
+    fn evict_chain(&self, e: Eviction, input: &PassInput<'_>) -> Chain {
         let client = self.client.clone();
         let class = input
-            .leases
-            .get(&e.key)
+            .lease(&e.key)
             .map(|l| l.spec.class_name.clone())
             .unwrap_or_default();
         let metrics = self.metrics.clone();

@@ -10,27 +10,28 @@ pub mod apply;
 pub mod caches;
 pub mod error;
 pub mod events;
+pub mod kept;
 pub mod overlay;
 pub mod patch;
 pub mod progress;
 pub mod translate;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_api::{GpuLease, LeasePhase, Role};
+use gpupool_api::{LeasePhase, Role};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use tokio::sync::{Notify, watch};
 
-use crate::engine::{ObjectKey, Plan, Snapshot};
+use crate::engine::Engine;
 use crate::metrics::{Health, Metrics};
 
 pub use apply::Applier;
 pub use caches::Caches;
 pub use error::Error;
+pub use kept::{Kept, PassInput};
 
 /// Shortest and longest wait before retrying a pass whose writes failed.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -54,8 +55,6 @@ pub struct LoopConfig {
     pub resync: Duration,
     /// This replica's name in events.
     pub instance: String,
-    /// The decision function (the engine's `decide`).
-    pub decide: fn(&Snapshot) -> Plan,
     /// Namespaces the webhook never sees: their pods are counted, never queued.
     pub unmanaged_namespaces: Vec<String>,
     /// Budget of the progress writer (position and message updates per second).
@@ -64,100 +63,21 @@ pub struct LoopConfig {
     pub progress_metrics: progress::ProgressMetrics,
 }
 
-/// One decision pass's inputs, with the raw objects the writes need.
-pub struct PassInput {
-    /// What the engine decides on.
-    pub snapshot: Snapshot,
-    /// Leases by key (cache + overlay).
-    pub leases: HashMap<ObjectKey, Arc<GpuLease>>,
-    /// Pods by key (cache + overlay).
-    pub pods: HashMap<ObjectKey, Arc<Pod>>,
-}
-
-/// Builds a pass's input from the caches and the overlay.
-pub fn snapshot(
-    caches: &Caches,
-    overlay: &mut overlay::Overlay,
-    unmanaged_namespaces: &[String],
-    now: Timestamp,
-    at: Instant,
-) -> PassInput {
-    let mut classes: Vec<_> = caches
-        .classes
-        .state()
-        .iter()
-        .filter_map(|c| translate::class_info(c))
-        .collect();
-    classes.sort_by(|a, b| a.name.cmp(&b.name));
-    let resources = translate::resource_names(&classes);
-    let mut nodes: Vec<_> = caches
-        .nodes
-        .state()
-        .iter()
-        .filter_map(|n| translate::node_info(n, &resources))
-        .collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-
-    let pod_objs = overlay.pods(caches.pods.state(), at);
-    let pod_uids: HashSet<&str> = pod_objs
-        .iter()
-        .filter_map(|p| p.metadata.uid.as_deref())
-        .collect();
-    let mut lease_objs = overlay.leases(caches.leases.state(), at);
-    overlay.hold_vanished(&mut lease_objs, &pod_uids, at);
-    drop(pod_uids);
-    let mut leases = Vec::with_capacity(lease_objs.len());
-    let mut lease_map = HashMap::with_capacity(lease_objs.len());
-    for l in lease_objs {
-        if let Some(mut info) = translate::lease_info(&l) {
-            info.missing = overlay.is_missing(&info.key, at);
-            lease_map.insert(info.key.clone(), l);
-            leases.push(info);
-        }
-    }
-    leases.sort_by(|a, b| a.key.cmp(&b.key));
-
-    let mut pods = Vec::new();
-    let mut pod_map = HashMap::new();
-    for p in pod_objs {
-        if let Some(mut info) = translate::pod_info(&p, &resources, now) {
-            if overlay.is_evicted(&info.key) {
-                info.terminating = true;
-            }
-            info.unmanaged = unmanaged_namespaces.contains(&info.key.namespace);
-            pod_map.insert(info.key.clone(), p);
-            pods.push(info);
-        }
-    }
-    pods.sort_by(|a, b| a.key.cmp(&b.key));
-    PassInput {
-        snapshot: Snapshot {
-            now,
-            classes,
-            nodes,
-            pods,
-            leases,
-        },
-        leases: lease_map,
-        pods: pod_map,
-    }
-}
-
 /// Earliest moment a helper's minRuntimeSeconds protection ends, so a pass
 /// runs then and may preempt it (no event would otherwise trigger one).
-pub fn next_protection_expiry(snapshot: &Snapshot) -> Option<Timestamp> {
-    let min_runtime: BTreeMap<&str, u32> = snapshot
-        .classes
-        .iter()
+pub fn next_protection_expiry(engine: &Engine) -> Option<Timestamp> {
+    let min_runtime: BTreeMap<&str, u32> = engine
+        .classes()
+        .values()
         .filter(|c| c.spec.helpers.min_runtime_seconds > 0)
         .map(|c| (c.name.as_str(), c.spec.helpers.min_runtime_seconds))
         .collect();
     if min_runtime.is_empty() {
         return None;
     }
-    snapshot
-        .leases
-        .iter()
+    engine
+        .leases()
+        .values()
         .filter(|l| l.spec.role == Role::Helper)
         .filter_map(|l| {
             let status = l.status.as_ref()?;
@@ -169,7 +89,7 @@ pub fn next_protection_expiry(snapshot: &Snapshot) -> Option<Timestamp> {
             let end = since
                 .checked_add(jiff::SignedDuration::from_secs(i64::from(secs)))
                 .ok()?;
-            (end > snapshot.now).then_some(end)
+            (end > engine.now()).then_some(end)
         })
         .min()
 }
@@ -205,6 +125,7 @@ pub async fn run(
     );
     let mut applier = Applier::new(client, metrics.clone(), sink, progress);
     let mut overlay = overlay::Overlay::default();
+    let mut kept = Kept::default();
     let mut backoff = BACKOFF_MIN;
     loop {
         // Wait to lead.
@@ -243,7 +164,7 @@ pub async fn run(
                         }
                     }
                 } => None,
-                o = pass(&caches, &mut overlay, &mut applier, &metrics, &config) => Some(o),
+                o = pass(&caches, &mut kept, &mut overlay, &mut applier, &metrics, &config) => Some(o),
             };
             let Some(outcome) = outcome else {
                 tracing::warn!("lost leadership during a pass; stopped writing");
@@ -278,6 +199,7 @@ pub struct PassOutcome {
 
 async fn pass(
     caches: &Caches,
+    kept: &mut Kept,
     overlay: &mut overlay::Overlay,
     applier: &mut Applier,
     metrics: &Metrics,
@@ -285,11 +207,11 @@ async fn pass(
 ) -> PassOutcome {
     let started = Instant::now();
     let now = Timestamp::now();
-    let input = snapshot(caches, overlay, &config.unmanaged_namespaces, now, started);
-    let plan = (config.decide)(&input.snapshot);
+    let input = kept.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
+    let plan = input.engine.decide();
     tracing::debug!(
-        pods = input.snapshot.pods.len(),
-        leases = input.snapshot.leases.len(),
+        pods = input.engine.pods().len(),
+        leases = input.engine.leases().len(),
         creates = plan.create_leases.len(),
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),
@@ -300,7 +222,7 @@ async fn pass(
     );
     let outcome = applier.apply(plan, &input, overlay).await;
     let recreation = overlay.next_recreation(Instant::now());
-    let protection = next_protection_expiry(&input.snapshot).map(|t| {
+    let protection = next_protection_expiry(input.engine).map(|t| {
         let wait = t.duration_since(now).unsigned_abs();
         // A little past the end, so the pass sees the helper as unprotected.
         Instant::now() + wait + Duration::from_millis(50)
@@ -320,7 +242,7 @@ async fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{ClassInfo, LeaseInfo};
+    use crate::engine::{ClassInfo, LeaseInfo, ObjectKey, Snapshot};
     use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -375,13 +297,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            next_protection_expiry(&snap),
+            next_protection_expiry(&Engine::from_snapshot(&snap)),
             Some(Timestamp::from_second(1_040).expect("t"))
         );
         let none = Snapshot {
             classes: vec![],
             ..snap
         };
-        assert_eq!(next_protection_expiry(&none), None);
+        assert_eq!(next_protection_expiry(&Engine::from_snapshot(&none)), None);
     }
 }

@@ -10,13 +10,17 @@
 //! most a fixed number of writes per second. Each write carries the
 //! resourceVersion it was decided on, so it can never overwrite a newer
 //! phase; a refused or failed write is dropped, and the next pass offers it
-//! again if it is still wanted.
+//! again if it is still wanted. The patch body is built only when the write
+//! is made, from the latest wanted status and the lease it was decided on:
+//! a pass that moves 10,000 positions hands over 10,000 statuses, not
+//! 10,000 JSON documents, and a status replaced before its turn costs
+//! nothing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpupool_api::GpuLease;
+use gpupool_api::{GpuLease, GpuLeaseStatus};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use prometheus_client::metrics::counter::Counter;
@@ -25,24 +29,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use super::patch;
 use crate::engine::ObjectKey;
 
 /// Writes at most this many at once, so a slow API server cannot pile up
 /// requests.
 const IN_FLIGHT: usize = 8;
 
-/// Progress waiting to be written, in priority order, within a write budget.
-/// Pure: time is passed in.
+/// Progress waiting to be written (`T` per lease), in priority order,
+/// within a write budget. Pure: time is passed in.
 #[derive(Debug)]
-pub struct ProgressQueue {
-    pending: HashMap<ObjectKey, (u32, Value)>,
+pub struct ProgressQueue<T> {
+    pending: HashMap<ObjectKey, (u32, T)>,
     order: BTreeSet<(u32, ObjectKey)>,
     rate: f64,
     tokens: f64,
     last: Option<Instant>,
 }
 
-impl ProgressQueue {
+impl<T> ProgressQueue<T> {
     /// A queue spending at most `per_second` writes per second (and at most
     /// that many in a burst).
     pub fn new(per_second: u32) -> Self {
@@ -56,15 +61,14 @@ impl ProgressQueue {
         }
     }
 
-    /// Wants `body` (a status patch) written for `key`; `priority` orders
-    /// the writes, lowest first (the position in the queue). Replaces what
-    /// was waiting for `key`.
-    pub fn offer(&mut self, key: ObjectKey, priority: u32, body: Value) {
+    /// Wants `item` written for `key`; `priority` orders the writes, lowest
+    /// first (the position in the queue). Replaces what was waiting for `key`.
+    pub fn offer(&mut self, key: ObjectKey, priority: u32, item: T) {
         if let Some((old, _)) = self.pending.get(&key) {
             self.order.remove(&(*old, key.clone()));
         }
         self.order.insert((priority, key.clone()));
-        self.pending.insert(key, (priority, body));
+        self.pending.insert(key, (priority, item));
     }
 
     /// Forgets what waits for `key` (its status was just written in full).
@@ -75,15 +79,15 @@ impl ProgressQueue {
     }
 
     /// The most urgent write, if the budget allows one at `now`.
-    pub fn take(&mut self, now: Instant) -> Option<(ObjectKey, Value)> {
+    pub fn take(&mut self, now: Instant) -> Option<(ObjectKey, T)> {
         self.refill(now);
         if self.tokens < 1.0 {
             return None;
         }
         let (_, key) = self.order.pop_first()?;
-        let (_, body) = self.pending.remove(&key)?;
+        let (_, item) = self.pending.remove(&key)?;
         self.tokens -= 1.0;
-        Some((key, body))
+        Some((key, item))
     }
 
     /// When the budget next allows a write, if anything waits.
@@ -152,10 +156,35 @@ impl ProgressMetrics {
     }
 }
 
+/// A status wanted for a lease, and the lease as it was when the status was
+/// decided (its status is what the patch changes; its resourceVersion is the
+/// write's precondition).
+#[derive(Debug, Clone)]
+pub struct Wanted {
+    /// The lease the status was decided on.
+    pub lease: Arc<GpuLease>,
+    /// The status wanted.
+    pub status: GpuLeaseStatus,
+}
+
+impl Wanted {
+    /// The merge patch to write, or `None` when the lease already says it.
+    pub fn body(&self) -> Option<Value> {
+        let old = self.lease.status.as_ref();
+        patch::lease_status_differs(old, &self.status).then(|| {
+            patch::lease_status_patch(
+                old,
+                &self.status,
+                self.lease.metadata.resource_version.as_deref(),
+            )
+        })
+    }
+}
+
 /// Hands progress to the writing task; cheap to clone.
 #[derive(Clone)]
 pub struct ProgressWriter {
-    queue: Arc<Mutex<ProgressQueue>>,
+    queue: Arc<Mutex<ProgressQueue<Wanted>>>,
     wake: Arc<Notify>,
 }
 
@@ -186,7 +215,7 @@ impl ProgressWriter {
                 metrics
                     .pending
                     .set(i64::try_from(pending).unwrap_or(i64::MAX));
-                let Some((key, body)) = next else {
+                let Some((key, wanted)) = next else {
                     match wait_until {
                         Some(at) => {
                             tokio::select! {
@@ -196,6 +225,11 @@ impl ProgressWriter {
                         }
                         None => wake.notified().await,
                     }
+                    continue;
+                };
+                // The one place the body is built: at write time, for the
+                // latest status wanted.
+                let Some(body) = wanted.body() else {
                     continue;
                 };
                 let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -228,9 +262,9 @@ impl ProgressWriter {
         writer
     }
 
-    /// Wants `body` written for `key` at `priority` (lowest first).
-    pub fn offer(&self, key: ObjectKey, priority: u32, body: Value) {
-        lock(&self.queue).offer(key, priority, body);
+    /// Wants `wanted` written for `key` at `priority` (lowest first).
+    pub fn offer(&self, key: ObjectKey, priority: u32, wanted: Wanted) {
+        lock(&self.queue).offer(key, priority, wanted);
         self.wake.notify_one();
     }
 
@@ -240,7 +274,7 @@ impl ProgressWriter {
     }
 }
 
-fn lock(queue: &Mutex<ProgressQueue>) -> std::sync::MutexGuard<'_, ProgressQueue> {
+fn lock<T>(queue: &Mutex<ProgressQueue<T>>) -> std::sync::MutexGuard<'_, ProgressQueue<T>> {
     // A panic while holding the lock leaves a queue that is still consistent
     // enough to keep writing from: every method leaves both maps in step.
     match queue.lock() {
@@ -303,6 +337,49 @@ mod tests {
         assert!(q.take(later).is_none());
         assert!(q.is_empty());
         assert_eq!(q.next_at(later), None);
+    }
+
+    #[test]
+    fn the_body_is_built_from_the_latest_status_against_the_lease_it_was_decided_on() {
+        use gpupool_api::{GpuLeaseSpec, LeasePhase};
+        let persisted = GpuLeaseStatus {
+            phase: LeasePhase::Queued,
+            position: Some(7),
+            message: Some("waiting: 6 primaries ahead".into()),
+            ..GpuLeaseStatus::default()
+        };
+        let spec = GpuLeaseSpec {
+            class_name: "default".into(),
+            pod_name: "l".into(),
+            pod_uid: "u".into(),
+            role: gpupool_api::Role::Primary,
+            slots: 1,
+        };
+        let mut lease = GpuLease::new("l", spec);
+        lease.metadata.resource_version = Some("42".into());
+        lease.status = Some(persisted.clone());
+        let lease = Arc::new(lease);
+        let unchanged = Wanted {
+            lease: lease.clone(),
+            status: persisted.clone(),
+        };
+        assert_eq!(unchanged.body(), None, "nothing to write");
+
+        let mut q = ProgressQueue::new(10);
+        let moved = |position: u32| Wanted {
+            lease: lease.clone(),
+            status: GpuLeaseStatus {
+                position: Some(position),
+                ..persisted.clone()
+            },
+        };
+        q.offer(key("l"), 6, moved(6));
+        q.offer(key("l"), 5, moved(5));
+        let (_, wanted) = q.take(Instant::now()).expect("one write");
+        let body = wanted.body().expect("the position moved");
+        assert_eq!(body["status"]["position"], json!(5), "the latest offer");
+        assert_eq!(body["metadata"]["resourceVersion"], json!("42"));
+        assert!(q.is_empty());
     }
 
     #[test]
