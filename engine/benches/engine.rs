@@ -192,6 +192,13 @@ fn bench(c: &mut Criterion) {
             b.iter_with_large_drop(|| decide_steps(black_box(&after), steps))
         });
     }
+    let mut kept_after = Engine::from_snapshot(&settled);
+    kept_after.remove_pod(&gone);
+    for steps in 0..=6 {
+        g.bench_function(format!("kept_through_{steps}"), |b| {
+            b.iter_with_large_drop(|| kept_after.decide_steps(black_box(steps)))
+        });
+    }
     g.bench_function("sort_pods_and_leases", |b| {
         b.iter(|| {
             let mut pods: Vec<&PodInfo> = after.pods.iter().collect();

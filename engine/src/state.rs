@@ -77,13 +77,24 @@ impl Engine {
 
     /// Decides one pass over the kept state (the rules of [`crate::decide`]).
     pub fn decide(&self) -> Plan {
-        super::run(View {
+        super::run(self.view())
+    }
+
+    /// [`crate::decide_steps`] on the kept state.
+    #[cfg(feature = "fixtures")]
+    #[doc(hidden)]
+    pub fn decide_steps(&self, steps: usize) -> Plan {
+        super::run_until(self.view(), steps)
+    }
+
+    fn view(&self) -> View<'_> {
+        View {
             now: self.now,
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
             pods: self.pods.values().collect(),
             leases: self.leases.values().collect(),
-        })
+        }
     }
 
     /// The time the next pass decides at.
