@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
-    Empty, RegisterRequest, device_plugin_client::DevicePluginClient,
+    DevicePluginOptions, Empty, RegisterRequest, device_plugin_client::DevicePluginClient,
 };
 use gpupool_kubelet_api::transport::{TransportError, connect_unix};
 use tonic::transport::Channel;
@@ -31,6 +31,10 @@ pub enum PluginError {
     /// The plugin's socket did not answer in time.
     #[error("device plugin socket {0} did not answer within {DIAL_TIMEOUT:?}")]
     Timeout(PathBuf),
+    /// The plugin failed GetDevicePluginOptions, which the kubelet asks
+    /// before using it.
+    #[error("the device plugin failed GetDevicePluginOptions: {0}")]
+    Options(String),
 }
 
 /// A registered plugin the kubelet talks to.
@@ -43,6 +47,8 @@ pub struct PluginEndpoint {
     pub client: DevicePluginClient<Channel>,
     /// Whether the plugin implements GetPreferredAllocation.
     pub preferred_allocation: bool,
+    /// What the plugin answered to GetDevicePluginOptions.
+    pub options: DevicePluginOptions,
     watcher: tokio::task::AbortHandle,
 }
 
@@ -63,7 +69,14 @@ pub async fn connect(shared: Arc<Shared>, req: RegisterRequest) -> Result<(), Pl
     let channel = tokio::time::timeout(DIAL_TIMEOUT, connect_unix(&path))
         .await
         .map_err(|_| PluginError::Timeout(path.clone()))??;
-    let client = DevicePluginClient::new(channel);
+    let mut client = DevicePluginClient::new(channel);
+    // Like the kubelet, trust the options the plugin answers over those it
+    // registered with.
+    let options = tokio::time::timeout(DIAL_TIMEOUT, client.get_device_plugin_options(Empty {}))
+        .await
+        .map_err(|_| PluginError::Timeout(path.clone()))?
+        .map_err(|status| PluginError::Options(status.message().to_owned()))?
+        .into_inner();
     let resource = req.resource_name.clone();
     let generation = shared.next_generation();
     let watcher = tokio::spawn(watch_devices(
@@ -77,13 +90,16 @@ pub async fn connect(shared: Arc<Shared>, req: RegisterRequest) -> Result<(), Pl
         endpoint: req.endpoint.clone(),
         generation,
         client,
-        preferred_allocation: req
-            .options
-            .as_ref()
-            .is_some_and(|o| o.get_preferred_allocation_available),
+        preferred_allocation: options.get_preferred_allocation_available,
+        options,
         watcher,
     };
-    let old = shared.lock().plugins.insert(resource.clone(), endpoint);
+    let old = {
+        let mut state = shared.lock();
+        state.record_registration(req.clone());
+        state.listed.remove(&resource);
+        state.plugins.insert(resource.clone(), endpoint)
+    };
     if let Some(old) = old {
         old.disconnect();
         tracing::info!(node = %shared.node_name, resource, old = %old.endpoint, new = %req.endpoint, "device plugin registered again; replaced the old endpoint");
@@ -119,6 +135,9 @@ async fn watch_devices(
                         .get(&resource)
                         .is_none_or(|p| p.generation == generation);
                     if current {
+                        state
+                            .listed
+                            .insert(resource.clone(), update.devices.clone());
                         state.book.set_devices(
                             &resource,
                             update
@@ -155,6 +174,7 @@ fn lost(shared: &Shared, resource: &str, generation: u64) {
         .is_some_and(|p| p.generation == generation)
     {
         state.plugins.remove(resource);
+        state.listed.remove(resource);
         state.book.mark_unhealthy(resource);
         drop(state);
         tracing::warn!(node = %shared.node_name, resource, "device plugin went away; its devices are unhealthy until it registers again");
