@@ -181,3 +181,126 @@ fn lost(shared: &Shared, resource: &str, generation: u64) {
         shared.node_dirty.notify_one();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+
+    use futures::Stream;
+    use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
+        AllocateRequest, AllocateResponse, ListAndWatchResponse, PreStartContainerRequest,
+        PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+        device_plugin_server::{DevicePlugin, DevicePluginServer},
+        registration_client::RegistrationClient,
+    };
+    use gpupool_kubelet_api::transport::serve_unix;
+    use gpupool_sim_apiserver::{ApiServer, ApiServerConfig};
+    use tokio_util::sync::CancellationToken;
+    use tonic::{Code, Request, Response, Status};
+
+    use super::*;
+    use crate::cluster::kubelet::{KubeletConfig, RunningKubelet};
+
+    /// A plugin that fails GetDevicePluginOptions and nothing else matters.
+    struct NoOptions;
+
+    #[tonic::async_trait]
+    impl DevicePlugin for NoOptions {
+        async fn get_device_plugin_options(
+            &self,
+            _: Request<Empty>,
+        ) -> Result<Response<DevicePluginOptions>, Status> {
+            Err(Status::internal("options exploded"))
+        }
+
+        type ListAndWatchStream =
+            Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+        async fn list_and_watch(
+            &self,
+            _: Request<Empty>,
+        ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+            Ok(Response::new(Box::pin(futures::stream::pending())))
+        }
+
+        async fn get_preferred_allocation(
+            &self,
+            _: Request<PreferredAllocationRequest>,
+        ) -> Result<Response<PreferredAllocationResponse>, Status> {
+            Err(Status::unimplemented("no"))
+        }
+
+        async fn allocate(
+            &self,
+            _: Request<AllocateRequest>,
+        ) -> Result<Response<AllocateResponse>, Status> {
+            Err(Status::unimplemented("no"))
+        }
+
+        async fn pre_start_container(
+            &self,
+            _: Request<PreStartContainerRequest>,
+        ) -> Result<Response<PreStartContainerResponse>, Status> {
+            Err(Status::unimplemented("no"))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plugin_failing_get_device_plugin_options_is_not_registered() {
+        let api = ApiServer::start(ApiServerConfig::default())
+            .await
+            .expect("API server");
+        let dir = tempfile::tempdir().expect("kubelet dir");
+        let kubelet = RunningKubelet::start(KubeletConfig {
+            node_name: "node-1".into(),
+            dir: dir.path().to_path_buf(),
+            client: api.client().await.expect("client"),
+            max_termination: Duration::from_millis(200),
+            index: 1,
+            annotate_allocations: false,
+        })
+        .await
+        .expect("kubelet");
+        let stop = CancellationToken::new();
+        let router =
+            tonic::transport::Server::builder().add_service(DevicePluginServer::new(NoOptions));
+        let socket = dir
+            .path()
+            .join(super::super::DEVICE_PLUGINS_DIR)
+            .join("no.sock");
+        let serving = stop.clone();
+        tokio::spawn(async move { serve_unix(router, socket, serving.cancelled_owned()).await });
+        let channel = connect_unix(kubelet.socket_path())
+            .await
+            .expect("dial kubelet");
+        let mut registration = RegistrationClient::new(channel);
+        let request = RegisterRequest {
+            version: "v1beta1".into(),
+            endpoint: "no.sock".into(),
+            resource_name: "example.com/widget".into(),
+            options: None,
+        };
+        // The plugin socket may take a moment to appear; refusals until then
+        // are dial errors, not the one under test.
+        let mut answer = None;
+        for _ in 0..100 {
+            match registration.register(request.clone()).await {
+                Err(e) if e.message().contains("GetDevicePluginOptions") => {
+                    answer = Some(e);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Ok(_) => panic!("registered a plugin that failed GetDevicePluginOptions"),
+            }
+        }
+        let err = answer.expect("refused for its options");
+        assert_eq!(err.code(), Code::Unavailable);
+        assert!(err.message().contains("options exploded"), "{err}");
+        assert_eq!(kubelet.registrations(), 0);
+        assert!(kubelet.registration_requests().is_empty());
+        assert_eq!(kubelet.plugin_options("example.com/widget"), None);
+        assert_eq!(kubelet.listed_devices("example.com/widget"), None);
+        stop.cancel();
+        kubelet.stop().await;
+    }
+}
