@@ -130,6 +130,10 @@ fn devices_naming_a_missing_gpu_exits_2_naming_it() {
     ]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("its GPUs: none"), "{stderr}");
+    assert!(
+        stderr.contains("--devices names a GPU this node does not have: 0;"),
+        "{stderr}"
+    );
 }
 
 #[test]

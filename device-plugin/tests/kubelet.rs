@@ -817,10 +817,32 @@ async fn missing_kube_config_is_reported_and_retried() {
             .then_some(())
     })
     .await;
-    let (_, metrics) = plugin.http_get("/metrics").await;
+    // Retried (counted every time) but said once, naming the file it looked for.
+    let metrics = common::wait_for_async("a second client error", || async {
+        let (_, metrics) = plugin.http_get("/metrics").await;
+        let failures: u64 = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"gpupool_device_plugin_report_errors_total{target="client"} "#)
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        (failures >= 2).then_some(metrics)
+    })
+    .await;
     assert!(
         metrics.contains(r#"gpupool_device_plugin_report_errors_total{target="client"}"#),
         "{metrics}"
+    );
+    let logs = plugin.logs();
+    assert_eq!(
+        logs.matches("no Kubernetes client configuration").count(),
+        1,
+        "{logs}"
+    );
+    assert!(
+        logs.contains(&format!("no kubeconfig at {}", missing.display())),
+        "{logs}"
     );
     kubelet
         .plugin()

@@ -202,7 +202,12 @@ impl DeviceFilter {
             have.join(", ")
         };
         Err(DiscoveryError::InvalidConfig(format!(
-            "--devices names GPU(s) this node does not have: {}; its GPUs: {have}",
+            "--devices names {} this node does not have: {}; its GPUs: {have}",
+            if unmatched.len() == 1 {
+                "a GPU"
+            } else {
+                "GPUs"
+            },
             unmatched.join(", ")
         )))
     }

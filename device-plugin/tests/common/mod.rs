@@ -43,6 +43,21 @@ pub async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T 
     }
 }
 
+/// Like [`wait_for`], for a check that awaits.
+pub async fn wait_for_async<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The simulator's kubelet for node `node-1` in a temp directory, on its
 /// own in-memory API server.
 pub struct TestKubelet {
