@@ -96,7 +96,7 @@ pub fn start_discovery(
     tracing::info!(strategies = %settings.listing.strategies, cdi_kind = %settings.listing.cdi_kind, "device list strategy");
     if first.is_empty() {
         tracing::warn!(
-            discovery = ?settings.discovery,
+            discovery = %settings.discovery,
             "no GPUs found: advertising zero {} devices and serving the kubelet anyway",
             settings.resource_name
         );
@@ -104,7 +104,7 @@ pub fn start_discovery(
         tracing::info!(
             gpus = first.len(),
             slots = first.len() * sessions as usize,
-            indices = ?first.iter().map(|g| g.node.index).collect::<Vec<_>>(),
+            indices = %index_list(first.iter().map(|g| g.node.index)),
             "GPUs discovered"
         );
     }
@@ -112,6 +112,15 @@ pub fn start_discovery(
     metrics.observe_table(&table);
     tx.send_replace(Arc::new(table));
     Ok(rx)
+}
+
+/// GPU indices as a user writes them: `0,1,3`.
+pub fn index_list(indices: impl IntoIterator<Item = u32>) -> String {
+    indices
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Runs the plugin until `shutdown` fires: metrics endpoint, reporter, and

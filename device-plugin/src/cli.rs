@@ -106,6 +106,20 @@ pub enum DiscoverySource {
     StaticFile(PathBuf),
 }
 
+impl std::fmt::Display for DiscoverySource {
+    /// The flags that chose this source, as a user would type them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiscoverySource::Auto => f.write_str("--discovery auto"),
+            DiscoverySource::Nvml => f.write_str("--discovery nvml"),
+            DiscoverySource::StaticCount(n) => write!(f, "--discovery static --static-gpus {n}"),
+            DiscoverySource::StaticFile(path) => {
+                write!(f, "--discovery static --static-config {}", path.display())
+            }
+        }
+    }
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -95,7 +95,13 @@ pub fn pods_holding(
 /// Why one report failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    /// No kube client could be built (no kube config found).
+    /// No kube client could be built: not in a pod, and no kubeconfig
+    /// where one was looked for.
+    #[error(
+        "no Kubernetes client configuration: not running in a pod (KUBERNETES_SERVICE_HOST is unset) and no kubeconfig at {0}; set KUBECONFIG to one. GpuLease status and the node annotation are not written until then"
+    )]
+    NoConfig(String),
+    /// A kube client configuration was found but could not be used.
     #[error("no Kubernetes client configuration: {0}")]
     Client(#[source] kube::Error),
     /// The kubelet's PodResources endpoint failed.
@@ -107,6 +113,58 @@ pub enum ReportError {
     /// An API call took too long.
     #[error("API server call timed out after {CALL_TIMEOUT:?}")]
     Timeout,
+}
+
+/// Where kube's default configuration is looked for outside a pod: the
+/// first file in `KUBECONFIG`, else `~/.kube/config`. `None` when that
+/// file exists or the process runs in a pod, so kube's own error says why
+/// the configuration it found is unusable.
+fn missing_kubeconfig(
+    kubeconfig_env: Option<&std::ffi::OsStr>,
+    in_pod: bool,
+    home: Option<&std::path::Path>,
+) -> Option<PathBuf> {
+    if in_pod {
+        return None;
+    }
+    let path = match kubeconfig_env.filter(|v| !v.is_empty()) {
+        Some(list) => std::env::split_paths(list).next()?,
+        None => home?.join(".kube").join("config"),
+    };
+    (!path.exists()).then_some(path)
+}
+
+/// The client from kube's default configuration, or why there is none.
+async fn default_client() -> Result<kube::Client, ReportError> {
+    kube::Client::try_default().await.map_err(|e| {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        match missing_kubeconfig(
+            std::env::var_os("KUBECONFIG").as_deref(),
+            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+            home.as_deref(),
+        ) {
+            Some(path) => ReportError::NoConfig(path.display().to_string()),
+            None => ReportError::Client(e),
+        }
+    })
+}
+
+/// Which report targets are failing and with what message, so that a
+/// failure that repeats every round is logged once (and its recovery once)
+/// instead of at every retry; the metrics still count every failure.
+#[derive(Debug, Default)]
+struct Failing(HashMap<&'static str, String>);
+
+impl Failing {
+    /// Records a failure; true when it is new or its message changed.
+    fn failed(&mut self, target: &'static str, message: String) -> bool {
+        self.0.insert(target, message.clone()).as_ref() != Some(&message)
+    }
+
+    /// Records a success; true when the target was failing.
+    fn recovered(&mut self, target: &'static str) -> bool {
+        self.0.remove(target).is_some()
+    }
 }
 
 /// The reporting loop's configuration.
@@ -178,7 +236,7 @@ impl Reporter {
         };
         timed(api.patch_status(&pod.name, &params, &Patch::Merge(&patch))).await?;
         self.metrics.lease_reported();
-        tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = ?pod.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), "reported GPUs to lease");
+        tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = %crate::app::index_list(pod.gpus.iter().map(|g| g.index)), "reported GPUs to lease");
         Ok(true)
     }
 
@@ -206,6 +264,7 @@ impl Reporter {
         let mut leases_written: HashMap<(String, String), Vec<LeaseGpu>> = HashMap::new();
         let mut delay = Duration::ZERO;
         let mut reasserted = tokio::time::Instant::now();
+        let mut failing = Failing::default();
         if self.node_name.is_none() {
             tracing::warn!("no --node-name (NODE_NAME): the node's GPU annotation is not written");
         }
@@ -228,10 +287,13 @@ impl Reporter {
             }
 
             if client.is_none() {
-                match kube::Client::try_default().await {
-                    Ok(c) => client = Some(c),
+                match default_client().await {
+                    Ok(c) => {
+                        self.succeed(&mut failing, "client");
+                        client = Some(c);
+                    }
                     Err(e) => {
-                        self.fail("client", &ReportError::Client(e));
+                        self.fail(&mut failing, "client", &e);
                         failed = true;
                     }
                 }
@@ -242,9 +304,12 @@ impl Reporter {
                 let value = node_gpus::render(&gpus);
                 if node_written.as_ref() != Some(&value) {
                     match self.report_node(client, node, &value).await {
-                        Ok(()) => node_written = Some(value),
+                        Ok(()) => {
+                            self.succeed(&mut failing, "node");
+                            node_written = Some(value);
+                        }
                         Err(e) => {
-                            self.fail("node", &e);
+                            self.fail(&mut failing, "node", &e);
                             failed = true;
                         }
                     }
@@ -253,10 +318,11 @@ impl Reporter {
 
             match self.list_pod_resources().await {
                 Err(e) => {
-                    self.fail("podresources", &e);
+                    self.fail(&mut failing, "podresources", &e);
                     failed = true;
                 }
                 Ok(response) => {
+                    self.succeed(&mut failing, "podresources");
                     let pods = pods_holding(&response, &self.resource_name, &table);
                     leases_written.retain(|(ns, name), _| {
                         pods.iter().any(|p| &p.namespace == ns && &p.name == name)
@@ -269,6 +335,7 @@ impl Reporter {
                             }
                             match self.report_lease(client, pod).await {
                                 Ok(true) => {
+                                    self.succeed(&mut failing, "lease");
                                     leases_written.insert(key, pod.gpus.clone());
                                 }
                                 Ok(false) => tracing::debug!(
@@ -276,7 +343,7 @@ impl Reporter {
                                     "no GpuLease for this pod yet; retrying next round"
                                 ),
                                 Err(e) => {
-                                    self.fail("lease", &e);
+                                    self.fail(&mut failing, "lease", &e);
                                     failed = true;
                                 }
                             }
@@ -293,9 +360,19 @@ impl Reporter {
         }
     }
 
-    fn fail(&self, target: &'static str, error: &ReportError) {
+    fn fail(&self, failing: &mut Failing, target: &'static str, error: &ReportError) {
         self.metrics.report_error(target);
-        tracing::warn!(target_kind = target, error = %error, "report failed; retrying with backoff");
+        if failing.failed(target, error.to_string()) {
+            tracing::warn!(target_kind = target, error = %error, "report failed; retrying with backoff (the same failure again is logged at debug level)");
+        } else {
+            tracing::debug!(target_kind = target, error = %error, "report failed again");
+        }
+    }
+
+    fn succeed(&self, failing: &mut Failing, target: &'static str) {
+        if failing.recovered(target) {
+            tracing::info!(target_kind = target, "reporting works again");
+        }
     }
 }
 
@@ -304,6 +381,55 @@ mod tests {
     use super::*;
     use crate::discovery::Gpu;
     use crate::proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+
+    #[test]
+    fn a_missing_kubeconfig_is_named_by_its_path() {
+        let dir = tempfile::tempdir().expect("dir");
+        let present = dir.path().join("present");
+        std::fs::write(&present, "").expect("write");
+        let absent = dir.path().join("absent");
+        let home = dir.path().join("home");
+        assert_eq!(
+            missing_kubeconfig(Some(absent.as_os_str()), false, Some(&home)),
+            Some(absent.clone())
+        );
+        assert_eq!(
+            missing_kubeconfig(None, false, Some(&home)),
+            Some(home.join(".kube/config"))
+        );
+        assert_eq!(
+            missing_kubeconfig(Some(present.as_os_str()), false, None),
+            None,
+            "kube's own error explains an unusable file"
+        );
+        assert_eq!(
+            missing_kubeconfig(Some(absent.as_os_str()), true, None),
+            None,
+            "in a pod"
+        );
+        let message = ReportError::NoConfig(absent.display().to_string()).to_string();
+        assert_eq!(
+            message.matches(&absent.display().to_string()).count(),
+            1,
+            "{message}"
+        );
+        assert!(message.contains("set KUBECONFIG"), "{message}");
+    }
+
+    #[test]
+    fn a_repeated_failure_is_new_once() {
+        let mut failing = Failing::default();
+        assert!(failing.failed("client", "a".into()));
+        assert!(!failing.failed("client", "a".into()), "same failure again");
+        assert!(failing.failed("client", "b".into()), "a different failure");
+        assert!(failing.failed("node", "b".into()), "another target");
+        assert!(failing.recovered("client"));
+        assert!(!failing.recovered("client"), "recovers once");
+        assert!(
+            failing.failed("client", "b".into()),
+            "failing again after recovery"
+        );
+    }
 
     fn table() -> SlotTable {
         let gpus = (0..3).map(|i| {

@@ -47,7 +47,9 @@ pub enum PreferenceError {
     UnknownDevice(String),
     /// The requested size cannot be met.
     #[error(
-        "allocation size {size} is impossible: {must_include} device(s) must be included and {available} are available"
+        "allocation size {size} is impossible: {must_include} {} must be included and {available} {} available",
+        if *must_include == 1 { "device" } else { "devices" },
+        if *available == 1 { "is" } else { "are" }
     )]
     ImpossibleSize {
         /// Requested size.
@@ -579,5 +581,17 @@ mod tests {
             let err = table.preferred(&available, &[], size).expect_err("size");
             assert!(err.to_string().contains("impossible"), "{err}");
         }
+        let err = table.preferred(&available, &[], 2).expect_err("size");
+        assert_eq!(
+            err.to_string(),
+            "allocation size 2 is impossible: 0 devices must be included and 1 is available"
+        );
+        let err = table
+            .preferred(&available, &available, 2)
+            .expect_err("size");
+        assert!(
+            err.to_string().contains(": 1 device must be included"),
+            "{err}"
+        );
     }
 }

@@ -130,6 +130,10 @@ fn devices_naming_a_missing_gpu_exits_2_naming_it() {
     ]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("its GPUs: none"), "{stderr}");
+    assert!(
+        stderr.contains("--devices names a GPU this node does not have: 0;"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -138,6 +142,60 @@ fn nvml_discovery_without_the_library_exits_1_saying_so() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("NVIDIA management library"), "{stderr}");
     assert!(stderr.contains("libnvidia-ml"), "{stderr}");
+    // Said once, with the binary's name, and what to check next.
+    assert_eq!(
+        stderr.matches("NVIDIA management library").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.starts_with("gpupool-device-plugin: --discovery nvml:"),
+        "{stderr}"
+    );
+    for next in [
+        "NVIDIA driver",
+        "NVIDIA container toolkit",
+        "runtimeClassName: nvidia",
+        "--discovery static",
+    ] {
+        assert!(stderr.contains(next), "should mention {next}: {stderr}");
+    }
+}
+
+#[test]
+fn fatal_errors_print_once_with_the_binary_name() {
+    // A bad combination of flags: one line, nothing logged before it.
+    let (code, stderr) = run_to_exit(&["--discovery", "static"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "gpupool-device-plugin: --discovery static needs --static-gpus N or --static-config FILE\n"
+    );
+    // A failure after start-up: logged lines may come first, the error once at the end.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let (code, stderr) = run_to_exit(&[
+        "--discovery",
+        "static",
+        "--static-gpus",
+        "1",
+        "--metrics-port",
+        &port,
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.matches("cannot listen").count(), 1, "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("gpupool-device-plugin: --metrics-port: cannot listen"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("error:") && !stderr.contains("ERROR"),
+        "no second prefix and no log line repeating it: {stderr}"
+    );
+    // Not a terminal: no colour codes in the log lines.
+    assert!(stderr.contains("INFO"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr}");
 }
 
 #[test]

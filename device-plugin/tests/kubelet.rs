@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod raw_h2;
 
 use common::{Plugin, TestKubelet, write_config};
 use gpupool_device_plugin::proto::deviceplugin::v1beta1 as dp;
@@ -34,15 +35,19 @@ async fn registers_with_the_contract_fields() {
     kubelet.wait_registrations(1).await;
     let devices = kubelet.wait_devices("two devices", |d| d.len() == 2).await;
     {
-        let seen = kubelet.seen.lock().unwrap();
-        let request = &seen.registrations[0];
+        let registrations = kubelet.registration_requests();
+        let request = &registrations[0];
         assert_eq!(request.version, "v1beta1");
         assert_eq!(request.endpoint, "gpupool.sock");
         assert_eq!(request.resource_name, "gpupool/slot");
         let options = request.options.expect("options sent");
         assert!(options.get_preferred_allocation_available);
         assert!(!options.pre_start_required);
-        assert_eq!(seen.options[0], options, "GetDevicePluginOptions agrees");
+        assert_eq!(
+            kubelet.plugin_options("gpupool/slot"),
+            Some(options),
+            "GetDevicePluginOptions agrees"
+        );
     }
     assert!(devices.iter().all(|d| d.health == "Healthy"));
     assert!(
@@ -85,7 +90,7 @@ async fn custom_resource_name_is_registered() {
     );
     kubelet.wait_registrations(1).await;
     assert_eq!(
-        kubelet.seen.lock().unwrap().registrations[0].resource_name,
+        kubelet.registration_requests()[0].resource_name,
         "example.com/gpu-slot"
     );
 }
@@ -155,7 +160,7 @@ async fn health_flips_both_ways_through_the_config_file() {
     })
     .await;
     assert_eq!(
-        ids(kubelet.devices.borrow().as_ref().expect("list")),
+        ids(&kubelet.devices().expect("list")),
         vec!["GPU-a-s0", "GPU-b-s0"]
     );
 }
@@ -313,7 +318,7 @@ async fn allocate_sets_env_and_device_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_the_socket_path_as_authority_is_served() {
-    use common::raw_h2::{RawClient, decode, encode};
+    use crate::raw_h2::{RawClient, decode, encode};
     let kubelet = TestKubelet::start().await;
     let config = kubelet.path().join("gpus.yaml");
     write_config(&config, &[(0, "GPU-a", true), (1, "GPU-b", true)]);
@@ -642,12 +647,7 @@ async fn kubelet_restart_triggers_reregistration() {
     kubelet
         .plugin()
         .await
-        .allocate(allocate_request(&[&[&kubelet
-            .devices
-            .borrow()
-            .as_ref()
-            .unwrap()[0]
-            .id]]))
+        .allocate(allocate_request(&[&[&kubelet.devices().unwrap()[0].id]]))
         .await
         .expect("allocates after restart");
 
@@ -767,25 +767,9 @@ async fn kubelet_side_works_without_an_api_server() {
         ],
     );
     let devices = kubelet.wait_devices("list", |d| d.len() == 2).await;
-    kubelet.pods.lock().unwrap().push(
-        gpupool_device_plugin::proto::podresources::v1::PodResources {
-            name: "p".into(),
-            namespace: "default".into(),
-            containers: vec![
-                gpupool_device_plugin::proto::podresources::v1::ContainerResources {
-                    name: "c".into(),
-                    devices: vec![
-                        gpupool_device_plugin::proto::podresources::v1::ContainerDevices {
-                            resource_name: "gpupool/slot".into(),
-                            device_ids: vec![devices[0].id.clone()],
-                            topology: None,
-                        },
-                    ],
-                    ..Default::default()
-                },
-            ],
-        },
-    );
+    // A pod holding a slot, run by the kubelet: the plugin reads it from PodResources.
+    let held = kubelet.run_pod("p", 1).await;
+    assert_eq!(held.len(), 1, "{held:?}");
     // The API server (a closed loopback port) fails every report ...
     common::wait_for("a node report error", || {
         plugin
@@ -833,10 +817,32 @@ async fn missing_kube_config_is_reported_and_retried() {
             .then_some(())
     })
     .await;
-    let (_, metrics) = plugin.http_get("/metrics").await;
+    // Retried (counted every time) but said once, naming the file it looked for.
+    let metrics = common::wait_for_async("a second client error", || async {
+        let (_, metrics) = plugin.http_get("/metrics").await;
+        let failures: u64 = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"gpupool_device_plugin_report_errors_total{target="client"} "#)
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        (failures >= 2).then_some(metrics)
+    })
+    .await;
     assert!(
         metrics.contains(r#"gpupool_device_plugin_report_errors_total{target="client"}"#),
         "{metrics}"
+    );
+    let logs = plugin.logs();
+    assert_eq!(
+        logs.matches("no Kubernetes client configuration").count(),
+        1,
+        "{logs}"
+    );
+    assert!(
+        logs.contains(&format!("no kubeconfig at {}", missing.display())),
+        "{logs}"
     );
     kubelet
         .plugin()

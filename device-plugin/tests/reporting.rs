@@ -1,6 +1,8 @@
 //! Reporting against a small loopback HTTP server that speaks the three
 //! Kubernetes REST calls the plugin makes (GET a GpuLease, merge-patch its
-//! status, merge-patch the Node), recording what it is sent.
+//! status, merge-patch the Node), recording what it is sent. The pods come
+//! from the simulator's kubelet, which runs them on the plugin's slots on
+//! its own in-memory API server.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +13,6 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use common::{Plugin, TestKubelet, wait_for, write_config};
-use gpupool_device_plugin::proto::podresources::v1 as pr;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
@@ -122,20 +123,9 @@ async fn start_api_server() -> (String, Shared) {
     (url, state)
 }
 
-fn pod(name: &str, ids: &[&str]) -> pr::PodResources {
-    pr::PodResources {
-        name: name.into(),
-        namespace: "default".into(),
-        containers: vec![pr::ContainerResources {
-            name: "main".into(),
-            devices: vec![pr::ContainerDevices {
-                resource_name: "gpupool/slot".into(),
-                device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
-                topology: None,
-            }],
-            ..Default::default()
-        }],
-    }
+/// The GPU UUID of a slot device ID (`<uuid>-s<n>`).
+fn gpu_of(id: &str) -> &str {
+    id.rsplit_once("-s").map_or(id, |(uuid, _)| uuid)
 }
 
 fn requests(state: &Shared, method: &str, path_end: &str) -> Vec<Seen> {
@@ -156,11 +146,6 @@ async fn reports_node_gpus_and_lease_gpus() {
     let kubelet = TestKubelet::start().await;
     let config = kubelet.path().join("gpus.yaml");
     write_config(&config, &[(0, "GPU-a", true), (2, "GPU-c", true)]);
-    kubelet
-        .pods
-        .lock()
-        .unwrap()
-        .extend([pod("p", &["GPU-c-s0", "GPU-a-s0"]), pod("q", &["GPU-a-s1"])]);
     let kubeconfig = kubelet.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -184,6 +169,15 @@ async fn reports_node_gpus_and_lease_gpus() {
         ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
+    // Pods the kubelet runs on the plugin's slots, seen by the plugin
+    // through PodResources: p on both GPUs (the plugin spreads), q on one.
+    kubelet.wait_devices("four slots", |d| d.len() == 4).await;
+    let p_ids = kubelet.run_pod("p", 2).await;
+    let mut p_gpus: Vec<&str> = p_ids.iter().map(|id| gpu_of(id)).collect();
+    p_gpus.sort_unstable();
+    assert_eq!(p_gpus, ["GPU-a", "GPU-c"], "{p_ids:?}");
+    let q_ids = kubelet.run_pod("q", 1).await;
+    assert_eq!(q_ids.len(), 1, "{q_ids:?}");
 
     // The Node annotation: a merge patch with the GPU list.
     let node_patch = wait_for("node patch", || {
@@ -231,7 +225,7 @@ async fn reports_node_gpus_and_lease_gpus() {
         requests(&state, "PATCH", "/gpuleases/q/status").pop()
     })
     .await;
-    assert_eq!(q_patch.body["status"]["gpus"][0]["uuid"], "GPU-a");
+    assert_eq!(q_patch.body["status"]["gpus"][0]["uuid"], gpu_of(&q_ids[0]));
 
     // p was patched once: boundAt is not rewritten every round.
     assert_eq!(requests(&state, "PATCH", "/gpuleases/p/status").len(), 1);

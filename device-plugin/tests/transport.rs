@@ -4,11 +4,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod raw_h2;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use common::raw_h2::{PROTOCOL_ERROR, RawClient, decode, encode};
 use gpupool_api::NodeGpu;
 use gpupool_device_plugin::discovery::Gpu;
 use gpupool_device_plugin::metrics::Metrics;
@@ -18,6 +18,7 @@ use gpupool_device_plugin::proto::deviceplugin::v1beta1::device_plugin_server::D
 use gpupool_device_plugin::server::{DeviceListing, DevicePluginService};
 use gpupool_device_plugin::slots::SlotTable;
 use gpupool_device_plugin::transport;
+use raw_h2::{PROTOCOL_ERROR, RawClient, decode, encode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -41,7 +42,7 @@ fn service(stop: &CancellationToken) -> DevicePluginServer<DevicePluginService> 
     ))
 }
 
-fn allocate(client: &mut RawClient) -> common::raw_h2::Outcome {
+fn allocate(client: &mut RawClient) -> raw_h2::Outcome {
     let request = dp::AllocateRequest {
         container_requests: vec![dp::ContainerAllocateRequest {
             devices_ids: vec!["GPU-a-s0".to_owned()],
@@ -50,7 +51,7 @@ fn allocate(client: &mut RawClient) -> common::raw_h2::Outcome {
     client.call("/v1beta1.DevicePlugin/Allocate", &encode(&request), false)
 }
 
-async fn raw_call(socket: &Path, authority: &str) -> common::raw_h2::Outcome {
+async fn raw_call(socket: &Path, authority: &str) -> raw_h2::Outcome {
     let socket = socket.to_path_buf();
     let authority = authority.to_owned();
     tokio::task::spawn_blocking(move || allocate(&mut RawClient::connect(&socket, &authority)))

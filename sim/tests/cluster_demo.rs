@@ -17,12 +17,14 @@ async fn demo_finishes_and_shows_the_queue_move() {
         dir.display()
     );
     let with_operator = dir.join("gpupool-operator").is_file();
+    let run_dir = tempfile::tempdir().expect("run dir");
     let output = tokio::time::timeout(
         Duration::from_secs(150),
         tokio::process::Command::new(SIM)
             // The simulated backend: these runs do not ask for a real control plane.
             .env_remove("KUBEBUILDER_ASSETS")
-            .args(["demo", "--timeout-seconds", "100"])
+            .args(["demo", "--timeout-seconds", "100", "--run-dir"])
+            .arg(run_dir.path())
             .kill_on_drop(true)
             .output(),
     )
@@ -37,6 +39,31 @@ async fn demo_finishes_and_shows_the_queue_move() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("primary-6 arrives"), "{stdout}");
+    // The story only: log lines go to the run directory, said once.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stdout.contains("INFO") && !stderr.contains("INFO") && !stderr.contains("WARN"),
+        "no log lines in the terminal:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        stdout
+            .matches(&format!(
+                "logs in {}",
+                run_dir.path().join("logs").display()
+            ))
+            .count(),
+        1,
+        "{stdout}"
+    );
+    let log = std::fs::read_to_string(run_dir.path().join("logs/gpupool-sim.log")).expect("log");
+    assert!(
+        log.contains("INFO"),
+        "the simulator's log lines are in its log file"
+    );
+    // Counts read as words: "asking for 1 GPU", "asking for 2 GPUs".
+    assert!(!stdout.contains("(s)"), "{stdout}");
+    assert!(stdout.contains("asking for 1 GPU,"), "{stdout}");
+    assert!(stdout.contains("asking for 2 GPUs,"), "{stdout}");
     if with_operator && !stdout.contains("operator is not running") {
         for needle in [
             "NAME",

@@ -71,12 +71,19 @@ pub trait Discovery {
     fn poll(&mut self) -> Result<Polled, DiscoveryError>;
 }
 
+/// What to check when NVML cannot be loaded, in the order a node fails.
+pub const NVML_NEXT_STEPS: &str = "Check that the NVIDIA driver is installed on the node (`nvidia-smi` works there); \
+that the NVIDIA container toolkit is installed and configured for the container runtime; \
+and that this pod runs with `runtimeClassName: nvidia` unless nvidia is the runtime's default \
+(the chart's devicePlugin.runtimeClassName). Without GPUs, --discovery static simulates them.";
+
 /// Why discovery failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    /// The NVIDIA management library could not be loaded or initialised.
+    /// The NVIDIA management library could not be loaded or initialised;
+    /// the message names what to check next.
     #[error(
-        "--discovery nvml: the NVIDIA management library (libnvidia-ml.so.1) could not be loaded or initialised: {0}"
+        "--discovery nvml: the NVIDIA management library (libnvidia-ml.so.1) could not be loaded or initialised: {0}. {NVML_NEXT_STEPS}"
     )]
     NvmlUnavailable(String),
     /// An NVML query failed.
@@ -195,7 +202,12 @@ impl DeviceFilter {
             have.join(", ")
         };
         Err(DiscoveryError::InvalidConfig(format!(
-            "--devices names GPU(s) this node does not have: {}; its GPUs: {have}",
+            "--devices names {} this node does not have: {}; its GPUs: {have}",
+            if unmatched.len() == 1 {
+                "a GPU"
+            } else {
+                "GPUs"
+            },
             unmatched.join(", ")
         )))
     }

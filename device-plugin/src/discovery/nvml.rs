@@ -203,7 +203,13 @@ impl<S: NvmlSource> NvmlDiscovery<S> {
                     .pci_bus_id
                     .as_deref()
                     .and_then(|bus_id| numa_node(sysfs_root, bus_id));
-                tracing::info!(index = g.index, uuid = %g.uuid, bus_id = ?g.pci_bus_id, numa_node = ?node, "GPU topology");
+                tracing::info!(
+                    index = g.index,
+                    uuid = %g.uuid,
+                    bus_id = g.pci_bus_id.as_deref().unwrap_or("unknown"),
+                    numa_node = %node.map_or_else(|| "none".to_owned(), |n| n.to_string()),
+                    "GPU topology"
+                );
                 node
             })
             .collect();

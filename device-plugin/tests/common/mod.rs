@@ -1,34 +1,35 @@
-//! A test kubelet (Registration + PodResources over real unix sockets, dialling
-//! the plugin back like the real kubelet does) and a handle on the real
-//! `gpupool-device-plugin` binary.
+//! The simulator's kubelet (`gpupool-sim`'s `RunningKubelet`, speaking
+//! Registration, the plugin's DevicePlugin service and PodResources over
+//! real unix sockets, on the simulator's in-memory API server) as the
+//! plugin's node, and a handle on the real `gpupool-device-plugin` binary.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-pub mod raw_h2;
-
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpupool_device_plugin::proto::deviceplugin::v1beta1 as dp;
 use gpupool_device_plugin::proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
-use gpupool_device_plugin::proto::deviceplugin::v1beta1::registration_server::{
-    Registration, RegistrationServer,
-};
-use gpupool_device_plugin::proto::podresources::v1 as pr;
-use gpupool_device_plugin::proto::podresources::v1::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
 use gpupool_device_plugin::transport;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Server};
-use tonic::{Request, Response, Status};
+use gpupool_sim::apiserver::{ApiServer, ApiServerConfig, RunningApiServer};
+use gpupool_sim::cluster::kubelet::{KubeletConfig, RunningKubelet};
+use gpupool_sim::cluster::workload::{phase, wait_pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tonic::transport::Channel;
 
 /// Upper bound of every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(15);
+
+/// The node the kubelet runs.
+pub const NODE: &str = "node-1";
+
+/// The resource the plugin advertises unless told otherwise.
+pub const RESOURCE: &str = "gpupool/slot";
 
 /// Polls `check` every 20 ms until it returns Some, at most `WAIT`.
 pub async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
@@ -42,118 +43,53 @@ pub async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T 
     }
 }
 
-/// What the test kubelet saw.
-#[derive(Default)]
-pub struct Seen {
-    /// Every registration request, in order.
-    pub registrations: Vec<dp::RegisterRequest>,
-    /// Options the plugin answered after each registration.
-    pub options: Vec<dp::DevicePluginOptions>,
-}
-
-#[derive(Clone)]
-struct KubeletRegistration {
-    plugin_dir: PathBuf,
-    seen: Arc<Mutex<Seen>>,
-    devices: watch::Sender<Option<Vec<dp::Device>>>,
-    stop: CancellationToken,
-}
-
-#[tonic::async_trait]
-impl Registration for KubeletRegistration {
-    async fn register(
-        &self,
-        request: Request<dp::RegisterRequest>,
-    ) -> Result<Response<dp::Empty>, Status> {
-        let request = request.into_inner();
-        if request.version != "v1beta1" {
-            return Err(Status::invalid_argument("unsupported version"));
+/// Like [`wait_for`], for a check that awaits.
+pub async fn wait_for_async<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
         }
-        let endpoint = self.plugin_dir.join(&request.endpoint);
-        self.seen.lock().unwrap().registrations.push(request);
-        // Like the kubelet: dial the plugin back and keep a ListAndWatch open.
-        let this = self.clone();
-        tokio::spawn(async move {
-            let Ok(channel) = transport::connect_unix(&endpoint).await else {
-                return;
-            };
-            let mut client = DevicePluginClient::new(channel);
-            if let Ok(options) = client.get_device_plugin_options(dp::Empty {}).await {
-                this.seen.lock().unwrap().options.push(options.into_inner());
-            }
-            let Ok(stream) = client.list_and_watch(dp::Empty {}).await else {
-                return;
-            };
-            let mut stream = stream.into_inner();
-            loop {
-                tokio::select! {
-                    () = this.stop.cancelled() => return,
-                    message = stream.message() => match message {
-                        Ok(Some(list)) => { this.devices.send_replace(Some(list.devices)); }
-                        _ => return,
-                    },
-                }
-            }
-        });
-        Ok(Response::new(dp::Empty {}))
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-#[derive(Clone)]
-struct KubeletPodResources {
-    pods: Arc<Mutex<Vec<pr::PodResources>>>,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for KubeletPodResources {
-    async fn list(
-        &self,
-        _request: Request<pr::ListPodResourcesRequest>,
-    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-        Ok(Response::new(pr::ListPodResourcesResponse {
-            pod_resources: self.pods.lock().unwrap().clone(),
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _request: Request<pr::AllocatableResourcesRequest>,
-    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed"))
-    }
-
-    async fn get(
-        &self,
-        _request: Request<pr::GetPodResourcesRequest>,
-    ) -> Result<Response<pr::GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed"))
-    }
-}
-
-/// A kubelet serving Registration and PodResources in a temp directory.
+/// The simulator's kubelet for node `node-1` in a temp directory, on its
+/// own in-memory API server.
 pub struct TestKubelet {
-    pub dir: tempfile::TempDir,
-    pub seen: Arc<Mutex<Seen>>,
-    pub devices: watch::Receiver<Option<Vec<dp::Device>>>,
-    devices_tx: watch::Sender<Option<Vec<dp::Device>>>,
-    pub pods: Arc<Mutex<Vec<pr::PodResources>>>,
-    stop: CancellationToken,
+    kubelet: RunningKubelet,
+    client: kube::Client,
+    _api: RunningApiServer,
+    dir: tempfile::TempDir,
 }
 
 impl TestKubelet {
     pub async fn start() -> Self {
+        let api = ApiServer::start(ApiServerConfig::default())
+            .await
+            .expect("in-memory API server");
+        let client = api.client().await.expect("API client");
         let dir = tempfile::tempdir().expect("temp kubelet dir");
-        let (devices_tx, devices) = watch::channel(None);
-        let mut kubelet = TestKubelet {
+        let kubelet = RunningKubelet::start(KubeletConfig {
+            node_name: NODE.into(),
+            dir: dir.path().to_path_buf(),
+            client: client.clone(),
+            max_termination: Duration::from_millis(200),
+            index: 1,
+            annotate_allocations: false,
+        })
+        .await
+        .expect("kubelet starts");
+        TestKubelet {
+            kubelet,
+            client,
+            _api: api,
             dir,
-            seen: Arc::default(),
-            devices,
-            devices_tx,
-            pods: Arc::default(),
-            stop: CancellationToken::new(),
-        };
-        kubelet.serve();
-        kubelet
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -164,51 +100,15 @@ impl TestKubelet {
         self.path().join("device-plugins/gpupool.sock")
     }
 
-    fn serve(&mut self) {
-        self.stop = CancellationToken::new();
-        let plugin_dir = self.path().join("device-plugins");
-        let registration = KubeletRegistration {
-            plugin_dir: plugin_dir.clone(),
-            seen: self.seen.clone(),
-            devices: self.devices_tx.clone(),
-            stop: self.stop.clone(),
-        };
-        let router = Server::builder().add_service(RegistrationServer::new(registration));
-        let incoming =
-            transport::bind_unix(plugin_dir.join("kubelet.sock")).expect("bind kubelet.sock");
-        let stop = self.stop.clone();
-        tokio::spawn(async move {
-            let _ =
-                transport::serve_incoming(router, &plugin_dir, incoming, stop.cancelled_owned())
-                    .await;
-        });
-        let pod_dir = self.path().join("pod-resources");
-        let router =
-            Server::builder().add_service(PodResourcesListerServer::new(KubeletPodResources {
-                pods: self.pods.clone(),
-            }));
-        let stop = self.stop.clone();
-        let incoming =
-            transport::bind_unix(pod_dir.join("kubelet.sock")).expect("bind pod-resources");
-        tokio::spawn(async move {
-            let _ =
-                transport::serve_incoming(router, &pod_dir, incoming, stop.cancelled_owned()).await;
-        });
-    }
-
-    /// Stops, wipes `device-plugins/` like a starting kubelet does, and serves again.
+    /// Restarts as a kubelet does: wipes `device-plugins/` and serves a fresh
+    /// registration socket; plugins must register again.
     pub async fn restart(&mut self) {
-        self.stop.cancel();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        for entry in std::fs::read_dir(self.path().join("device-plugins")).expect("read dir") {
-            std::fs::remove_file(entry.expect("entry").path()).expect("remove socket");
-        }
-        self.devices_tx.send_replace(None);
-        self.serve();
+        self.kubelet.restart().await.expect("kubelet restarts");
     }
 
+    /// Successful registrations so far.
     pub fn registrations(&self) -> usize {
-        self.seen.lock().unwrap().registrations.len()
+        usize::try_from(self.kubelet.registrations()).unwrap()
     }
 
     pub async fn wait_registrations(&self, n: usize) {
@@ -218,16 +118,68 @@ impl TestKubelet {
         .await;
     }
 
+    /// The registrations the kubelet accepted, oldest first.
+    pub fn registration_requests(&self) -> Vec<dp::RegisterRequest> {
+        self.kubelet.registration_requests()
+    }
+
+    /// What the plugin for `resource` answered to GetDevicePluginOptions.
+    pub fn plugin_options(&self, resource: &str) -> Option<dp::DevicePluginOptions> {
+        self.kubelet.plugin_options(resource)
+    }
+
+    /// The last ListAndWatch list of `gpupool/slot`, if any.
+    pub fn devices(&self) -> Option<Vec<dp::Device>> {
+        self.kubelet.listed_devices(RESOURCE)
+    }
+
     /// Waits until the last ListAndWatch list satisfies `check`.
     pub async fn wait_devices(
         &self,
         what: &str,
         check: impl Fn(&[dp::Device]) -> bool,
     ) -> Vec<dp::Device> {
-        wait_for(what, || {
-            self.devices.borrow().as_ref().filter(|d| check(d)).cloned()
-        })
-        .await
+        wait_for(what, || self.devices().filter(|d| check(d))).await
+    }
+
+    /// Creates pod `default/name` on this node asking for `slots` of
+    /// `gpupool/slot`, waits until the kubelet runs it (its devices
+    /// allocated by the plugin) and returns the device IDs it got.
+    pub async fn run_pod(&self, name: &str, slots: u32) -> Vec<String> {
+        let amount = BTreeMap::from([(RESOURCE.to_owned(), Quantity(slots.to_string()))]);
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                // Bound at creation: no scheduler here.
+                node_name: Some(NODE.into()),
+                containers: vec![Container {
+                    name: "main".into(),
+                    image: Some("registry.example/gpu:1".into()),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(amount.clone()),
+                        limits: Some(amount),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        wait_pod(&pods, name, WAIT, |p| phase(p) == "Running")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.kubelet
+            .allocated_devices("default", name, RESOURCE)
+            .expect("a running pod holds its devices")
     }
 
     /// A client on the plugin socket.
@@ -236,12 +188,6 @@ impl TestKubelet {
             .await
             .expect("dial plugin");
         DevicePluginClient::new(channel)
-    }
-}
-
-impl Drop for TestKubelet {
-    fn drop(&mut self) {
-        self.stop.cancel();
     }
 }
 

@@ -19,6 +19,8 @@ enum Command {
     Apiserver(cli::apiserver::Args),
     /// Start the whole cluster (API server, scheduler, kubelets, the real binaries).
     Up(cli::up::Args),
+    /// Stop a cluster started with `up --detach`.
+    Down(cli::detach::DownArgs),
     /// Start the cluster, run a scripted scenario and show the queue move.
     Demo(cli::demo::Args),
     /// Push many pods through the cluster and print performance figures as JSON.
@@ -34,33 +36,47 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("gpupool-sim: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Apiserver(args) => cli::apiserver::run(args).await,
-            Command::Up(args) => cli::up::run(args).await,
-            Command::Demo(args) => cli::demo::run(args).await,
-            Command::Bench(args) => cli::bench::run(args).await,
-        }
-    });
-    match result {
+    match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // One line, said once, as the operator and device plugin do.
             eprintln!("gpupool-sim: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Sends logs where the command wants them and runs it.
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Down(args) => cli::detach::down(&args),
+        Command::Up(mut args) => {
+            let run_dir = args.resolved_run_dir();
+            if args.detach {
+                return cli::detach::launch(&run_dir, args.ready_timeout());
+            }
+            cli::logging::to_run_dir(&run_dir)?;
+            args.run_dir = Some(run_dir);
+            runtime()?.block_on(cli::up::run(args))
+        }
+        Command::Demo(mut args) => {
+            let run_dir = args.resolved_run_dir();
+            cli::logging::to_run_dir(&run_dir)?;
+            args.run_dir = Some(run_dir);
+            runtime()?.block_on(cli::demo::run(args))
+        }
+        Command::Apiserver(args) => {
+            cli::logging::to_stderr();
+            runtime()?.block_on(cli::apiserver::run(args))
+        }
+        Command::Bench(args) => {
+            cli::logging::to_stderr();
+            runtime()?.block_on(cli::bench::run(args))
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
 }

@@ -36,6 +36,20 @@ pub struct Args {
     /// simulator then runs only the kubelets, device plugins and operator.
     #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
     pub kube_assets: Option<std::path::PathBuf>,
+
+    /// Run directory for kubelet dirs, logs and kubeconfigs (default: a new
+    /// directory under the system temp dir; kept after exit for its logs).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    /// The run directory: --run-dir, else a fresh one.
+    pub fn resolved_run_dir(&self) -> std::path::PathBuf {
+        self.run_dir
+            .clone()
+            .unwrap_or_else(crate::cluster::sim::fresh_run_dir)
+    }
 }
 
 /// One pod the scenario submits.
@@ -116,6 +130,22 @@ const SCRIPT: [Arrival; 9] = [
     },
 ];
 
+/// A phase as the API writes it (`Queued`, `Bound`, …).
+fn phase_name(phase: LeasePhase) -> String {
+    serde_json::to_value(phase)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The plural of a role name: `primary` → `primaries`, `helper` → `helpers`.
+fn plural_role(role: &str) -> String {
+    match role.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{role}s"),
+    }
+}
+
 /// What the demo shows of one lease.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LeaseView {
@@ -148,7 +178,7 @@ impl LeaseView {
     pub fn of(lease: &GpuLease) -> Self {
         let status = lease.status.clone().unwrap_or_default();
         let phase = if lease.status.is_some() {
-            format!("{:?}", status.phase)
+            phase_name(status.phase)
         } else {
             String::new()
         };
@@ -183,7 +213,10 @@ pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Option<String> {
                 .unwrap_or_default();
             match now.position {
                 Some(1) => format!("{name}: queued at the head of the {} queue{why}", now.role),
-                Some(p) => format!("{name}: queued behind {} {}(s){why}", p - 1, now.role),
+                Some(p) => format!(
+                    "{name}: queued behind {}{why}",
+                    crate::text::count(p.saturating_sub(1), &now.role, &plural_role(&now.role))
+                ),
                 None => format!("{name}: queued{why}"),
             }
         }
@@ -263,7 +296,7 @@ pub fn summarize(views: &[LeaseView], preempted: &[(String, String)]) -> Vec<Str
     for v in &by_sequence {
         let waited = match (v.queued_at, v.admitted_at) {
             (Some(q), Some(a)) => format!(
-                "waited {:.1}s for its GPU(s)",
+                "waited {:.1}s to be admitted",
                 (a - q).total(jiff::Unit::Second).unwrap_or(0.0).max(0.0)
             ),
             (_, None) => "was never admitted".to_owned(),
@@ -319,6 +352,7 @@ pub fn summarize(views: &[LeaseView], preempted: &[(String, String)]) -> Vec<Str
 /// Runs `gpupool-sim demo`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let real = args.kube_assets.is_some();
+    let run_dir = args.resolved_run_dir();
     let config = ClusterConfig {
         backend: super::up::backend(args.kube_assets.as_ref()),
         ready_timeout: Duration::from_secs(if real { 90 } else { 30 }),
@@ -328,6 +362,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         device_plugin_bin: args.device_plugin_bin,
         operator_bin: args.operator_bin,
         operator: OperatorMode::IfAvailable,
+        run_dir: Some(run_dir.clone()),
+        remove_run_dir: false,
         ..Default::default()
     };
     if real {
@@ -339,6 +375,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "Starting a simulated cluster: 2 nodes × 2 GPUs, the real device plugin on each node…"
         );
     }
+    println!(
+        "(logs in {}; RUST_LOG sets their level)",
+        run_dir.join(super::logging::LOG_DIR).display()
+    );
     let mut cluster = SimCluster::start(config)
         .await
         .context("starting the simulated cluster")?;
@@ -357,7 +397,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     outcome?;
     stopped.context("stopping the simulated cluster")?;
     if !running {
-        println!("(the operator was not running at the end; its log is in the run directory)");
+        println!(
+            "(the operator was not running at the end; its log is in {})",
+            run_dir.join(super::logging::LOG_DIR).display()
+        );
     }
     Ok(())
 }
@@ -375,11 +418,11 @@ async fn submit_due(client: &Client, start: Instant, next: &mut usize) -> anyhow
         .await
         .with_context(|| format!("creating pod {}", a.name))?;
         println!(
-            "[{:>5.1}s] + {} arrives: {} asking for {} GPU(s), runs {}s",
+            "[{:>5.1}s] + {} arrives: {} asking for {}, runs {}s",
             start.elapsed().as_secs_f64(),
             a.name,
             a.role,
-            a.slots,
+            crate::text::count(a.slots, "GPU", "GPUs"),
             a.runs
         );
         *next += 1;
@@ -439,14 +482,15 @@ async fn with_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Resul
         let primaries_done = all_submitted
             && SCRIPT.iter().filter(|a| a.role == Role::Primary).all(|a| {
                 seen.get(a.name)
-                    .is_some_and(|v| v.phase == format!("{:?}", LeasePhase::Released))
+                    .is_some_and(|v| v.phase == phase_name(LeasePhase::Released))
             });
         if primaries_done {
             break;
         }
         if start.elapsed() > timeout {
             anyhow::bail!(
-                "the scenario did not finish within {timeout:?}; leases now:\n{}",
+                "the scenario did not finish within {} s (--timeout-seconds); leases now:\n{}",
+                timeout.as_secs(),
                 table(&views)
             );
         }
@@ -513,7 +557,10 @@ async fn without_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Re
             break;
         }
         if start.elapsed() > timeout {
-            anyhow::bail!("the scenario did not finish within {timeout:?}");
+            anyhow::bail!(
+                "the scenario did not finish within {} s (--timeout-seconds)",
+                timeout.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -544,7 +591,12 @@ mod tests {
         queued.message = Some("waiting: 2 primaries ahead".into());
         assert_eq!(
             narrate(None, &queued).as_deref(),
-            Some("p: queued behind 2 primary(s) (waiting: 2 primaries ahead)")
+            Some("p: queued behind 2 primaries (waiting: 2 primaries ahead)")
+        );
+        queued.position = Some(2);
+        assert_eq!(
+            narrate(None, &queued).as_deref(),
+            Some("p: queued behind 1 primary (waiting: 2 primaries ahead)")
         );
         queued.position = Some(1);
         assert_eq!(
@@ -630,6 +682,14 @@ mod tests {
                 .any(|l| l.contains("h1 admitted while p1 waited")),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn phases_and_roles_read_as_words() {
+        assert_eq!(phase_name(LeasePhase::Released), "Released");
+        assert_eq!(phase_name(LeasePhase::Queued), "Queued");
+        assert_eq!(plural_role("primary"), "primaries");
+        assert_eq!(plural_role("helper"), "helpers");
     }
 
     #[test]

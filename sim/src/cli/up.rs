@@ -9,7 +9,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::detach::{self, PidFile};
+use super::logging;
 use crate::cluster::admin;
+use crate::cluster::sim::fresh_run_dir;
 use crate::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
 
 /// Whether `up` runs the operator.
@@ -47,8 +50,9 @@ pub struct Args {
     pub kubeconfig: Option<PathBuf>,
 
     /// Run directory for kubelet dirs, logs and kubeconfigs (default: a new
-    /// directory under the system temp dir; kept after exit).
-    #[arg(long, env = "GPUPOOL_SIM_RUN_DIR")]
+    /// directory under the system temp dir, or with --detach the one
+    /// `gpupool-sim down` stops by default; kept after exit).
+    #[arg(long, env = "GPUPOOL_SIM_RUN_DIR", value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 
     /// The gpupool-operator binary (default: next to gpupool-sim).
@@ -81,9 +85,29 @@ pub struct Args {
     /// simulator then runs only the kubelets, device plugins and operator.
     #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
     pub kube_assets: Option<PathBuf>,
+
+    /// Start the cluster in the background: return once it is ready,
+    /// printing `export KUBECONFIG=...`; `gpupool-sim down` stops it.
+    #[arg(long)]
+    pub detach: bool,
 }
 
 impl Args {
+    /// The run directory: --run-dir, else with --detach the per-user one
+    /// `down` looks in ([`detach::default_run_dir`]), else a fresh one.
+    pub fn resolved_run_dir(&self) -> PathBuf {
+        match &self.run_dir {
+            Some(dir) => dir.clone(),
+            None if self.detach => detach::default_run_dir(),
+            None => fresh_run_dir(),
+        }
+    }
+
+    /// How long start-up may take before the cluster counts as failed.
+    pub fn ready_timeout(&self) -> Duration {
+        Duration::from_secs(if self.kube_assets.is_some() { 90 } else { 30 })
+    }
+
     /// The cluster these flags describe.
     pub fn cluster_config(&self) -> anyhow::Result<ClusterConfig> {
         if !(self.max_termination_seconds.is_finite() && self.max_termination_seconds >= 0.0) {
@@ -109,7 +133,7 @@ impl Args {
                 OperatorFlag::Off => OperatorMode::Off,
             },
             max_termination: Duration::from_secs_f64(self.max_termination_seconds),
-            ready_timeout: Duration::from_secs(if self.kube_assets.is_some() { 90 } else { 30 }),
+            ready_timeout: self.ready_timeout(),
             ..ClusterConfig::default()
         })
     }
@@ -126,23 +150,41 @@ pub fn backend(kube_assets: Option<&PathBuf>) -> Backend {
     }
 }
 
-/// Runs `gpupool-sim up`.
+/// Runs `gpupool-sim up` in the foreground (a detached cluster is this
+/// too, started by [`detach::launch`]): `args.run_dir` must be set, and
+/// logging already sent to its `logs/`.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let config = args.cluster_config()?;
+    let run_dir = config
+        .run_dir
+        .clone()
+        .context("internal: `up` runs with its run directory resolved")?;
+    detach::refuse_if_running(&run_dir)?;
+    let _pid_file = PidFile::write(&run_dir)?;
     // Signals are caught from the start, so a SIGTERM during start-up still
     // stops every child.
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    eprintln!(
+        "gpupool-sim: run directory {}; logs in {} (RUST_LOG sets their level)",
+        run_dir.display(),
+        run_dir.join(logging::LOG_DIR).display()
+    );
     let mut cluster = tokio::select! {
         started = SimCluster::start(config) => started.context("starting the simulated cluster")?,
         _ = term.recv() => return Ok(()),
         _ = int.recv() => return Ok(()),
         _ = hup.recv() => return Ok(()),
     };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.admin_port))
-        .await
-        .with_context(|| format!("--admin-port {}: cannot listen", args.admin_port))?;
+    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", args.admin_port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = cluster.shutdown().await;
+            return Err(e)
+                .with_context(|| format!("--admin-port {}: cannot listen", args.admin_port));
+        }
+    };
     let admin_url = format!("http://{}", listener.local_addr().context("admin address")?);
     let admin_file = cluster.run_dir().join("admin-url");
     std::fs::write(&admin_file, &admin_url)
@@ -151,25 +193,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (tx, mut commands) = mpsc::channel(8);
     let server = tokio::spawn(admin::serve(listener, tx, cancel.clone()));
 
-    eprintln!(
-        "gpupool-sim: run directory {} (logs in logs/)",
-        cluster.run_dir().display()
-    );
     if let Some(plane) = cluster.control_plane() {
         eprintln!(
-            "gpupool-sim: real control plane {} (logs in control-plane/logs/)",
+            "gpupool-sim: real control plane {} (its logs in control-plane/logs/)",
             plane.url()
         );
     }
     if let Some(api) = cluster.api_server() {
-        eprintln!(
-            "gpupool-sim: API server {} (faults: {}/sim/faults)",
-            api.base_url(),
-            api.base_url()
-        );
+        eprintln!("gpupool-sim: API server {}", api.base_url());
     }
     eprintln!(
-        "gpupool-sim: fault controls {admin_url}/sim/... (also in {})",
+        "gpupool-sim: fault controls {admin_url}/sim/... (the address is also in {})",
         admin_file.display()
     );
     match cluster.operator_note() {
@@ -178,23 +212,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "gpupool-sim: the operator is NOT running ({note}); pods are scheduled without gpupool's queue"
         ),
     }
-    let mut stdout = std::io::stdout();
-    writeln!(
-        stdout,
-        "ready kubeconfig={}",
-        cluster.kubeconfig().display()
-    )
-    .context("writing to stdout")?;
-    stdout.flush().context("writing to stdout")?;
-
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            _ = hup.recv() => break,
-            Some(request) = commands.recv() => {
-                let answer = cluster.apply(request.command).await;
-                let _ = request.reply.send(answer);
+    // Whoever reads this line (a terminal, a test, `up --detach` waiting
+    // for it) may be gone; then nobody can use the cluster: stop it.
+    let announced = {
+        let mut stdout = std::io::stdout();
+        writeln!(
+            stdout,
+            "ready kubeconfig={}",
+            cluster.kubeconfig().display()
+        )
+        .and_then(|()| stdout.flush())
+    };
+    if let Err(e) = &announced {
+        tracing::warn!(error = %e, "nobody reads the ready line; stopping");
+    } else {
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => break,
+                Some(request) = commands.recv() => {
+                    let answer = cluster.apply(request.command).await;
+                    let _ = request.reply.send(answer);
+                }
             }
         }
     }
@@ -205,5 +245,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .shutdown()
         .await
         .context("stopping the simulated cluster")?;
+    announced.context("writing the ready line to stdout")?;
     Ok(())
 }

@@ -57,6 +57,41 @@ pub enum AdminCommand {
     DropWatches,
 }
 
+impl std::fmt::Display for AdminCommand {
+    /// What the control did, in words: the `done` field of its answer.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminCommand::Status => f.write_str("reported the status"),
+            AdminCommand::KillOperator => f.write_str("killed the operator"),
+            AdminCommand::RestartOperator => f.write_str("restarted the operator"),
+            AdminCommand::KillPlugin(node) => write!(f, "killed the device plugin of {node}"),
+            AdminCommand::RestartPlugin(node) => {
+                write!(f, "restarted the device plugin of {node}")
+            }
+            AdminCommand::RestartKubelet(node) => write!(f, "restarted the kubelet of {node}"),
+            AdminCommand::GpuHealth(node, index, healthy) => write!(
+                f,
+                "marked GPU {index} of {node} {}",
+                if *healthy { "healthy" } else { "unhealthy" }
+            ),
+            AdminCommand::SetFaults(faults) => write!(
+                f,
+                "set API server faults: error rate {}, error code {}, latency {} ms, {}",
+                faults.error_rate,
+                faults.error_code,
+                faults.latency_ms,
+                if faults.include_watches {
+                    "watches included"
+                } else {
+                    "watches excluded"
+                }
+            ),
+            AdminCommand::ClearFaults => f.write_str("cleared API server faults"),
+            AdminCommand::DropWatches => f.write_str("ended every watch stream"),
+        }
+    }
+}
+
 /// Maps a request line to a command; `Err` is the 4xx answer.
 pub fn parse(
     method: &Method,
@@ -200,6 +235,16 @@ fn answer(code: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
 }
 
 impl SimCluster {
+    /// The in-memory API server's faults; a real control plane has none to
+    /// inject, and saying so beats pretending the control worked.
+    fn api_faults(&self) -> Result<gpupool_sim_apiserver::Faults, super::ClusterError> {
+        self.api_server().map(|a| a.faults()).ok_or_else(|| {
+            super::ClusterError::Config(
+                "API server faults need the in-memory API server; this cluster runs on a real control plane (--kube-assets)".to_owned(),
+            )
+        })
+    }
+
     /// Applies one control and says how it went.
     pub async fn apply(&mut self, command: AdminCommand) -> (StatusCode, serde_json::Value) {
         let result = match &command {
@@ -226,32 +271,20 @@ impl SimCluster {
             AdminCommand::GpuHealth(node, index, healthy) => {
                 self.set_gpu_health(node, *index, *healthy)
             }
-            AdminCommand::SetFaults(config) => match self.api_server() {
-                Some(a) => a
-                    .faults()
+            AdminCommand::SetFaults(config) => self.api_faults().and_then(|faults| {
+                faults
                     .set(config.clone())
-                    .map_err(super::ClusterError::Config),
-                None => Ok(()),
-            },
-            AdminCommand::ClearFaults => {
-                if let Some(a) = self.api_server() {
-                    a.faults().clear();
-                }
-                Ok(())
-            }
-            AdminCommand::DropWatches => {
-                if let Some(a) = self.api_server() {
-                    a.faults().drop_watches();
-                }
-                Ok(())
-            }
+                    .map_err(super::ClusterError::Config)
+            }),
+            AdminCommand::ClearFaults => self.api_faults().map(|faults| faults.clear()),
+            AdminCommand::DropWatches => self.api_faults().map(|faults| faults.drop_watches()),
         };
         match result {
             Ok(()) => {
-                tracing::info!(?command, "control applied");
+                tracing::info!(%command, "control applied");
                 (
                     StatusCode::OK,
-                    serde_json::json!({"done": format!("{command:?}")}),
+                    serde_json::json!({"done": command.to_string()}),
                 )
             }
             Err(e) => {
@@ -298,6 +331,14 @@ mod tests {
         assert!(msg.contains("\"x\""), "{msg}");
         let (code, _) = p(Method::POST, "/sim/nope", "").expect_err("unknown");
         assert_eq!(code, StatusCode::NOT_FOUND);
+        assert_eq!(
+            AdminCommand::GpuHealth("node-2".into(), 0, false).to_string(),
+            "marked GPU 0 of node-2 unhealthy"
+        );
+        assert_eq!(
+            AdminCommand::RestartPlugin("node-1".into()).to_string(),
+            "restarted the device plugin of node-1"
+        );
         let (code, msg) = p(Method::PUT, "/sim/faults", "{").expect_err("bad json");
         assert_eq!(code, StatusCode::BAD_REQUEST);
         assert!(msg.contains("fault config"), "{msg}");

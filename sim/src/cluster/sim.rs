@@ -305,6 +305,13 @@ fn free_port() -> Result<u16, ClusterError> {
         })
 }
 
+/// A run directory no other cluster uses: `gpupool-sim-<pid>-<stamp>`
+/// under the system temp dir (not created here).
+pub fn fresh_run_dir() -> PathBuf {
+    let stamp = jiff::Timestamp::now().as_nanosecond() % 1_000_000_000;
+    std::env::temp_dir().join(format!("gpupool-sim-{}-{stamp}", std::process::id()))
+}
+
 /// The last `lines` lines of a log file, for error messages.
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -360,14 +367,7 @@ impl SimCluster {
 
         let (run_dir, created_run_dir) = match &config.run_dir {
             Some(d) => (d.clone(), false),
-            None => {
-                let stamp = jiff::Timestamp::now().as_nanosecond() % 1_000_000_000;
-                (
-                    std::env::temp_dir()
-                        .join(format!("gpupool-sim-{}-{stamp}", std::process::id())),
-                    true,
-                )
-            }
+            None => (fresh_run_dir(), true),
         };
         std::fs::create_dir_all(run_dir.join("logs")).map_err(io_error(&run_dir))?;
         std::fs::create_dir_all(run_dir.join("dev")).map_err(io_error(&run_dir))?;
@@ -700,9 +700,9 @@ impl SimCluster {
             let log = child.log().to_path_buf();
             let _ = child.stop(Duration::from_secs(2)).await;
             return Err(ClusterError::NotReady(format!(
-                "the device plugin of {} did not register {} slots with its kubelet within {:?}; its log {} ends with:\n{}",
+                "the device plugin of {} did not register {} with its kubelet within {:?}; its log {} ends with:\n{}",
                 n.name,
-                expected,
+                crate::text::count(self.slots_per_node(), "slot", "slots"),
                 self.config.ready_timeout,
                 log.display(),
                 log_tail(&log, 15)

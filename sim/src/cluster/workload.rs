@@ -83,8 +83,11 @@ pub async fn wait_pod(
         .await
         .map_err(|last| match last {
             Some(p) => format!(
-                "pod {name} did not get there within {timeout:?}; last seen: spec.nodeName={:?} status={}",
-                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                "pod {name} did not get there within {timeout:?}; last seen: spec.nodeName={} status={}",
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or("(none)"),
                 serde_json::to_string(&p.status).unwrap_or_default()
             ),
             None => format!("pod {name} was not found within {timeout:?}"),

@@ -14,13 +14,16 @@ pub mod podresources;
 pub mod pods;
 pub mod registration;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpupool_kubelet_api::proto::deviceplugin::v1beta1::registration_server::RegistrationServer;
+use gpupool_kubelet_api::proto::deviceplugin::v1beta1::{
+    Device, DevicePluginOptions, RegisterRequest,
+};
 use gpupool_kubelet_api::proto::podresources::v1::pod_resources_lister_server::PodResourcesListerServer;
 use gpupool_kubelet_api::transport::{TransportError, bind_unix, serve_incoming};
 use kube::Client;
@@ -85,6 +88,10 @@ pub enum KubeletError {
     },
 }
 
+/// How many accepted registrations [`RunningKubelet::registration_requests`]
+/// keeps: a plugin registering in a loop must not grow the kubelet.
+pub const KEPT_REGISTRATIONS: usize = 64;
+
 /// Mutable node state, behind one lock held only briefly (never across I/O).
 #[derive(Default)]
 pub struct NodeState {
@@ -94,6 +101,21 @@ pub struct NodeState {
     pub plugins: BTreeMap<String, PluginEndpoint>,
     /// Running pods (namespace, name), with or without devices.
     pub running: BTreeSet<(String, String)>,
+    /// The last ListAndWatch list of each registered plugin, as sent.
+    pub listed: BTreeMap<String, Vec<Device>>,
+    /// The last [`KEPT_REGISTRATIONS`] accepted registrations, oldest first.
+    registrations: VecDeque<RegisterRequest>,
+}
+
+impl NodeState {
+    /// Keeps an accepted registration, dropping the oldest beyond
+    /// [`KEPT_REGISTRATIONS`].
+    pub fn record_registration(&mut self, request: RegisterRequest) {
+        if self.registrations.len() == KEPT_REGISTRATIONS {
+            self.registrations.pop_front();
+        }
+        self.registrations.push_back(request);
+    }
 }
 
 /// What every part of one kubelet shares.
@@ -243,6 +265,7 @@ impl RunningKubelet {
                 plugin.disconnect();
                 state.book.mark_unhealthy(&resource);
             }
+            state.listed.clear();
         }
         self.shared.node_dirty.notify_one();
         let dir = self.shared.dir.join(DEVICE_PLUGINS_DIR);
@@ -302,6 +325,48 @@ impl RunningKubelet {
         (
             state.book.capacity(resource),
             state.book.allocatable(resource),
+        )
+    }
+
+    /// The last accepted plugin registrations (at most
+    /// [`KEPT_REGISTRATIONS`]), oldest first, as the plugins sent them.
+    pub fn registration_requests(&self) -> Vec<RegisterRequest> {
+        self.shared.lock().registrations.iter().cloned().collect()
+    }
+
+    /// What the plugin registered for `resource` answered to
+    /// GetDevicePluginOptions; `None` while none is registered.
+    pub fn plugin_options(&self, resource: &str) -> Option<DevicePluginOptions> {
+        self.shared.lock().plugins.get(resource).map(|p| p.options)
+    }
+
+    /// The last device list the plugin registered for `resource` sent on
+    /// ListAndWatch, topology included; `None` before its first list, and
+    /// again once the plugin is gone or the kubelet restarted.
+    pub fn listed_devices(&self, resource: &str) -> Option<Vec<Device>> {
+        self.shared.lock().listed.get(resource).cloned()
+    }
+
+    /// The device IDs of `resource` allocated to pod `namespace/name`, in
+    /// container order; `None` when the pod holds no devices here.
+    pub fn allocated_devices(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource: &str,
+    ) -> Option<Vec<String>> {
+        let state = self.shared.lock();
+        let pod = state
+            .book
+            .pods()
+            .values()
+            .find(|p| p.namespace == namespace && p.name == name)?;
+        Some(
+            pod.containers
+                .iter()
+                .filter(|c| c.resource == resource)
+                .flat_map(|c| c.devices.iter().cloned())
+                .collect(),
         )
     }
 

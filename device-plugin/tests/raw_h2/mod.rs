@@ -9,11 +9,13 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 use gpupool_device_plugin::transport::authority::PREFACE;
 use gpupool_device_plugin::transport::hpack::{Decoder, encode_integer, encode_string};
 
-use super::WAIT;
+/// Longest a read on the socket may block.
+const WAIT: Duration = Duration::from_secs(15);
 
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
