@@ -9,6 +9,9 @@
 //!   by checks: `helm install|upgrade` becomes `helm template` with the same
 //!   arguments, `docker build --target T` needs stage `T` in the Dockerfile,
 //!   and every file a command names must exist.
+//! - `cargo build --workspace --bins` on a line of its own is the first
+//!   half of the test command, done before this test ran; it is not run
+//!   again (cargo would wait for the lock the running tests hold).
 //! - The opening block is the README's promise: the test command is what
 //!   `.ci/run` runs (it is running now, so it is not run again), and the
 //!   demo runs with nothing but its story on the terminal.
@@ -37,6 +40,9 @@ use kube::Api;
 
 /// What a block that cannot run here must open with.
 const NEEDS: &str = "# needs: ";
+
+/// The build every README section starts from.
+const BUILD_COMMAND: &str = "cargo build --workspace --bins";
 
 /// The README's opening commands, exactly.
 const DEMO_COMMAND: &str = "cargo build --workspace --bins && ./target/debug/gpupool-sim demo";
@@ -67,7 +73,18 @@ impl Block {
     }
 
     fn script(&self) -> String {
-        self.body.join("\n") + "\n"
+        self.body
+            .iter()
+            .map(|line| {
+                if line.trim() == BUILD_COMMAND {
+                    ": built by the test command before this test"
+                } else {
+                    line
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
     }
 
     fn at(&self) -> String {
