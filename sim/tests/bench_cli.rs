@@ -1,0 +1,69 @@
+//! `gpupool-sim bench` on a small cluster: every figure the README's
+//! Performance table quotes is present and consistent with the run.
+//!
+//! Needs the workspace's binaries: `cargo build --workspace --bins`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const SIM: &str = env!("CARGO_BIN_EXE_gpupool-sim");
+
+#[tokio::test]
+async fn a_small_bench_reports_every_figure() {
+    let dir = Path::new(SIM).parent().expect("target dir");
+    if !dir.join("gpupool-operator").is_file() || !dir.join("gpupool-device-plugin").is_file() {
+        panic!(
+            "the operator and device plugin are not built in {}; run `cargo build --workspace --bins` first",
+            dir.display()
+        );
+    }
+    let output = tokio::time::timeout(
+        Duration::from_secs(240),
+        tokio::process::Command::new(SIM)
+            // The simulated backend: the write counts come from its API server.
+            .env_remove("KUBEBUILDER_ASSETS")
+            .args([
+                "bench",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "2",
+                "--pods",
+                "12",
+                "--run-seconds",
+                "1",
+                "--timeout-seconds",
+                "200",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the bench ends within its bound")
+    .expect("the bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "bench failed:\n{stderr}");
+    let figures: Value = serde_json::from_slice(&output.stdout).expect("the bench prints JSON");
+    assert_eq!(figures["pods"], 12);
+    assert_eq!(figures["failedCreates"]["count"], 0, "{figures}");
+    assert_eq!(figures["apiServerRawPatchesFailed"], 0, "{figures}");
+    assert_eq!(figures["peakLeases"], 12, "{figures}");
+    for positive in [
+        "admissionsPerSecondBurst",
+        "admissionsPerSecondOverall",
+        "apiServerRawPatchesPerSecond",
+        "operatorPeakRssMiB",
+        "writesPerAdmission",
+    ] {
+        assert!(
+            figures[positive].as_f64().is_some_and(|v| v > 0.0),
+            "{positive} missing or not positive: {figures}"
+        );
+    }
+    // 4 slots, 12 pods: the burst fills the slots, the other 8 follow as
+    // slots free up, each one a slot-free → ungate sample.
+    assert_eq!(figures["burstAdmissions"], 4, "{figures}");
+    assert_eq!(figures["slotFreeToUngateMs"]["samples"], 8, "{figures}");
+}
