@@ -305,11 +305,16 @@ fn free_port() -> Result<u16, ClusterError> {
         })
 }
 
-/// A run directory no other cluster uses: `gpupool-sim-<pid>-<stamp>`
-/// under the system temp dir (not created here).
+/// A run directory no other cluster uses: `gpupool-sim-<pid>-<n>-<stamp>`
+/// under the system temp dir (not created here). The per-process counter
+/// `n` keeps clusters started at once by one process (parallel tests) apart,
+/// where the clock alone may read the same for both; the stamp keeps apart
+/// a later process that is given the same pid.
 pub fn fresh_run_dir() -> PathBuf {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let stamp = jiff::Timestamp::now().as_nanosecond() % 1_000_000_000;
-    std::env::temp_dir().join(format!("gpupool-sim-{}-{stamp}", std::process::id()))
+    std::env::temp_dir().join(format!("gpupool-sim-{}-{n}-{stamp}", std::process::id()))
 }
 
 /// The last `lines` lines of a log file, for error messages.
@@ -1171,4 +1176,22 @@ async fn service_account_token(
         .ok_or_else(|| {
             ClusterError::Config(format!("the token request for {name} returned no token"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh_run_dir;
+
+    #[test]
+    fn run_dirs_taken_at_once_by_one_process_differ() {
+        let dirs: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8).map(|_| s.spawn(fresh_run_dir)).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let distinct: std::collections::HashSet<_> = dirs.iter().collect();
+        assert_eq!(distinct.len(), dirs.len(), "{dirs:?}");
+    }
 }
