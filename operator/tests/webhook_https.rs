@@ -112,9 +112,20 @@ async fn connect(
         .await
 }
 
-/// POSTs (or sends `method`) over HTTP/1.1, verifying the server with `ca_pem`.
+/// POSTs (or sends `method`) over HTTP/1.1, verifying the server with its CA.
 async fn call(webhook: &Webhook, method: &str, path: &str, body: Vec<u8>) -> (StatusCode, Bytes) {
-    let tls = connect(webhook.addr, &webhook.bundle.ca_pem, b"http/1.1")
+    call_at(webhook.addr, &webhook.bundle.ca_pem, method, path, body).await
+}
+
+/// [`call`] given the address and CA, for a task that does not borrow the webhook.
+async fn call_at(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Bytes) {
+    let tls = connect(addr, ca_pem, b"http/1.1")
         .await
         .expect("TLS handshake with the webhook's CA");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -456,39 +467,54 @@ async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
 }
 
 #[tokio::test]
-async fn connections_over_the_cap_are_closed_at_once_and_counted() {
+async fn connections_over_the_cap_wait_their_turn_and_are_served() {
     let webhook = start_webhook().await;
     // Peers that connect and never start TLS hold every slot...
     let mut idle = Vec::new();
     for _ in 0..server::MAX_CONNECTIONS {
         idle.push(TcpStream::connect(webhook.addr).await.expect("connect"));
     }
-    // ...so one more is closed straight away, long before any timeout.
+    // ...so a real review's connection waits in the backlog instead of
+    // being closed: it is neither refused nor answered while they hold on.
     let mut extra = TcpStream::connect(webhook.addr).await.expect("connect");
     assert!(
-        closed_within(&mut extra, std::time::Duration::from_secs(2)).await,
-        "a connection over the cap was held"
+        !closed_within(&mut extra, std::time::Duration::from_secs(1)).await,
+        "a connection over the cap was closed instead of waiting"
     );
+    drop(extra);
+    let waiting = tokio::spawn({
+        let addr = webhook.addr;
+        let ca = webhook.bundle.ca_pem.clone();
+        async move {
+            call_at(
+                addr,
+                &ca,
+                "POST",
+                "/mutate-pods",
+                review("CREATE", "alice", pod(None, "1", false), None),
+            )
+            .await
+        }
+    });
     let mut metrics = String::new();
     prometheus_client::encoding::text::encode(&mut metrics, &webhook.registry).expect("encode");
     assert!(
-        metrics.contains("gpupool_webhook_refused_total{reason=\"connections\"}"),
+        metrics.contains("gpupool_webhook_connection_limit_reached_total 1"),
         "{metrics}"
     );
-    // The stalled ones are dropped at the handshake timeout, and the slots
-    // serve real reviews again.
-    for mut stream in idle.drain(..8) {
-        assert!(closed_within(&mut stream, std::time::Duration::from_secs(10)).await);
-    }
+    assert!(
+        !metrics.contains("reason=\"connections\""),
+        "no connection is refused: {metrics}"
+    );
+    // The stalled peers are dropped at the handshake timeout, and the waiting
+    // review is served on a freed slot.
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiting review is served once the stalled peers time out")
+        .expect("task");
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    assert_eq!(response(&body)["allowed"], json!(true));
     drop(idle);
-    let (status, _) = call(
-        &webhook,
-        "POST",
-        "/mutate-pods",
-        review("CREATE", "alice", pod(None, "1", false), None),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]

@@ -5,7 +5,9 @@
 //!
 //! Anyone who can reach the port can talk to it, and the webhook runs in the
 //! operator's process, so what a peer can hold is bounded: connections
-//! ([`MAX_CONNECTIONS`]), time to finish the TLS handshake, the headers and
+//! ([`MAX_CONNECTIONS`]; at the cap the server stops accepting, and further
+//! peers wait in the listen backlog until a slot frees, rather than being
+//! refused: a refused review is a user's `kubectl apply` refused), time to finish the TLS handshake, the headers and
 //! the body, the size of one body ([`MAX_BODY_BYTES`]) and the bytes of all
 //! bodies being read or reviewed at once ([`BODY_BUDGET_BYTES`]). A request
 //! over a limit gets an HTTP answer saying which (over HTTP/2 too), not a
@@ -43,7 +45,8 @@ pub const MAX_BODY_BYTES: usize = (3 << 20) + (512 << 10);
 /// Bytes of request bodies being read or reviewed at once, all connections
 /// together: what peers can make the operator buffer.
 pub const BODY_BUDGET_BYTES: usize = 32 << 20;
-/// Connections served at once; further ones are closed as they arrive.
+/// Connections served at once; further ones wait, unaccepted, in the
+/// listen backlog until one of these ends.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Concurrent requests (streams) on one HTTP/2 connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 64;
@@ -83,13 +86,16 @@ struct KindLabels {
 /// histogram by `webhook` (mutate, validate, lease, class) and `outcome`
 /// (allowed, patched, denied, bad_request, error) of the time from a complete
 /// request body to a serialized response; and
-/// `gpupool_webhook_refused_total` by `reason` (connections, body_too_large,
-/// body_timeout, busy): peers turned away by the server's limits; and
+/// `gpupool_webhook_refused_total` by `reason` (body_too_large,
+/// body_timeout, busy): requests turned away by the server's limits;
+/// `gpupool_webhook_connection_limit_reached_total`: how often every
+/// connection slot was taken, so new peers had to wait in the backlog; and
 /// `gpupool_webhook_configuration_repairs_total` by `kind`.
 #[derive(Clone, Debug)]
 pub struct WebhookMetrics {
     latency: Family<LatencyLabels, Histogram>,
     refused: Family<RefusedLabels, Counter>,
+    limit_reached: Counter,
     repairs: Family<KindLabels, Counter>,
 }
 
@@ -101,6 +107,7 @@ impl Default for WebhookMetrics {
                 Histogram::new(exponential_buckets(5e-5, 2.0, 16))
             }),
             refused: Family::default(),
+            limit_reached: Counter::default(),
             repairs: Family::default(),
         }
     }
@@ -117,8 +124,13 @@ impl WebhookMetrics {
         );
         registry.register(
             "gpupool_webhook_refused",
-            "Connections and requests the webhook server turned away at its limits",
+            "Requests the webhook server turned away at its limits",
             metrics.refused.clone(),
+        );
+        registry.register(
+            "gpupool_webhook_connection_limit_reached",
+            "Times every webhook connection slot was taken and new connections waited in the backlog",
+            metrics.limit_reached.clone(),
         );
         registry.register(
             "gpupool_webhook_configuration_repairs",
@@ -349,6 +361,28 @@ pub async fn serve<V>(
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // Take a slot before accepting: while none is free, peers queue in
+        // the kernel's listen backlog and are served in turn, instead of
+        // being accepted and closed.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                handler.metrics.limit_reached.inc();
+                tracing::debug!(
+                    limit = MAX_CONNECTIONS,
+                    "webhook at its connection limit; new connections wait"
+                );
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        // The semaphore is never closed.
+                        Err(_) => break,
+                    },
+                    Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+                }
+            }
+        };
         let accepted = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
@@ -363,14 +397,6 @@ pub async fn serve<V>(
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // At the cap: closing at once frees the peer's socket and ours;
-            // holding it in the backlog would only move the queue.
-            handler.metrics.refuse("connections");
-            tracing::debug!(%peer, "webhook connection refused: at the connection limit");
-            drop(tcp);
-            continue;
         };
         let acceptor = acceptor.clone();
         let handler = handler.clone();
