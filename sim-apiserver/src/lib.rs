@@ -219,8 +219,9 @@ pub(crate) struct Shared {
     gc_wakeup: Notify,
     cancel: CancellationToken,
     http_client: objects::admission::WebhookClient,
-    /// Write requests (POST, PUT, PATCH, DELETE) per authenticated user.
-    writes: Mutex<BTreeMap<String, u64>>,
+    /// Write requests (POST, PUT, PATCH, DELETE) per authenticated user,
+    /// then per route (see [`write_route`]).
+    writes: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
     /// Services given a cluster IP so far: the next one is 10.96.0.10 on.
     cluster_ips: std::sync::atomic::AtomicU32,
 }
@@ -245,9 +246,37 @@ impl Shared {
 
     /// Counts one write request by `user`, whatever its outcome: what a
     /// client costs the server is every request it sends.
-    fn count_write(&self, user: &str) {
+    fn count_write(&self, user: &str, method: &::http::Method, path: &str) {
         let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
-        *writes.entry(user.to_owned()).or_default() += 1;
+        *writes
+            .entry(user.to_owned())
+            .or_default()
+            .entry(write_route(method, path))
+            .or_default() += 1;
+    }
+}
+
+/// `METHOD resource[/subresource]` of a request path: what a write did,
+/// without which namespace or object it did it to.
+fn write_route(method: &::http::Method, path: &str) -> String {
+    let mut segments = path.trim_matches('/').split('/');
+    // Skip `api/v1` or `apis/<group>/<version>`.
+    let skip = match segments.next() {
+        Some("api") => 1,
+        Some("apis") => 2,
+        _ => return format!("{method} {path}"),
+    };
+    let rest: Vec<&str> = segments.skip(skip).collect();
+    let rest = match rest.as_slice() {
+        // A namespace's own subresources, not a namespaced resource.
+        ["namespaces", _, "status" | "finalize"] => &rest[..],
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        all => all,
+    };
+    match rest {
+        [resource] | [resource, _] => format!("{method} {resource}"),
+        [resource, _, sub, ..] => format!("{method} {resource}/{sub}"),
+        [] => format!("{method} {path}"),
     }
 }
 
@@ -460,7 +489,22 @@ impl RunningApiServer {
             .writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .map(|(user, routes)| (user.clone(), routes.values().sum()))
+            .collect()
+    }
+
+    /// `user`'s write requests since the server started, by route: the
+    /// method and the resource (with its subresource), namespaces and names
+    /// left out, e.g. `PATCH gpuleases/status`.
+    pub fn writes_by_route(&self, user: &str) -> BTreeMap<String, u64> {
+        self.shared
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(user)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The fault-injection controls (all off by default).
@@ -541,5 +585,46 @@ impl Admin {
     /// older resourceVersion gets 410 Gone.
     pub fn compact(&self) {
         self.shared.lock().compact_all();
+    }
+}
+
+#[cfg(test)]
+mod write_route_tests {
+    use super::write_route;
+    use ::http::Method;
+
+    #[test]
+    fn routes_name_the_resource_and_subresource_only() {
+        let cases = [
+            (Method::POST, "/api/v1/namespaces", "POST namespaces"),
+            (Method::DELETE, "/api/v1/namespaces/ml", "DELETE namespaces"),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/ml/finalize",
+                "PUT namespaces/finalize",
+            ),
+            (Method::POST, "/api/v1/namespaces/ml/pods", "POST pods"),
+            (Method::PATCH, "/api/v1/namespaces/ml/pods/a", "PATCH pods"),
+            (
+                Method::POST,
+                "/api/v1/namespaces/ml/pods/a/eviction",
+                "POST pods/eviction",
+            ),
+            (
+                Method::PATCH,
+                "/apis/gpupool.io/v1alpha1/namespaces/ml/gpuleases/a/status",
+                "PATCH gpuleases/status",
+            ),
+            (
+                Method::PATCH,
+                "/apis/gpupool.io/v1alpha1/gpuleaseclasses/default/status",
+                "PATCH gpuleaseclasses/status",
+            ),
+            (Method::PATCH, "/api/v1/nodes/node-1", "PATCH nodes"),
+            (Method::POST, "/healthz", "POST /healthz"),
+        ];
+        for (method, path, want) in cases {
+            assert_eq!(write_route(&method, path), want, "{path}");
+        }
     }
 }

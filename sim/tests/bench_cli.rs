@@ -62,6 +62,23 @@ async fn a_small_bench_reports_every_figure() {
             "{positive} missing or not positive: {figures}"
         );
     }
+    // The breakdown adds up to the total and names the writes every
+    // admission needs: the lease, its status and the pod's ungate patch.
+    let by_route = figures["writesPerAdmissionByRoute"]
+        .as_object()
+        .unwrap_or_else(|| panic!("writesPerAdmissionByRoute missing: {figures}"));
+    let sum: f64 = by_route.values().filter_map(Value::as_f64).sum();
+    let total = figures["writesPerAdmission"].as_f64().unwrap_or_default();
+    assert!((sum - total).abs() < 1e-9, "{figures}");
+    for route in ["POST gpuleases", "PATCH gpuleases/status", "PATCH pods"] {
+        assert!(
+            by_route
+                .get(route)
+                .and_then(Value::as_f64)
+                .is_some_and(|v| v > 0.0),
+            "{route} missing from the breakdown: {figures}"
+        );
+    }
     // 4 slots, 12 pods: the burst fills the slots, the other 8 follow as
     // slots free up, each one a slot-free → ungate sample.
     assert_eq!(figures["burstAdmissions"], 4, "{figures}");

@@ -129,7 +129,7 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     ) {
-        sh.count_write(&user.username);
+        sh.count_write(&user.username, &method, &path);
     }
     let query = parse_query(req.uri().query());
     let header_str = |h: header::HeaderName| {

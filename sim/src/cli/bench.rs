@@ -17,7 +17,8 @@
 //! few errors; the run goes on with the pods that exist), `writesPerAdmission`
 //! (every write request the operator's identity made during the run, as the
 //! in-memory API server counts them per user, ÷ admissions; `null` on a real
-//! control plane), `peakLeases` (most GpuLeases seen at once) and
+//! control plane; `writesPerAdmissionByRoute` splits it by method and
+//! resource, e.g. `PATCH gpuleases/status`), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
 //! were created) ÷ peak leases).
 
@@ -264,12 +265,23 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     watch.abort();
     rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
     peak_leases = peak_leases.max(count_leases(&leases).await);
-    let writes_per_admission = match (operator_writes_before, operator_writes(cluster)) {
-        (Some(before), Some(after)) if !seen.ungated.is_empty() => {
-            Some(after.saturating_sub(before) as f64 / seen.ungated.len() as f64)
-        }
-        _ => None,
-    };
+    // Per route, then in all: where the writes per admission go.
+    let writes_by_route: Option<BTreeMap<String, f64>> =
+        match (operator_writes_before, operator_writes(cluster)) {
+            (Some(before), Some(after)) if !seen.ungated.is_empty() => Some(
+                after
+                    .iter()
+                    .map(|(route, n)| {
+                        let was = before.get(route).copied().unwrap_or(0);
+                        let per = n.saturating_sub(was) as f64 / seen.ungated.len() as f64;
+                        (route.clone(), per)
+                    })
+                    .filter(|(_, per)| *per > 0.0)
+                    .collect(),
+            ),
+            _ => None,
+        };
+    let writes_per_admission = writes_by_route.as_ref().map(|r| r.values().sum::<f64>());
     let rss_per_lease_kib = (peak_leases > 0 && rss_peak_kib > 0)
         .then(|| rss_peak_kib.saturating_sub(rss_before_kib) as f64 / peak_leases as f64);
 
@@ -325,6 +337,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "operatorPeakRssMiB": rss_peak_kib as f64 / 1024.0,
         "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
         "writesPerAdmission": writes_per_admission,
+        "writesPerAdmissionByRoute": writes_by_route,
         "peakLeases": peak_leases,
         "rssPerLeaseKiB": rss_per_lease_kib,
         "apiServerRawPatchesPerSecond": raw.per_second,
@@ -416,12 +429,11 @@ fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// Every API write the operator's identity has made, as the in-memory API
-/// server counts them; `None` on a real control plane, which does not
-/// count per user.
-fn operator_writes(cluster: &SimCluster) -> Option<u64> {
-    let writes = cluster.api_server()?.writes_by_user();
-    Some(writes.get(OPERATOR_USER).copied().unwrap_or(0))
+/// Every API write the operator's identity has made, by route (`PATCH
+/// gpuleases/status`), as the in-memory API server counts them; `None` on
+/// a real control plane, which does not count per user.
+fn operator_writes(cluster: &SimCluster) -> Option<BTreeMap<String, u64>> {
+    Some(cluster.api_server()?.writes_by_route(OPERATOR_USER))
 }
 
 /// The number of GpuLeases in the bench namespace (0 when listing fails:
