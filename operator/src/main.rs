@@ -7,7 +7,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use gpupool_operator::config::Args;
 
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> ExitCode {
+    // Written to dhat-heap.json in the working directory when main returns.
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::new_heap();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
