@@ -286,7 +286,9 @@ impl NodeIndex {
 }
 
 /// Drops what admission never reads, so 10,000 pods fit in little memory.
-fn trim_pod(pod: &mut Pod) {
+/// Whatever keeps pods for the decision (the cache, the overlay of the
+/// controller's own writes) keeps them in this form.
+pub(crate) fn trim_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     if let Some(a) = pod.metadata.annotations.as_mut() {
         a.retain(|k, _| k.starts_with("gpupool.io/"));

@@ -158,8 +158,12 @@ impl Overlay {
         self.deleted_leases.insert(key, Gone { uid, at: now });
     }
 
-    /// Remembers a pod as the API server returned it after its admission patch.
-    pub fn record_pod(&mut self, pod: Pod, now: Instant) {
+    /// Remembers a pod as the API server returned it after its admission
+    /// patch, trimmed as the pod cache trims it: a burst of admissions
+    /// holds hundreds of these until the watch catches up, and whole pods
+    /// (volumes, env, probes) are what made them the operator's peak.
+    pub fn record_pod(&mut self, mut pod: Pod, now: Instant) {
+        super::caches::trim_pod(&mut pod);
         let Some(key) = key_of(&pod) else { return };
         self.pods.insert(
             key,
@@ -456,5 +460,43 @@ mod tests {
         assert!(o.is_evicted(&key));
         o.pods(vec![Arc::new(pod("10", false, true))], t0);
         assert!(!o.is_evicted(&key), "the cache shows it terminating");
+    }
+
+    #[test]
+    fn written_pods_are_kept_trimmed_as_the_cache_keeps_them() {
+        let written: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "8",
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z", "note": "x"}
+            },
+            "spec": {
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{
+                    "name": "c", "image": "i", "env": [{"name": "A", "value": "1"}],
+                    "resources": {"limits": {"gpupool/slot": "1"}}
+                }]
+            }
+        }))
+        .expect("pod");
+        let cached: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "7"},
+            "spec": {"containers": []}
+        }))
+        .expect("cached pod");
+        let mut o = Overlay::default();
+        o.record_pod(written, Instant::now());
+        let merged = o.pods(vec![Arc::new(cached)], Instant::now());
+        assert_eq!(merged.len(), 1);
+        let kept = &merged[0];
+        let spec = kept.spec.as_ref().expect("spec");
+        assert!(kept.metadata.managed_fields.is_none());
+        assert!(spec.volumes.is_none() && spec.containers[0].env.is_none());
+        let annotations = kept.metadata.annotations.as_ref().expect("annotations");
+        assert!(
+            annotations.contains_key("gpupool.io/enqueued-at") && !annotations.contains_key("note")
+        );
+        // What the rules read stays.
+        assert!(spec.containers[0].resources.is_some());
     }
 }
