@@ -19,7 +19,6 @@ use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction as EvictionBody;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ObjectMeta, OwnerReference, Preconditions, Time,
@@ -28,6 +27,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
 use super::PassInput;
+use super::cached_pod::CachedPod;
 use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
@@ -79,8 +79,8 @@ pub struct Applier {
 /// Result of one independent write chain.
 enum Done {
     Lease { lease: GpuLease, created: bool },
-    Pod(Pod),
-    PodReread(Option<Pod>),
+    Pod(CachedPod),
+    PodReread(Option<CachedPod>),
     Evicted { key: ObjectKey, uid: String },
     Blocked(ObjectKey),
     Unblocked(ObjectKey),
@@ -531,7 +531,8 @@ impl Applier {
     }
 
     fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &a.key.namespace);
+        // Typed as the cached form: the response is read straight into it.
+        let api: Api<CachedPod> = Api::namespaced(self.client.clone(), &a.key.namespace);
         let pod = input.pod(&a.key).cloned();
         let lease = input.lease(&a.key).cloned();
         let class = lease.as_ref().map(|l| l.spec.class_name.clone());
@@ -563,7 +564,7 @@ impl Applier {
                     }],
                 );
             }
-            let json = match patch::admission_patch(&pod, &a.node) {
+            let json = match patch::admission_patch(&pod.to_pod(), &a.node) {
                 Ok(p) => p,
                 Err(e) => {
                     return (

@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use gpupool_api::{GpuLease, GpuLeaseClass};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 
+use super::cached_pod::CachedPod;
 use super::translate;
 use crate::engine::{self, ClassInfo, NodeInfo, PodInfo};
 use crate::metrics::Metrics;
@@ -27,8 +28,8 @@ use crate::webhook::review::ClusterView;
 /// The four caches a pass snapshots.
 #[derive(Clone)]
 pub struct Caches {
-    /// Every pod (trimmed to what admission reads).
-    pub pods: Store<Pod>,
+    /// Every pod, in the form that keeps only what admission reads.
+    pub pods: Store<CachedPod>,
     /// Every node.
     pub nodes: Store<Node>,
     /// Every GpuLeaseClass.
@@ -61,7 +62,7 @@ impl Caches {
         let mut caches = Self {
             pods: watch(
                 Api::all(client.clone()),
-                trim_pod,
+                CachedPod::trim,
                 changed.clone(),
                 metrics,
                 "pods",
@@ -285,43 +286,6 @@ impl NodeIndex {
     }
 }
 
-/// Drops what admission never reads, so 10,000 pods fit in little memory.
-/// Whatever keeps pods for the decision (the cache, the overlay of the
-/// controller's own writes) keeps them in this form.
-pub(crate) fn trim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(a) = pod.metadata.annotations.as_mut() {
-        a.retain(|k, _| k.starts_with("gpupool.io/"));
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.volumes = None;
-        for c in spec
-            .containers
-            .iter_mut()
-            .chain(spec.init_containers.iter_mut().flatten())
-        {
-            c.env = None;
-            c.env_from = None;
-            c.command = None;
-            c.args = None;
-            c.volume_mounts = None;
-            c.ports = None;
-            c.liveness_probe = None;
-            c.readiness_probe = None;
-            c.startup_probe = None;
-            c.lifecycle = None;
-            c.security_context = None;
-        }
-        spec.ephemeral_containers = None;
-    }
-    if let Some(status) = pod.status.as_mut() {
-        status.conditions = None;
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-        status.ephemeral_container_statuses = None;
-    }
-}
-
 fn trim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(status) = node.status.as_mut() {
@@ -387,36 +351,5 @@ mod tests {
         // A node without a name is never indexed.
         update(&watcher::Event::Apply(Node::default()));
         assert_eq!(slots(&index).len(), 1);
-    }
-
-    #[test]
-    fn trimming_keeps_what_admission_reads() {
-        let mut pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "annotations": {"gpupool.io/enqueued-at": "t", "big": "x"},
-                         "managedFields": [{"manager": "m"}]},
-            "spec": {"containers": [{"name": "a", "env": [{"name": "E", "value": "v"}],
-                "resources": {"requests": {"gpupool/slot": "1"}}}],
-                "schedulingGates": [{"name": "gpupool.io/admission"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-        }))
-        .expect("pod");
-        trim_pod(&mut pod);
-        let v = serde_json::to_value(&pod).expect("ser");
-        assert_eq!(
-            v["metadata"]["annotations"],
-            json!({"gpupool.io/enqueued-at": "t"})
-        );
-        assert!(v["metadata"].get("managedFields").is_none());
-        assert!(v["spec"]["containers"][0].get("env").is_none());
-        assert_eq!(
-            v["spec"]["containers"][0]["resources"]["requests"]["gpupool/slot"],
-            "1"
-        );
-        assert_eq!(
-            v["spec"]["schedulingGates"][0]["name"],
-            "gpupool.io/admission"
-        );
-        assert_eq!(v["status"]["phase"], "Running");
-        assert!(v["status"].get("conditions").is_none());
     }
 }

@@ -15,8 +15,9 @@ use std::time::Instant;
 
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
+use super::cached_pod::CachedPod;
 use super::caches::Caches;
 use super::overlay::Overlay;
 use super::translate;
@@ -146,7 +147,7 @@ pub struct Kept {
     resources: BTreeSet<String>,
     classes: Mirror<GpuLeaseClass, String>,
     nodes: Mirror<Node, String>,
-    pods: Mirror<Pod, ObjectKey>,
+    pods: Mirror<CachedPod, ObjectKey>,
     leases: Mirror<GpuLease, ObjectKey>,
 }
 
@@ -155,13 +156,13 @@ pub struct Kept {
 pub struct PassInput<'k> {
     /// What the engine decides on.
     pub engine: &'k Engine,
-    pods: &'k Mirror<Pod, ObjectKey>,
+    pods: &'k Mirror<CachedPod, ObjectKey>,
     leases: &'k Mirror<GpuLease, ObjectKey>,
 }
 
 impl PassInput<'_> {
     /// The pod (cache + overlay) the engine's pod `key` comes from.
-    pub fn pod(&self, key: &ObjectKey) -> Option<&Arc<Pod>> {
+    pub fn pod(&self, key: &ObjectKey) -> Option<&Arc<CachedPod>> {
         self.pods.get(key)
     }
 
@@ -254,7 +255,7 @@ impl Kept {
             // A pod without a creation time (no API server sends one) keeps
             // the time it was first seen.
             |p| {
-                let mut info = translate::pod_info(p, resources, now)?;
+                let mut info = translate::pod_info(&p.to_pod(), resources, now)?;
                 info.unmanaged = unmanaged_namespaces.contains(&info.key.namespace);
                 Some((info.key.clone(), info))
             },

@@ -7,6 +7,7 @@
 //! leader passes; losing leadership aborts the pass in flight.
 
 pub mod apply;
+pub mod cached_pod;
 pub mod caches;
 pub mod error;
 pub mod events;

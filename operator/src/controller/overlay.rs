@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpupool_api::GpuLease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 
+use super::cached_pod::CachedPod;
 use crate::engine::ObjectKey;
 
 /// How long a lease the controller created may be missing from the cache
@@ -47,7 +47,7 @@ struct Gone {
 pub struct Overlay {
     leases: HashMap<ObjectKey, Written<GpuLease>>,
     deleted_leases: HashMap<ObjectKey, Gone>,
-    pods: HashMap<ObjectKey, Written<Pod>>,
+    pods: HashMap<ObjectKey, Written<CachedPod>>,
     evicted: HashMap<ObjectKey, Gone>,
     last_leases: HashMap<ObjectKey, Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
@@ -162,8 +162,8 @@ impl Overlay {
     /// patch, trimmed as the pod cache trims it: a burst of admissions
     /// holds hundreds of these until the watch catches up, and whole pods
     /// (volumes, env, probes) are what made them the operator's peak.
-    pub fn record_pod(&mut self, mut pod: Pod, now: Instant) {
-        super::caches::trim_pod(&mut pod);
+    pub fn record_pod(&mut self, mut pod: CachedPod, now: Instant) {
+        pod.trim();
         let Some(key) = key_of(&pod) else { return };
         self.pods.insert(
             key,
@@ -196,7 +196,7 @@ impl Overlay {
     }
 
     /// The cached pods with the controller's newer writes laid over them.
-    pub fn pods(&mut self, cached: Vec<Arc<Pod>>, now: Instant) -> Vec<Arc<Pod>> {
+    pub fn pods(&mut self, cached: Vec<Arc<CachedPod>>, now: Instant) -> Vec<Arc<CachedPod>> {
         let pods = merge(cached, &mut self.pods, None, now);
         if !self.evicted.is_empty() {
             let mut still_pending = HashSet::new();
@@ -427,7 +427,7 @@ mod tests {
     #[test]
     fn admitted_pods_and_evictions() {
         let t0 = Instant::now();
-        let pod = |rv: &str, gated: bool, deleting: bool| -> Pod {
+        let pod = |rv: &str, gated: bool, deleting: bool| -> CachedPod {
             let mut v = json!({
                 "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": rv},
                 "spec": {"containers": []}
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn written_pods_are_kept_trimmed_as_the_cache_keeps_them() {
-        let written: Pod = serde_json::from_value(json!({
+        let written: CachedPod = serde_json::from_value(json!({
             "metadata": {
                 "namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "8",
                 "managedFields": [{"manager": "kubectl", "operation": "Update"}],
@@ -479,7 +479,7 @@ mod tests {
             }
         }))
         .expect("pod");
-        let cached: Pod = serde_json::from_value(json!({
+        let cached: CachedPod = serde_json::from_value(json!({
             "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "7"},
             "spec": {"containers": []}
         }))
@@ -489,14 +489,13 @@ mod tests {
         let merged = o.pods(vec![Arc::new(cached)], Instant::now());
         assert_eq!(merged.len(), 1);
         let kept = &merged[0];
-        let spec = kept.spec.as_ref().expect("spec");
         assert!(kept.metadata.managed_fields.is_none());
-        assert!(spec.volumes.is_none() && spec.containers[0].env.is_none());
         let annotations = kept.metadata.annotations.as_ref().expect("annotations");
         assert!(
             annotations.contains_key("gpupool.io/enqueued-at") && !annotations.contains_key("note")
         );
         // What the rules read stays.
+        let spec = kept.spec.as_ref().expect("spec");
         assert!(spec.containers[0].resources.is_some());
     }
 }

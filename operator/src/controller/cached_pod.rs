@@ -1,0 +1,251 @@
+//! The pod as the operator keeps it: only the fields the admission rules
+//! and the admission patch read, deserialized straight from the API
+//! server's JSON.
+//!
+//! A `k8s_openapi` Pod costs about 6 KiB in memory even after its big
+//! fields are cleared, because every optional field of the pod, its spec
+//! and each container has room reserved inline. At 10,000 queued pods that
+//! was the largest item of the operator's heap. This type never allocates
+//! what it does not keep: unknown fields are skipped by the deserializer.
+//!
+//! The rules still read a [`Pod`]: [`CachedPod::to_pod`] rebuilds one with
+//! exactly the kept fields, so the controller and the webhook (which
+//! reviews whole pods) translate pods with the same function.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
+    Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::Deserialize;
+
+/// The annotations kept: the operator's own (the enqueue stamp).
+const OPERATOR_ANNOTATIONS: &str = "gpupool.io/";
+
+/// A pod trimmed to what admission reads. Guarantee: translating
+/// [`CachedPod::to_pod`] gives the same engine input as translating the
+/// whole pod it was read from.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedPod {
+    /// Name, namespace, uid, resourceVersion, labels, timestamps, and only
+    /// the `gpupool.io/` annotations (see [`CachedPod::trim`]).
+    pub metadata: ObjectMeta,
+    /// The kept part of the spec.
+    #[serde(default)]
+    pub spec: Option<CachedPodSpec>,
+    /// The kept part of the status.
+    #[serde(default)]
+    pub status: Option<CachedPodStatus>,
+}
+
+/// The part of a pod's spec admission reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodSpec {
+    /// Set once the pod is bound.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// The pod's own node selector (and the operator's pin).
+    #[serde(default)]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Kept whole but boxed: most pods have none.
+    #[serde(default)]
+    pub affinity: Option<Box<Affinity>>,
+    /// Taints the pod tolerates.
+    #[serde(default)]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Where the admission gate is.
+    #[serde(default)]
+    pub scheduling_gates: Option<Vec<PodSchedulingGate>>,
+    /// App containers: names and resources only.
+    #[serde(default)]
+    pub containers: Vec<CachedContainer>,
+    /// Init containers: names, resources and restart policy (sidecars).
+    #[serde(default)]
+    pub init_containers: Option<Vec<CachedContainer>>,
+}
+
+/// The part of a container admission reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedContainer {
+    /// Named in errors about its request.
+    #[serde(default)]
+    pub name: String,
+    /// Requests and limits.
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
+    /// `Always` marks a sidecar init container, whose request adds up.
+    #[serde(default)]
+    pub restart_policy: Option<String>,
+}
+
+/// The part of a pod's status admission reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedPodStatus {
+    /// Pending, Running, Succeeded, Failed or Unknown.
+    #[serde(default)]
+    pub phase: Option<String>,
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Pod::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Pod::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Pod::version(&())
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Pod::api_version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Pod::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl CachedPod {
+    /// Drops the metadata admission never reads: managed fields and every
+    /// annotation but the operator's own.
+    pub fn trim(&mut self) {
+        self.metadata.managed_fields = None;
+        if let Some(a) = self.metadata.annotations.as_mut() {
+            a.retain(|k, _| k.starts_with(OPERATOR_ANNOTATIONS));
+        }
+    }
+
+    /// A [`Pod`] holding exactly the kept fields, for the rules that read
+    /// pods.
+    pub fn to_pod(&self) -> Pod {
+        let container = |c: &CachedContainer| Container {
+            name: c.name.clone(),
+            resources: c.resources.clone(),
+            restart_policy: c.restart_policy.clone(),
+            ..Container::default()
+        };
+        Pod {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(|s| PodSpec {
+                node_name: s.node_name.clone(),
+                node_selector: s.node_selector.clone(),
+                affinity: s.affinity.as_deref().cloned(),
+                tolerations: s.tolerations.clone(),
+                scheduling_gates: s.scheduling_gates.clone(),
+                containers: s.containers.iter().map(container).collect(),
+                init_containers: s
+                    .init_containers
+                    .as_ref()
+                    .map(|cs| cs.iter().map(container).collect()),
+                ..PodSpec::default()
+            }),
+            status: self.status.as_ref().map(|s| PodStatus {
+                phase: s.phase.clone(),
+                ..PodStatus::default()
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::controller::translate;
+    use serde_json::json;
+
+    fn whole_pod() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "namespace": "ml", "name": "p", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"gpupool.io/role": "helper", "gpupool.io/class": "fast", "app": "x"},
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z", "big": "x"},
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}]
+            },
+            "spec": {
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "nodeSelector": {"zone": "a"},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "schedulingGates": [{"name": "other"}, {"name": "gpupool.io/admission"}],
+                "initContainers": [
+                    {"name": "warm", "image": "i", "resources": {"limits": {"gpupool/slot": "3"}}},
+                    {"name": "side", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"gpupool/slot": "1"}}}
+                ],
+                "containers": [{
+                    "name": "main", "image": "i", "command": ["run"],
+                    "env": [{"name": "A", "value": "1"}],
+                    "resources": {"limits": {"gpupool/slot": "2", "cpu": "1"}}
+                }]
+            },
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
+        })
+    }
+
+    #[test]
+    fn the_cached_form_translates_as_the_whole_pod_does() {
+        let whole: Pod = serde_json::from_value(whole_pod()).expect("pod");
+        let mut cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
+        cached.trim();
+        let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
+        let now = jiff::Timestamp::UNIX_EPOCH;
+        let from_whole = translate::pod_info(&whole, &resources, now).expect("translates");
+        let from_cached =
+            translate::pod_info(&cached.to_pod(), &resources, now).expect("translates");
+        assert_eq!(format!("{from_cached:?}"), format!("{from_whole:?}"));
+        // 2 slots in the app container + 1 in the sidecar beat 3 in the
+        // init container, which proves the restart policy was kept.
+        assert_eq!(from_cached.requests["gpupool/slot"], 3);
+        assert_eq!(
+            translate::gate_index(&cached.to_pod()),
+            translate::gate_index(&whole)
+        );
+    }
+
+    #[test]
+    fn only_what_admission_reads_is_kept() {
+        let mut cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
+        cached.trim();
+        let pod = serde_json::to_value(cached.to_pod()).expect("serializes");
+        assert!(pod["metadata"].get("managedFields").is_none());
+        assert_eq!(
+            pod["metadata"]["annotations"],
+            json!({"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z"})
+        );
+        assert!(pod["spec"].get("volumes").is_none());
+        assert!(pod["spec"]["containers"][0].get("env").is_none());
+        assert!(pod["spec"]["containers"][0].get("command").is_none());
+        assert!(pod["status"].get("conditions").is_none());
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert_eq!(pod["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn it_is_addressed_as_a_pod() {
+        assert_eq!(CachedPod::kind(&()), "Pod");
+        assert_eq!(CachedPod::api_version(&()), "v1");
+        assert_eq!(CachedPod::plural(&()), "pods");
+        let url = CachedPod::url_path(&(), Some("ml"));
+        assert_eq!(url, "/api/v1/namespaces/ml/pods");
+    }
+}
