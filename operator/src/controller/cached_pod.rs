@@ -19,20 +19,22 @@ use k8s_openapi::api::core::v1::{
     Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
     Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
-/// The annotations kept: the operator's own (the enqueue stamp).
-const OPERATOR_ANNOTATIONS: &str = "gpupool.io/";
+/// The labels and annotations kept: the operator's own (role, class, the
+/// enqueue stamp).
+const OPERATOR_KEYS: &str = "gpupool.io/";
 
 /// A pod trimmed to what admission reads. Guarantee: translating
 /// [`CachedPod::to_pod`] gives the same engine input as translating the
 /// whole pod it was read from.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPod {
-    /// Name, namespace, uid, resourceVersion, labels, timestamps, and only
-    /// the `gpupool.io/` annotations (see [`CachedPod::trim`]).
+    /// Name, namespace, uid, resourceVersion, timestamps, and only the
+    /// `gpupool.io/` labels and annotations (see [`CachedPod::trim`]).
     pub metadata: ObjectMeta,
     /// The kept part of the spec.
     #[serde(default)]
@@ -76,12 +78,43 @@ pub struct CachedContainer {
     /// Named in errors about its request.
     #[serde(default)]
     pub name: String,
-    /// Requests and limits.
+    /// Requests and limits, as short lists rather than maps: a map costs
+    /// a 0.5 KiB node even for one entry.
     #[serde(default)]
-    pub resources: Option<ResourceRequirements>,
+    pub resources: Option<CachedResources>,
     /// `Always` marks a sidecar init container, whose request adds up.
     #[serde(default)]
     pub restart_policy: Option<String>,
+}
+
+/// A container's requests and limits (claims are not read).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedResources {
+    /// Requested quantities by resource name.
+    #[serde(default, deserialize_with = "quantity_list")]
+    pub requests: Box<[(String, Quantity)]>,
+    /// Limits by resource name.
+    #[serde(default, deserialize_with = "quantity_list")]
+    pub limits: Box<[(String, Quantity)]>,
+}
+
+impl CachedResources {
+    fn to_requirements(&self) -> ResourceRequirements {
+        let map = |list: &[(String, Quantity)]| {
+            (!list.is_empty()).then(|| list.iter().cloned().collect::<BTreeMap<_, _>>())
+        };
+        ResourceRequirements {
+            requests: map(&self.requests),
+            limits: map(&self.limits),
+            ..ResourceRequirements::default()
+        }
+    }
+}
+
+/// A JSON map of quantities (or null) as a list in key order.
+fn quantity_list<'de, D: Deserializer<'de>>(d: D) -> Result<Box<[(String, Quantity)]>, D::Error> {
+    let map: Option<BTreeMap<String, Quantity>> = Option::deserialize(d)?;
+    Ok(map.unwrap_or_default().into_iter().collect())
 }
 
 /// The part of a pod's status admission reads.
@@ -121,11 +154,15 @@ impl Resource for CachedPod {
 
 impl CachedPod {
     /// Drops the metadata admission never reads: managed fields and every
-    /// annotation but the operator's own.
+    /// label and annotation but the operator's own.
     pub fn trim(&mut self) {
-        self.metadata.managed_fields = None;
-        if let Some(a) = self.metadata.annotations.as_mut() {
-            a.retain(|k, _| k.starts_with(OPERATOR_ANNOTATIONS));
+        let meta = &mut self.metadata;
+        meta.managed_fields = None;
+        for map in [meta.labels.as_mut(), meta.annotations.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            map.retain(|k, _| k.starts_with(OPERATOR_KEYS));
         }
     }
 
@@ -134,7 +171,7 @@ impl CachedPod {
     pub fn to_pod(&self) -> Pod {
         let container = |c: &CachedContainer| Container {
             name: c.name.clone(),
-            resources: c.resources.clone(),
+            resources: c.resources.as_ref().map(CachedResources::to_requirements),
             restart_policy: c.restart_policy.clone(),
             ..Container::default()
         };
@@ -228,6 +265,14 @@ mod tests {
         cached.trim();
         let pod = serde_json::to_value(cached.to_pod()).expect("serializes");
         assert!(pod["metadata"].get("managedFields").is_none());
+        assert_eq!(
+            pod["metadata"]["labels"],
+            json!({"gpupool.io/role": "helper", "gpupool.io/class": "fast"})
+        );
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"],
+            json!({"limits": {"cpu": "1", "gpupool/slot": "2"}})
+        );
         assert_eq!(
             pod["metadata"]["annotations"],
             json!({"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z"})
