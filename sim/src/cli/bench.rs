@@ -323,6 +323,10 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
     }
 
+    let passes = cluster
+        .operator_metrics()
+        .await
+        .and_then(|text| PassFigures::parse(&text));
     let raw = raw_patch_rate(&client, created.len().min(2000), args.concurrency).await?;
     Ok(json!({
         "nodes": args.nodes,
@@ -338,6 +342,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
         "writesPerAdmission": writes_per_admission,
         "writesPerAdmissionByRoute": writes_by_route,
+        "operatorPasses": passes.map(|p| json!({"count": p.count, "meanMs": p.mean_ms(), "p99UpToMs": p.p99_bound_ms})),
         "peakLeases": peak_leases,
         "rssPerLeaseKiB": rss_per_lease_kib,
         "apiServerRawPatchesPerSecond": raw.per_second,
@@ -436,6 +441,68 @@ fn operator_writes(cluster: &SimCluster) -> Option<BTreeMap<String, u64>> {
     Some(cluster.api_server()?.writes_by_route(OPERATOR_USER))
 }
 
+/// The operator's decision passes over the run, from its
+/// `gpupool_operator_reconcile_duration_seconds` histogram: how many, their
+/// mean, and the bucket bound the 99th percentile falls under.
+#[derive(Debug, Clone, PartialEq)]
+struct PassFigures {
+    count: u64,
+    sum_seconds: f64,
+    p99_bound_ms: Option<f64>,
+}
+
+impl PassFigures {
+    const METRIC: &'static str = "gpupool_operator_reconcile_duration_seconds";
+
+    /// Reads the histogram out of Prometheus text; `None` without passes.
+    fn parse(text: &str) -> Option<Self> {
+        let mut count = None;
+        let mut sum = None;
+        let mut buckets: Vec<(f64, u64)> = Vec::new();
+        for line in text.lines().filter(|l| l.starts_with(Self::METRIC)) {
+            let rest = &line[Self::METRIC.len()..];
+            let Some((name, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if name == "_count" {
+                count = Some(value as u64);
+            } else if name == "_sum" {
+                sum = Some(value);
+            } else if let Some(le) = name
+                .strip_prefix("_bucket{le=\"")
+                .and_then(|l| l.strip_suffix("\"}"))
+            {
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                buckets.push((bound, value as u64));
+            }
+        }
+        let count = count.filter(|c| *c > 0)?;
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let needed = (count as f64 * 0.99).ceil() as u64;
+        let p99_bound_ms = buckets
+            .iter()
+            .find(|(_, cumulative)| *cumulative >= needed)
+            .map(|(bound, _)| bound * 1000.0)
+            .filter(|ms| ms.is_finite());
+        Some(Self {
+            count,
+            sum_seconds: sum?,
+            p99_bound_ms,
+        })
+    }
+
+    fn mean_ms(&self) -> f64 {
+        self.sum_seconds * 1000.0 / self.count as f64
+    }
+}
+
 /// The number of GpuLeases in the bench namespace (0 when listing fails:
 /// a missed sample only lowers the peak's resolution).
 async fn count_leases(leases: &Api<GpuLease>) -> usize {
@@ -456,6 +523,29 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmRSS:"), Some(10240));
         assert_eq!(parse_status_kib(status, "VmHWM:"), Some(20480));
         assert_eq!(parse_status_kib(status, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn pass_figures_come_from_the_reconcile_histogram() {
+        let text = "\
+# HELP gpupool_operator_reconcile_duration_seconds Duration of one decision pass.
+# TYPE gpupool_operator_reconcile_duration_seconds histogram
+gpupool_operator_reconcile_duration_seconds_sum 0.5
+gpupool_operator_reconcile_duration_seconds_count 100
+gpupool_operator_reconcile_duration_seconds_bucket{le=\"0.001\"} 50
+gpupool_operator_reconcile_duration_seconds_bucket{le=\"0.01\"} 98
+gpupool_operator_reconcile_duration_seconds_bucket{le=\"0.1\"} 100
+gpupool_operator_reconcile_duration_seconds_bucket{le=\"+Inf\"} 100
+gpupool_operator_admissions_total 7
+";
+        let figures = PassFigures::parse(text).expect("figures");
+        assert_eq!(figures.count, 100);
+        assert!((figures.mean_ms() - 5.0).abs() < 1e-9);
+        assert_eq!(figures.p99_bound_ms, Some(100.0));
+        assert_eq!(
+            PassFigures::parse("gpupool_operator_admissions_total 7\n"),
+            None
+        );
     }
 
     #[test]

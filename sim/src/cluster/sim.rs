@@ -271,10 +271,11 @@ pub struct SimCluster {
     operator_note: Option<String>,
 }
 
-/// A running operator replica and the port its webhook serves on.
+/// A running operator replica and the ports its webhook and metrics serve on.
 struct OperatorReplica {
     process: ChildProcess,
     webhook_port: u16,
+    metrics_port: u16,
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
@@ -576,6 +577,17 @@ impl SimCluster {
             .any(|r| r.process.exit_status().is_none())
     }
 
+    /// The Prometheus text of the first running operator replica's
+    /// `/metrics`, or `None` when none answers.
+    pub async fn operator_metrics(&mut self) -> Option<String> {
+        let port = self
+            .operators
+            .iter_mut()
+            .flatten()
+            .find_map(|r| r.process.exit_status().is_none().then_some(r.metrics_port))?;
+        http_get(port, "/metrics").await
+    }
+
     /// PIDs of every child process still running.
     pub fn child_pids(&mut self) -> Vec<u32> {
         let mut pids = Vec::new();
@@ -832,6 +844,7 @@ impl SimCluster {
         self.operators[i] = Some(OperatorReplica {
             process: child,
             webhook_port,
+            metrics_port,
         });
         self.update_webhook_backends();
         self.operator_note = None;
@@ -1068,6 +1081,28 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
         text.split_whitespace().nth(1)?.parse().ok()
     };
     tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The body of a plain-HTTP GET of `path` on 127.0.0.1:`port`, when it
+/// answers 200 within 5 seconds.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let text = String::from_utf8(response).ok()?;
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        (head.split_whitespace().nth(1)? == "200").then(|| body.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
         .await
         .ok()
         .flatten()
