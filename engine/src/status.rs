@@ -14,8 +14,8 @@ use super::pass::{Pass, Ticket};
 /// Most entries a class's `status.queue` lists.
 pub const QUEUE_HEAD: usize = 20;
 
-/// Bytes reserved for a rendered message ("waiting: 9999 primaries ahead
-/// (head …) …" fits).
+/// Bytes reserved for the scratch buffer messages are rendered into
+/// ("waiting: 9999 primaries ahead (head …) …" fits).
 const MESSAGE_CAPACITY: usize = 160;
 
 /// How a lease's wanted status differs from the persisted one.
@@ -102,14 +102,18 @@ impl Pass<'_> {
         }
     }
 
-    fn build(&self, t: &Ticket<'_>) -> GpuLeaseStatus {
-        self.build_with(t, times(t, self.now))
+    fn build(&self, t: &Ticket<'_>, scratch: &mut String) -> GpuLeaseStatus {
+        self.build_with(t, times(t, self.now), scratch)
     }
 
-    fn build_with(&self, t: &Ticket<'_>, times: Times) -> GpuLeaseStatus {
-        // Room for the longest common message, so rendering does not regrow it.
-        let mut message = String::with_capacity(MESSAGE_CAPACITY);
-        t.message.render(&self.classes, &mut message);
+    /// Renders the message into `scratch` (which keeps its capacity from
+    /// lease to lease) and copies it out at its exact length: a pass after
+    /// the queue head moves writes thousands of these, and the plan keeps
+    /// them until the controller has written them.
+    fn build_with(&self, t: &Ticket<'_>, times: Times, scratch: &mut String) -> GpuLeaseStatus {
+        scratch.clear();
+        t.message.render(&self.classes, scratch);
+        let message = scratch.as_str().to_owned();
         GpuLeaseStatus {
             phase: t.phase,
             sequence: t.sequence,
@@ -127,17 +131,20 @@ impl Pass<'_> {
 
     /// Fills `plan.create_leases`, `plan.lease_statuses` and `plan.lease_progress`.
     pub fn emit_lease_statuses(&mut self) {
-        let mut scratch = String::new();
+        let mut scratch = String::with_capacity(MESSAGE_CAPACITY);
         let mut created = Vec::new();
         let mut changed = Vec::new();
-        let mut progress = Vec::new();
+        // When the queue head moves, nearly every queued lease lands here:
+        // room for all of them up front spares the growing list its copies
+        // of ~300-byte entries (pages never written are never touched).
+        let mut progress = Vec::with_capacity(self.tickets.len());
         for t in &self.tickets {
             match t.lease {
                 None => created.push(NewLease {
                     key: t.key.clone(),
                     pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
                     spec: self.new_spec(t),
-                    status: self.build(t),
+                    status: self.build(t, &mut scratch),
                 }),
                 // Deleted while its pod lives: recreated as it was (same
                 // sequence, node, GPUs and times), so the pod keeps its place.
@@ -147,7 +154,7 @@ impl Pass<'_> {
                             key: t.key.clone(),
                             pod_uid: l.spec.pod_uid.clone(),
                             spec: self.new_spec(t),
-                            status: self.build(t),
+                            status: self.build(t, &mut scratch),
                         });
                     }
                 }
@@ -155,9 +162,11 @@ impl Pass<'_> {
                 Some(_) => {
                     let times = times(t, self.now);
                     match self.differs(t, &times, &mut scratch) {
-                        Change::Phase => changed.push((t.key.clone(), self.build_with(t, times))),
+                        Change::Phase => {
+                            changed.push((t.key.clone(), self.build_with(t, times, &mut scratch)))
+                        }
                         Change::Progress => {
-                            progress.push((t.key.clone(), self.build_with(t, times)));
+                            progress.push((t.key.clone(), self.build_with(t, times, &mut scratch)))
                         }
                         Change::None => {}
                     }
