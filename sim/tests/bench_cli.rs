@@ -81,11 +81,15 @@ async fn a_small_bench_reports_every_figure() {
     }
     // The operator's own account of its passes is read from its metrics.
     assert!(
-        figures["operatorPasses"]["count"].as_u64().is_some_and(|n| n > 0),
+        figures["operatorPasses"]["count"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
         "{figures}"
     );
     assert!(
-        figures["operatorPasses"]["meanMs"].as_f64().is_some_and(|ms| ms > 0.0),
+        figures["operatorPasses"]["meanMs"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
         "{figures}"
     );
     // 4 slots, 12 pods: the burst fills the slots, the other 8 follow as
