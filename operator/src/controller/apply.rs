@@ -89,6 +89,47 @@ enum Done {
 
 type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
 
+/// One chain's outcome and when it finished (the overlay dates its writes).
+struct Finished {
+    at: Instant,
+    done: Vec<Done>,
+    errors: Vec<Error>,
+}
+
+/// Runs `chains` concurrently, at most [`CONCURRENCY`] at once, each under
+/// the write timeout; touches no shared state, so independent groups of
+/// chains can run side by side.
+async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
+    if chains.is_empty() {
+        return Vec::new();
+    }
+    let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
+    futures::stream::iter(chains)
+        .buffer_unordered(CONCURRENCY)
+        .map(|(done, errors)| Finished {
+            at: Instant::now(),
+            done,
+            errors,
+        })
+        .collect()
+        .await
+}
+
+/// The leases `results` wrote.
+fn written_leases(results: &[Finished]) -> HashSet<ObjectKey> {
+    results
+        .iter()
+        .flat_map(|f| &f.done)
+        .filter_map(|d| match d {
+            Done::Lease { lease, .. } => Some(ObjectKey::new(
+                lease.metadata.namespace.clone()?,
+                lease.metadata.name.clone()?,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 impl Applier {
     /// An applier writing through `client`; queue progress goes to `progress`.
     pub fn new(
@@ -177,6 +218,7 @@ impl Applier {
         // sequence). Their pods are ungated only afterwards, in step 3.
         let mut pending: HashMap<ObjectKey, (Role, Option<u64>)> = HashMap::new();
         let mut admitted_statuses: Vec<(ObjectKey, GpuLeaseStatus)> = Vec::new();
+        let mut admission_chains: Vec<Chain> = Vec::new();
         for (key, mut status) in statuses {
             if status.phase == LeasePhase::Preempting
                 && let Some(msg) = self.blocked_evictions.get(&key)
@@ -188,65 +230,47 @@ impl Applier {
                 admitted_statuses.push((key.clone(), status.clone()));
             }
             if let Some(chain) = self.status_chain(key.clone(), status, input) {
-                chains.push(chain);
-                if let Some(rs) = role_and_sequence {
-                    pending.insert(key, rs);
+                match role_and_sequence {
+                    Some(rs) => {
+                        admission_chains.push(chain);
+                        pending.insert(key, rs);
+                    }
+                    None => chains.push(chain),
                 }
             }
         }
         for e in plan.evictions {
             chains.push(self.evict_chain(e, input));
         }
-        let mut written = self.run_chains(chains, overlay, &mut errors).await;
-        // An admission whose lease write failed (a 5xx, a timeout) is tried
-        // again at once with the same status, so the pods behind it are not
-        // held back a whole pass, and its admittedAt stays the one decided
-        // together with theirs.
-        for _ in 0..ADMISSION_WRITE_RETRIES {
-            let retry: Vec<Chain> = admitted_statuses
-                .iter()
-                .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
-                .filter_map(|(k, st)| self.status_chain(k.clone(), st.clone(), input))
-                .collect();
-            if retry.is_empty() {
-                break;
-            }
-            written.extend(self.run_chains(retry, overlay, &mut errors).await);
-        }
 
-        // 3. Pods are ungated once their leases say Admitted. When a lease
-        // write failed, no pod of its role with a later sequence is ungated
-        // in this pass: the failed one is decided again first, so pods start
-        // in queue order even when the API server refuses a write.
-        let mut first_failed: BTreeMap<Role, u64> = BTreeMap::new();
-        for (key, (role, sequence)) in &pending {
-            if !written.contains(key) {
-                let seq = sequence.unwrap_or(0);
-                let e = first_failed.entry(*role).or_insert(seq);
-                *e = (*e).min(seq);
+        // 3. The admissions run beside everything else rather than after
+        // it: each admitted lease's status, then its pod's ungate, so a
+        // freed slot is taken without waiting for the pass's slowest
+        // unrelated write.
+        let this = &*self;
+        let admit = async {
+            let mut results = collect(admission_chains).await;
+            let mut written = written_leases(&results);
+            // An admission whose lease write failed (a 5xx, a timeout) is
+            // tried again at once with the same status, so the pods behind
+            // it are not held back a whole pass, and its admittedAt stays
+            // the one decided together with theirs.
+            for _ in 0..ADMISSION_WRITE_RETRIES {
+                let retry = this.retry_chains(&admitted_statuses, &pending, &written, input);
+                if retry.is_empty() {
+                    break;
+                }
+                let again = collect(retry).await;
+                written.extend(written_leases(&again));
+                results.extend(again);
             }
-        }
-        let sequence_of = |a: &Admission| {
-            input
-                .lease(&a.key)
-                .and_then(|l| l.status.as_ref())
-                .and_then(|s| s.sequence)
+            let ungate = this.ungate_chains(admissions, &pending, &written, input);
+            results.extend(collect(ungate).await);
+            results
         };
-        let admit: Vec<Chain> = admissions
-            .into_values()
-            .filter(|a| {
-                let (lease_ok, seq) = match pending.get(&a.key) {
-                    Some((_, seq)) => (written.contains(&a.key), *seq),
-                    None => (true, sequence_of(a)),
-                };
-                lease_ok
-                    && first_failed
-                        .get(&a.role)
-                        .is_none_or(|&failed| seq.is_some_and(|s| s < failed))
-            })
-            .map(|a| self.admit_chain(a, input))
-            .collect();
-        self.run_chains(admit, overlay, &mut errors).await;
+        let (mut results, others) = futures::join!(admit, collect(chains));
+        results.extend(others);
+        self.record(results, overlay, &mut errors);
 
         // 4. Class statuses, at most once per second each.
         let now = Instant::now();
@@ -295,33 +319,29 @@ impl Applier {
         outcome
     }
 
-    /// Runs `chains` concurrently; returns the keys of the leases written.
+    /// Runs `chains` concurrently and records what they did.
     async fn run_chains(
         &mut self,
         chains: Vec<Chain>,
         overlay: &mut Overlay,
         errors: &mut Vec<Error>,
-    ) -> HashSet<ObjectKey> {
-        let mut written = HashSet::new();
-        if chains.is_empty() {
-            return written;
-        }
-        let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
-        let mut stream = futures::stream::iter(chains).buffer_unordered(CONCURRENCY);
-        while let Some((done, errs)) = stream.next().await {
+    ) {
+        let results = collect(chains).await;
+        self.record(results, overlay, errors);
+    }
+
+    /// Lays finished writes over the caches and notes eviction outcomes.
+    fn record(&mut self, results: Vec<Finished>, overlay: &mut Overlay, errors: &mut Vec<Error>) {
+        for Finished {
+            at: now,
+            done,
+            errors: errs,
+        } in results
+        {
             errors.extend(errs);
-            let now = Instant::now();
             for d in done {
                 match d {
-                    Done::Lease { lease, created } => {
-                        if let (Some(ns), Some(name)) = (
-                            lease.metadata.namespace.as_ref(),
-                            lease.metadata.name.as_ref(),
-                        ) {
-                            written.insert(ObjectKey::new(ns.clone(), name.clone()));
-                        }
-                        overlay.record_lease(lease, created, now)
-                    }
+                    Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
                     Done::Pod(pod) => overlay.record_pod(pod, now),
                     Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
                     Done::PodReread(None) => {}
@@ -340,7 +360,62 @@ impl Applier {
                 }
             }
         }
-        written
+    }
+
+    /// Admitted statuses to write again: those whose write failed.
+    fn retry_chains(
+        &self,
+        admitted_statuses: &[(ObjectKey, GpuLeaseStatus)],
+        pending: &HashMap<ObjectKey, (Role, Option<u64>)>,
+        written: &HashSet<ObjectKey>,
+        input: &PassInput<'_>,
+    ) -> Vec<Chain> {
+        admitted_statuses
+            .iter()
+            .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
+            .filter_map(|(k, st)| self.status_chain(k.clone(), st.clone(), input))
+            .collect()
+    }
+
+    /// The pod patches of the admissions whose leases say Admitted. When a
+    /// lease write failed, no pod of its role with a later sequence is
+    /// ungated in this pass: the failed one is decided again first, so
+    /// pods start in queue order even when the API server refuses a write.
+    fn ungate_chains(
+        &self,
+        admissions: BTreeMap<ObjectKey, Admission>,
+        pending: &HashMap<ObjectKey, (Role, Option<u64>)>,
+        written: &HashSet<ObjectKey>,
+        input: &PassInput<'_>,
+    ) -> Vec<Chain> {
+        let mut first_failed: BTreeMap<Role, u64> = BTreeMap::new();
+        for (key, (role, sequence)) in pending {
+            if !written.contains(key) {
+                let seq = sequence.unwrap_or(0);
+                let e = first_failed.entry(*role).or_insert(seq);
+                *e = (*e).min(seq);
+            }
+        }
+        let sequence_of = |a: &Admission| {
+            input
+                .lease(&a.key)
+                .and_then(|l| l.status.as_ref())
+                .and_then(|s| s.sequence)
+        };
+        admissions
+            .into_values()
+            .filter(|a| {
+                let (lease_ok, seq) = match pending.get(&a.key) {
+                    Some((_, seq)) => (written.contains(&a.key), *seq),
+                    None => (true, sequence_of(a)),
+                };
+                lease_ok
+                    && first_failed
+                        .get(&a.role)
+                        .is_none_or(|&failed| seq.is_some_and(|s| s < failed))
+            })
+            .map(|a| self.admit_chain(a, input))
+            .collect()
     }
 
     fn leases(&self, ns: &str) -> Api<GpuLease> {
