@@ -1066,29 +1066,25 @@ async fn install_crds_and_namespace(client: &Client) -> Result<(), ClusterError>
     }
 }
 
-/// Status code of `GET path` on 127.0.0.1:`port`, or `None` if it does not answer.
+/// Status code of `GET path` on 127.0.0.1:`port`, or `None` if it does not
+/// answer within 2 seconds.
 pub async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut head = [0u8; 64];
-        let n = stream.read(&mut head).await.ok()?;
-        let text = std::str::from_utf8(&head[..n]).ok()?;
-        text.split_whitespace().nth(1)?.parse().ok()
-    };
-    tokio::time::timeout(Duration::from_secs(2), attempt)
+    http_request(port, path, Duration::from_secs(2))
         .await
-        .ok()
-        .flatten()
+        .map(|(status, _)| status)
 }
 
 /// The body of a plain-HTTP GET of `path` on 127.0.0.1:`port`, when it
 /// answers 200 within 5 seconds.
 pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    match http_request(port, path, Duration::from_secs(5)).await {
+        Some((200, body)) => Some(body),
+        _ => None,
+    }
+}
+
+/// Status code and body of one `GET path` (the connection is closed after it).
+async fn http_request(port: u16, path: &str, timeout: Duration) -> Option<(u16, String)> {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -1098,14 +1094,12 @@ pub async fn http_get(port: u16, path: &str) -> Option<String> {
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.ok()?;
-        let text = String::from_utf8(response).ok()?;
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        (head.split_whitespace().nth(1)? == "200").then(|| body.to_owned())
+        let text = String::from_utf8_lossy(&response);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
     };
-    tokio::time::timeout(Duration::from_secs(5), attempt)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(timeout, attempt).await.ok().flatten()
 }
 
 /// Waits until both custom resources can be watched: a real API server
