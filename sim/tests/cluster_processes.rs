@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use gpupool_sim::cli::detach::alive;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -105,18 +106,6 @@ async fn admin_with_body(run_dir: &Path, method: &str, path: &str, body: &str) -
         .unwrap_or_default()
         .to_owned();
     (code, body)
-}
-
-fn alive(pid: u32) -> bool {
-    // A zombie (state Z) has exited; only its parent's reaping is missing.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|rest| !rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 /// The child pids of the cluster running in `run_dir`, through its fault controls.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use gpupool_sim::cli::detach::alive;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -68,17 +69,6 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, Stri
         out.status.success(),
         if out.status.success() { text } else { err },
     )
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|rest| !rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 /// Every descendant of `pid`, from /proc.

@@ -48,8 +48,9 @@ pub struct DownArgs {
     pub run_dir: Option<PathBuf>,
 }
 
-/// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
+/// Whether `pid` is a live process: a zombie (state Z) has exited, only
+/// its parent's reaping is missing.
+pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
