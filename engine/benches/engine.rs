@@ -101,6 +101,7 @@ fn cluster() -> Snapshot {
         nodes,
         pods,
         leases,
+        blocked_evictions: Default::default(),
     };
     settle(&mut s);
     s

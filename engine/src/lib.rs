@@ -92,5 +92,6 @@ fn run_until(view: pass::View<'_>, steps: usize) -> Plan {
         return pass.plan;
     }
     pass.emit_class_statuses();
+    pass.wake_at_protection_expiry();
     pass.plan
 }

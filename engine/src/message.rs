@@ -23,6 +23,9 @@ pub(crate) enum Message<'a> {
     Bound(&'a str),
     /// Being evicted for a primary.
     Preempting(Option<PreemptedBy<'a>>),
+    /// Being evicted for a primary, but a PodDisruptionBudget refused the
+    /// last eviction: it is asked for again.
+    EvictionBlocked(Option<PreemptedBy<'a>>),
     /// The class does not exist.
     UnknownClass(&'a str),
     /// The class is invalid (index into the pass's classes).
@@ -111,6 +114,13 @@ impl Message<'_> {
             }
             Message::Preempting(Some(primary)) => write!(out, "preempted for primary {primary}"),
             Message::Preempting(None) => out.write_str("preempted"),
+            Message::EvictionBlocked(by) => {
+                match by {
+                    Some(primary) => write!(out, "preempted for primary {primary}; ")?,
+                    None => out.write_str("preempted; ")?,
+                }
+                out.write_str("eviction blocked by a PodDisruptionBudget, retrying")
+            }
             Message::UnknownClass(name) => write!(
                 out,
                 "rejected: GpuLeaseClass {name} does not exist; the lease queues once it is created"

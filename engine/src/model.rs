@@ -2,7 +2,7 @@
 //! beyond gpupool's own CRD structs, so the decision logic can be driven by
 //! tests and benchmarks without a cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use gpupool_api::{
@@ -49,7 +49,21 @@ pub struct Snapshot {
     pub pods: Vec<PodInfo>,
     /// Every GpuLease, as persisted.
     pub leases: Vec<LeaseInfo>,
+    /// Helper pods whose last eviction a PodDisruptionBudget refused (the
+    /// API server answered 429): their leases say so, and the eviction is
+    /// asked for again [`EVICTION_RETRY`] later. Only the API server's answer
+    /// tells this, so the caller keeps it; keys of pods not being evicted
+    /// are ignored.
+    pub blocked_evictions: BTreeSet<ObjectKey>,
 }
+
+/// How long after a PodDisruptionBudget refused an eviction it is asked for again.
+pub const EVICTION_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
+/// A class's status is written at most once per this period: while a queue
+/// moves every few milliseconds, its class's counts and head are written at
+/// most once a second, the last state winning.
+pub const CLASS_STATUS_PERIOD: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
 
 /// A GpuLeaseClass.
 #[derive(Debug, Clone)]
@@ -267,8 +281,31 @@ pub struct Plan {
     /// in its position or message (the queue moved): these may be written
     /// later and coalesced, front of the queue first.
     pub lease_progress: BTreeMap<ObjectKey, GpuLeaseStatus>,
-    /// Desired status of every class.
+    /// Desired status of every class, without its `updatedAt` stamp.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
+    /// The class statuses to write in this pass, in name order: each differs
+    /// from the persisted status (the stamp aside) and the persisted one is
+    /// at least [`CLASS_STATUS_PERIOD`] old (or carries no stamp, or one
+    /// from the future). A class whose write is held back sets `wake_at`.
+    pub class_writes: Vec<ClassWrite>,
+    /// The earliest time a pass is due although nothing changes: a class
+    /// status held back by its period, a helper's `minRuntimeSeconds`
+    /// protection ending, a refused eviction's retry. Always after the
+    /// pass's `now`.
+    pub wake_at: Option<Timestamp>,
+}
+
+/// A class status to write now: `class_statuses[class]` stamped `updatedAt`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassWrite {
+    /// The class.
+    pub class: String,
+    /// Its `status.updatedAt`: the pass's time.
+    pub updated_at: Timestamp,
+    /// The message of the class's `Invalid` condition when this write turns
+    /// it true or changes its reason: the class's owner is told once, with
+    /// the write, not on every pass.
+    pub newly_invalid: Option<String>,
 }
 
 impl Plan {

@@ -3,7 +3,7 @@
 //! preempt, status) work on the tickets.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpupool_api::{GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role};
 use jiff::Timestamp;
@@ -525,6 +525,7 @@ pub(crate) struct View<'a> {
     pub nodes: Vec<&'a NodeInfo>,
     pub pods: Vec<&'a PodInfo>,
     pub leases: Vec<&'a LeaseInfo>,
+    pub blocked_evictions: &'a BTreeSet<ObjectKey>,
 }
 
 impl<'a> View<'a> {
@@ -537,6 +538,7 @@ impl<'a> View<'a> {
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             pods: sorted_unique(&snapshot.pods, |p| &p.key),
             leases: sorted_unique(&snapshot.leases, |l| &l.key),
+            blocked_evictions: &snapshot.blocked_evictions,
         }
     }
 }

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use gpupool_api::{LeasePhase, Preemption, Role};
+use jiff::{SignedDuration, Timestamp};
 
 use super::message::Message;
-use super::model::Eviction;
+use super::model::{EVICTION_RETRY, Eviction};
 use super::pass::{Pass, PreemptedBy, Ticket};
 
 impl<'a> Pass<'a> {
@@ -243,9 +244,12 @@ impl<'a> Pass<'a> {
 
     /// Evictions of helpers already Preempting whose pods do not show the
     /// deletion yet: the earlier eviction was refused (e.g. by a
-    /// PodDisruptionBudget) or lost, so it is asked for again.
+    /// PodDisruptionBudget) or lost, so it is asked for again. A lease whose
+    /// last eviction a PodDisruptionBudget refused says so, and the pass
+    /// asks to run again [`EVICTION_RETRY`] later.
     pub fn retry_evictions(&mut self) {
-        for t in &self.tickets {
+        let mut retries = Vec::new();
+        for (i, t) in self.tickets.iter().enumerate() {
             if t.phase != LeasePhase::Preempting || t.pod.is_none_or(|p| p.terminating) {
                 continue;
             }
@@ -259,12 +263,62 @@ impl<'a> Pass<'a> {
             let Some(for_primary) = for_primary else {
                 continue;
             };
+            retries.push((i, for_primary));
+        }
+        for (i, for_primary) in retries {
+            let grace_period_seconds = self.grace_of(&self.tickets[i]);
+            if self.view.blocked_evictions.contains(self.tickets[i].key) {
+                let t = &mut self.tickets[i];
+                t.message = Message::EvictionBlocked(t.preempted_by);
+                let at = self.now.checked_add(EVICTION_RETRY).ok();
+                self.wake_at(at);
+            }
+            let t = &self.tickets[i];
             self.plan.evictions.push(Eviction {
                 key: t.key.clone(),
                 pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
                 for_primary,
-                grace_period_seconds: self.grace_of(t),
+                grace_period_seconds,
             });
         }
+    }
+
+    /// Asks for a pass at `at` unless one is due earlier.
+    pub fn wake_at(&mut self, at: Option<Timestamp>) {
+        let Some(at) = at.filter(|at| *at > self.now) else {
+            return;
+        };
+        self.plan.wake_at = Some(self.plan.wake_at.map_or(at, |w| w.min(at)));
+    }
+
+    /// Asks for a pass when the first helper's `minRuntimeSeconds`
+    /// protection ends: no watch event would otherwise say that it may now
+    /// be preempted.
+    pub fn wake_at_protection_expiry(&mut self) {
+        let ends = self
+            .tickets
+            .iter()
+            .filter(|t| t.role == Role::Helper && t.phase.holds_slots())
+            .filter(|t| t.phase != LeasePhase::Preempting)
+            .filter_map(|t| {
+                // A helper whose class is gone is protected by the class of
+                // the primary it would make room for; the resync pass covers it.
+                let secs = self.classes.list[t.class?]
+                    .info
+                    .spec
+                    .helpers
+                    .min_runtime_seconds;
+                let since = t.persisted?.admitted_at.as_ref()?.0;
+                (secs > 0)
+                    .then(|| {
+                        since
+                            .checked_add(SignedDuration::from_secs(i64::from(secs)))
+                            .ok()
+                    })
+                    .flatten()
+            })
+            .filter(|end| *end > self.now)
+            .min();
+        self.wake_at(ends);
     }
 }

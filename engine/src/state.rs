@@ -3,11 +3,11 @@
 //! re-sorts the other 16,000 objects. Deciding on it runs the very same
 //! pass as [`crate::decide`] does on a [`Snapshot`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
-use super::model::{ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
+use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
 use super::pass::View;
 
 /// The cluster as the engine keeps it between passes: one entry per class
@@ -22,6 +22,7 @@ pub struct Engine {
     nodes: BTreeMap<String, NodeInfo>,
     pods: BTreeMap<ObjectKey, PodInfo>,
     leases: BTreeMap<ObjectKey, LeaseInfo>,
+    blocked_evictions: BTreeSet<ObjectKey>,
 }
 
 impl Engine {
@@ -35,6 +36,7 @@ impl Engine {
     pub fn from_snapshot(snapshot: &Snapshot) -> Self {
         let mut engine = Self {
             now: snapshot.now,
+            blocked_evictions: snapshot.blocked_evictions.clone(),
             ..Self::default()
         };
         for c in &snapshot.classes {
@@ -72,6 +74,7 @@ impl Engine {
             nodes: self.nodes.values().cloned().collect(),
             pods: self.pods.values().cloned().collect(),
             leases: self.leases.values().cloned().collect(),
+            blocked_evictions: self.blocked_evictions.clone(),
         }
     }
 
@@ -94,6 +97,7 @@ impl Engine {
             nodes: self.nodes.values().collect(),
             pods: self.pods.values().collect(),
             leases: self.leases.values().collect(),
+            blocked_evictions: &self.blocked_evictions,
         }
     }
 
@@ -145,6 +149,33 @@ impl Engine {
     /// Removes the lease `key`; returns what was kept.
     pub fn remove_lease(&mut self, key: &ObjectKey) -> Option<LeaseInfo> {
         self.leases.remove(key)
+    }
+
+    /// Records the API server's answer to the eviction of helper `key`:
+    /// `true` when a PodDisruptionBudget refused it, `false` once it went
+    /// through or is no longer wanted.
+    pub fn set_eviction_blocked(&mut self, key: &ObjectKey, blocked: bool) {
+        if blocked {
+            self.blocked_evictions.insert(key.clone());
+        } else {
+            self.blocked_evictions.remove(key);
+        }
+    }
+
+    /// Forgets refused evictions that a plan's `evictions` no longer asks
+    /// for (the helper is gone, terminating or no longer preempted), so the
+    /// set stays as small as the evictions in progress.
+    pub fn forget_unwanted_evictions(&mut self, evictions: &[Eviction]) {
+        if self.blocked_evictions.is_empty() {
+            return;
+        }
+        self.blocked_evictions
+            .retain(|key| evictions.iter().any(|e| &e.key == key));
+    }
+
+    /// Helper pods whose last eviction a PodDisruptionBudget refused.
+    pub fn blocked_evictions(&self) -> &BTreeSet<ObjectKey> {
+        &self.blocked_evictions
     }
 
     /// The kept classes, by name.

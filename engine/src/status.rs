@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::message::Message;
-use super::model::NewLease;
+use super::model::{CLASS_STATUS_PERIOD, ClassWrite, NewLease};
 use super::pass::{Pass, Ticket};
 
 /// Most entries a class's `status.queue` lists.
@@ -181,6 +181,7 @@ impl Pass<'_> {
     /// Fills `plan.class_statuses`.
     pub fn emit_class_statuses(&mut self) {
         let holders = self.holders_by_node();
+        let mut paced = Vec::new();
         for (c, class) in self.classes.list.iter().enumerate() {
             let res = class.res;
             let mut status = GpuLeaseClassStatus {
@@ -228,9 +229,45 @@ impl Pass<'_> {
             let (slots, truncated) = self.slot_entries(c, &holders);
             status.slots = slots;
             status.slots_truncated = truncated;
+            paced.push(self.pace_class_write(c, &status));
             self.plan
                 .class_statuses
                 .insert(class.info.name.clone(), status);
+        }
+        for p in paced {
+            match p {
+                Paced::Unchanged => {}
+                Paced::Now(write) => self.plan.class_writes.push(write),
+                Paced::At(due) => self.wake_at(Some(due)),
+            }
+        }
+    }
+
+    /// Class `c`'s status is written in this pass when it changed and its
+    /// last write is at least [`CLASS_STATUS_PERIOD`] old; otherwise a pass
+    /// is asked for when that period ends. The period is read from the
+    /// persisted `updatedAt`, so it holds across passes and leader changes
+    /// alike; a stamp from the future (another replica's clock) does not
+    /// hold the write back.
+    fn pace_class_write(&self, c: usize, wanted: &GpuLeaseClassStatus) -> Paced {
+        let class = &self.classes.list[c];
+        let persisted = class.info.status.as_ref();
+        if persisted.is_some_and(|p| same_apart_from_stamp(p, wanted)) {
+            return Paced::Unchanged;
+        }
+        let due = persisted
+            .and_then(|p| p.updated_at.as_ref())
+            .map(|t| t.0)
+            .filter(|last| *last <= self.now)
+            .and_then(|last| last.checked_add(CLASS_STATUS_PERIOD).ok())
+            .filter(|due| *due > self.now);
+        match due {
+            Some(due) => Paced::At(due),
+            None => Paced::Now(ClassWrite {
+                class: class.info.name.clone(),
+                updated_at: self.now,
+                newly_invalid: newly_invalid(persisted, wanted),
+            }),
         }
     }
 
@@ -382,4 +419,64 @@ impl Pass<'_> {
 struct Holders {
     tickets: Vec<usize>,
     start: Vec<usize>,
+}
+
+/// When a class's status is written.
+enum Paced {
+    /// It is what the API server holds.
+    Unchanged,
+    /// In this pass.
+    Now(ClassWrite),
+    /// Not before this time: the last write was too recent.
+    At(Timestamp),
+}
+
+/// True when two class statuses differ at most in their `updatedAt` stamp.
+fn same_apart_from_stamp(a: &GpuLeaseClassStatus, b: &GpuLeaseClassStatus) -> bool {
+    let GpuLeaseClassStatus {
+        observed_generation,
+        conditions,
+        capacity,
+        free,
+        admitted,
+        admitted_helpers,
+        queued,
+        queued_helpers,
+        preempting,
+        queue,
+        slots,
+        slots_truncated,
+        updated_at: _,
+    } = a;
+    *observed_generation == b.observed_generation
+        && *conditions == b.conditions
+        && *capacity == b.capacity
+        && *free == b.free
+        && *admitted == b.admitted
+        && *admitted_helpers == b.admitted_helpers
+        && *queued == b.queued
+        && *queued_helpers == b.queued_helpers
+        && *preempting == b.preempting
+        && *queue == b.queue
+        && *slots == b.slots
+        && *slots_truncated == b.slots_truncated
+}
+
+/// The message of the `Invalid` condition when writing `after` over
+/// `before` turns it true or changes its reason.
+fn newly_invalid(
+    before: Option<&GpuLeaseClassStatus>,
+    after: &GpuLeaseClassStatus,
+) -> Option<String> {
+    let invalid = |s: &GpuLeaseClassStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_INVALID && c.status == "True")
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (reason, message) = invalid(after)?;
+    match before.and_then(invalid) {
+        Some((old, _)) if old == reason => None,
+        _ => Some(message),
+    }
 }

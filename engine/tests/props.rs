@@ -13,7 +13,8 @@ use gpupool_api::{
 };
 use gpupool_engine::fixtures;
 use gpupool_engine::{
-    ClassInfo, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, Snapshot, decide,
+    ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
+    Snapshot, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
@@ -133,6 +134,10 @@ enum Event {
     Tick {
         secs: u32,
     },
+    /// A PodDisruptionBudget starts (or stops) refusing every eviction.
+    Pdb {
+        refuses: bool,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -152,6 +157,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<u8>().prop_map(|pick| Event::RemoveNode { pick }),
         1 => (any::<u8>(), 0u32..=4).prop_map(|(pick, alloc)| Event::Resize { pick, alloc }),
         2 => (1u32..=40).prop_map(|secs| Event::Tick { secs }),
+        1 => any::<bool>().prop_map(|refuses| Event::Pdb { refuses }),
     ]
 }
 
@@ -183,6 +189,8 @@ struct World {
     next_node: u32,
     /// Sequence first seen per pod UID: it must never change.
     sequences: BTreeMap<String, u64>,
+    /// A PodDisruptionBudget refuses every eviction.
+    pdb_refuses: bool,
 }
 
 fn gpus(name: &str, n: u32) -> Vec<NodeGpu> {
@@ -212,10 +220,12 @@ impl World {
                 nodes: vec![],
                 pods: vec![],
                 leases: vec![],
+                blocked_evictions: Default::default(),
             },
             next_uid: 0,
             next_node: 0,
             sequences: BTreeMap::new(),
+            pdb_refuses: false,
         };
         for &(alloc, pool) in &sc.nodes {
             w.add_node(alloc, pool);
@@ -360,6 +370,7 @@ impl World {
             Event::Tick { secs } => {
                 self.s.now += jiff::SignedDuration::from_secs(i64::from(secs));
             }
+            Event::Pdb { refuses } => self.pdb_refuses = refuses,
         }
         Ok(())
     }
@@ -445,9 +456,13 @@ impl World {
     fn pass(&mut self, cut: Option<u16>, statuses_first: bool) -> Result<Plan, TestCaseError> {
         let plan = decide(&self.s);
         self.check_plan(&plan)?;
+        self.check_blocked_evictions(&plan)?;
         let before = self.usage();
         let steps = steps(&plan, statuses_first);
         let keep = cut.map_or(steps.len(), |c| c as usize % (steps.len() + 1));
+        self.s
+            .blocked_evictions
+            .retain(|k| plan.evictions.iter().any(|e| &e.key == k));
         for step in &steps[..keep] {
             self.apply_step(&plan, step)?;
         }
@@ -458,6 +473,38 @@ impl World {
         }
         self.check_world(&before)?;
         Ok(plan)
+    }
+
+    /// A helper whose eviction a PodDisruptionBudget refused is asked for
+    /// again, its lease says why, and a pass is due for the retry.
+    fn check_blocked_evictions(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        for e in &plan.evictions {
+            if !self.s.blocked_evictions.contains(&e.key) {
+                continue;
+            }
+            let persisted = self
+                .s
+                .leases
+                .iter()
+                .find(|l| l.key == e.key)
+                .and_then(|l| l.status.as_ref());
+            let status = plan.lease_status(&e.key).or(persisted);
+            let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
+            prop_assert!(
+                message.contains("blocked by a PodDisruptionBudget"),
+                "{} refused, but its lease says {:?}",
+                e.key,
+                message
+            );
+            prop_assert!(
+                plan.wake_at
+                    .is_some_and(|w| w > self.s.now && w <= self.s.now + EVICTION_RETRY),
+                "no retry due for {}: {:?}",
+                e.key,
+                plan.wake_at
+            );
+        }
+        Ok(())
     }
 
     fn apply_step(&mut self, plan: &Plan, step: &Step) -> Result<(), TestCaseError> {
@@ -505,6 +552,13 @@ impl World {
             }
             Step::Evict(i) => {
                 let e = &plan.evictions[i];
+                // As the operator does: a refusal is remembered for the
+                // next pass, anything else clears it.
+                if self.pdb_refuses {
+                    self.s.blocked_evictions.insert(e.key.clone());
+                    return Ok(());
+                }
+                self.s.blocked_evictions.remove(&e.key);
                 if let Some(p) = self
                     .s
                     .pods
@@ -805,6 +859,8 @@ impl World {
     /// Passes (with the scheduler and device plugins running) until a plan
     /// changes nothing; fails if that takes more than `bound` passes.
     fn quiesce(&mut self, bound: usize) -> Result<Plan, TestCaseError> {
+        // The budget lets evictions through in the end.
+        self.pdb_refuses = false;
         for _ in 0..bound {
             self.bind();
             self.plugin();
@@ -815,6 +871,7 @@ impl World {
                 && plan.evictions.is_empty()
                 && plan.lease_statuses.is_empty()
                 && plan.lease_progress.is_empty()
+                && plan.class_writes.is_empty()
             {
                 return Ok(plan);
             }
@@ -919,6 +976,9 @@ fn feed(engine: &mut Engine, before: &Snapshot, after: &Snapshot) {
     let (up, gone) = changes(&before.leases, &after.leases, |l| l.key.clone());
     up.into_iter().for_each(|l| engine.upsert_lease(l.clone()));
     gone.iter().for_each(|l| drop(engine.remove_lease(l)));
+    for key in before.blocked_evictions.union(&after.blocked_evictions) {
+        engine.set_eviction_blocked(key, after.blocked_evictions.contains(key));
+    }
 }
 
 fn run_events(w: &mut World, sc: &Scenario) -> Result<(), TestCaseError> {

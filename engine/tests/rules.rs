@@ -9,9 +9,9 @@ use gpupool_api::{
     GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, Ordering, Placement, Preemption, Role,
 };
 use gpupool_engine::{
-    LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan, PodInfo,
-    PodPhase, RoleLabel, SelectorOperator, Snapshot, Taint, TaintEffect, Toleration,
-    TolerationOperator, decide,
+    CLASS_STATUS_PERIOD, EVICTION_RETRY, Engine, Eviction, LeaseInfo, NodeInfo,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel,
+    SelectorOperator, Snapshot, Taint, TaintEffect, Toleration, TolerationOperator, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     Condition, LabelSelector, LabelSelectorRequirement, Time,
@@ -111,6 +111,7 @@ fn world(nodes: Vec<NodeInfo>, pods: Vec<PodInfo>) -> Snapshot {
         nodes,
         pods,
         leases: vec![],
+        blocked_evictions: Default::default(),
     }
 }
 
@@ -1240,4 +1241,186 @@ fn a_lost_admission_goes_back_behind_an_earlier_primary_that_waits_again() {
         p1.admitted_at, None,
         "not admitted any more: admitted again later, at that time"
     );
+}
+
+#[test]
+fn a_refused_eviction_says_so_on_its_lease_and_asks_for_a_retry_pass() {
+    let mut s = world(vec![node("n1", 1)], vec![helper("h1", 1, 1)]);
+    settle(&mut s);
+    s.pods.push(pod("p1", 1, 10));
+    let plan = settle_until_eviction(&mut s);
+    let victim = plan.evictions[0].key.clone();
+    for p in &mut s.pods {
+        p.terminating = false;
+    }
+    // Not refused (lost, say): asked for again, nothing more.
+    let plan = decide(&s);
+    assert_eq!(plan.evictions.len(), 1);
+    assert_eq!(plan.wake_at, None);
+    assert!(plan.lease_status(&victim).is_none(), "{plan:?}");
+
+    s.blocked_evictions.insert(victim.clone());
+    let plan = decide(&s);
+    assert_eq!(plan.evictions.len(), 1, "still asked for");
+    assert_eq!(
+        plan.lease_progress
+            .get(&victim)
+            .and_then(|st| st.message.as_deref()),
+        Some("preempted for primary team/p1; eviction blocked by a PodDisruptionBudget, retrying"),
+        "a message change, for the budgeted writer"
+    );
+    assert_eq!(
+        plan.wake_at,
+        Some(at(1002)),
+        "retried {EVICTION_RETRY:?} later"
+    );
+
+    // Once the eviction goes through, the pod terminates and the key is
+    // no longer consulted.
+    for p in &mut s.pods {
+        if p.key == victim {
+            p.terminating = true;
+        }
+    }
+    let plan = decide(&s);
+    assert!(plan.evictions.is_empty());
+    assert_eq!(plan.wake_at, None);
+}
+
+#[test]
+fn the_kept_engine_forgets_refusals_of_evictions_no_longer_wanted() {
+    let mut engine = Engine::new();
+    engine.set_eviction_blocked(&key("h1"), true);
+    engine.set_eviction_blocked(&key("h2"), true);
+    let wanted = Eviction {
+        key: key("h2"),
+        pod_uid: "uid-h2".into(),
+        for_primary: key("p1"),
+        grace_period_seconds: 30,
+    };
+    engine.forget_unwanted_evictions(std::slice::from_ref(&wanted));
+    assert_eq!(
+        engine.blocked_evictions().iter().collect::<Vec<_>>(),
+        vec![&key("h2")]
+    );
+    engine.set_eviction_blocked(&key("h2"), false);
+    assert!(engine.blocked_evictions().is_empty());
+}
+
+/// The class status of `s` with `updatedAt` at `stamp` seconds and one more
+/// free slot than the engine will count, so it differs.
+fn stale_class_status(s: &Snapshot, stamp: Option<i64>) -> gpupool_api::GpuLeaseClassStatus {
+    let mut st = decide(s).class_statuses["default"].clone();
+    st.free += 1;
+    st.updated_at = stamp.map(|t| Time(at(t)));
+    st
+}
+
+#[test]
+fn a_class_status_is_written_at_most_once_per_period() {
+    let mut s = world(vec![node("n1", 2)], vec![]);
+    assert_eq!(s.now, at(1000));
+    settle(&mut s);
+
+    // Never written: written now, stamped with the pass's time.
+    s.classes[0].status = None;
+    let plan = decide(&s);
+    assert_eq!(plan.class_writes.len(), 1);
+    assert_eq!(plan.class_writes[0].class, "default");
+    assert_eq!(plan.class_writes[0].updated_at, s.now);
+    assert_eq!(plan.class_statuses["default"].updated_at, None, "unstamped");
+
+    // Changed, last written half a period ago: held back, a pass asked for
+    // when the period ends.
+    s.now = at(1000) + jiff::SignedDuration::from_millis(500);
+    s.classes[0].status = Some(stale_class_status(&s, Some(1000)));
+    let plan = decide(&s);
+    assert!(plan.class_writes.is_empty(), "{:?}", plan.class_writes);
+    assert_eq!(plan.wake_at, Some(at(1000) + CLASS_STATUS_PERIOD));
+
+    // A whole period later: written.
+    s.now = at(1001);
+    let plan = decide(&s);
+    assert_eq!(plan.class_writes.len(), 1);
+    assert_eq!(plan.wake_at, None);
+
+    // A stamp from the future (another replica's clock) holds nothing back.
+    s.classes[0].status = Some(stale_class_status(&s, Some(5000)));
+    assert_eq!(decide(&s).class_writes.len(), 1);
+
+    // Unchanged apart from the stamp: nothing to write, nothing to wait for.
+    let mut same = decide(&s).class_statuses["default"].clone();
+    same.updated_at = Some(Time(at(1001)));
+    s.classes[0].status = Some(same);
+    let plan = decide(&s);
+    assert!(plan.class_writes.is_empty());
+    assert_eq!(plan.wake_at, None);
+}
+
+#[test]
+fn a_class_owner_is_told_once_when_the_class_turns_invalid() {
+    let mut s = world(vec![node("n1", 1)], vec![]);
+    settle(&mut s);
+    let valid = s.classes[0].status.clone();
+    // A second default, newer: it is the invalid one.
+    let mut second = class("second");
+    second.spec.default = true;
+    second.created_at = Some(at(500));
+    s.classes[0].created_at = Some(at(1));
+    s.classes.push(second);
+    let plan = decide(&s);
+    let write = plan
+        .class_writes
+        .iter()
+        .find(|w| w.class == "second")
+        .expect("the new class's status is written");
+    assert!(
+        write
+            .newly_invalid
+            .as_deref()
+            .is_some_and(|m| m.contains("default")),
+        "{write:?}"
+    );
+    let first = plan.class_writes.iter().find(|w| w.class == "default");
+    assert!(first.is_none_or(|w| w.newly_invalid.is_none()), "{first:?}");
+    assert!(valid.is_some());
+
+    // Written: a later write (the counts changed) says nothing again.
+    let invalid = plan.class_statuses["second"].clone();
+    s.classes[1].status = Some(gpupool_api::GpuLeaseClassStatus {
+        capacity: invalid.capacity + 1,
+        ..invalid
+    });
+    let plan = decide(&s);
+    let again = plan
+        .class_writes
+        .iter()
+        .find(|w| w.class == "second")
+        .expect("the counts changed");
+    assert_eq!(again.newly_invalid, None);
+}
+
+#[test]
+fn a_pass_is_due_when_the_first_young_helper_loses_its_protection() {
+    let mut s = world(vec![node("n1", 3)], vec![]);
+    s.classes[0].spec.helpers.min_runtime_seconds = 60;
+    s.pods.push(helper("h1", 1, 1));
+    settle(&mut s);
+    // Admitted at the world's time, 1000: protected until 1060.
+    assert_eq!(
+        lease(&s, "h1").admitted_at.as_ref().map(|t| t.0),
+        Some(at(1000))
+    );
+    assert_eq!(decide(&s).wake_at, Some(at(1060)));
+    s.now = at(1030);
+    s.pods.push(helper("h2", 1, 2));
+    settle(&mut s);
+    assert_eq!(decide(&s).wake_at, Some(at(1060)), "the earliest end");
+    s.now = at(1061);
+    assert_eq!(decide(&s).wake_at, Some(at(1090)), "h1's ended; h2's next");
+    s.now = at(1100);
+    assert_eq!(decide(&s).wake_at, None);
+    s.classes[0].spec.helpers.min_runtime_seconds = 0;
+    s.now = at(1030);
+    assert_eq!(decide(&s).wake_at, None, "no protection, no wake-up");
 }

@@ -7,13 +7,18 @@
 //! - an admission first persists the lease status (Admitted, node), then sends
 //!   the pod's one JSON patch; if the status write fails, the pod is not touched;
 //! - writes of different pods run concurrently, each chain in its own order.
+//!
+//! The applier is a plain writer: what to write and when (a class status
+//! held back by its period, the message of an eviction a
+//! PodDisruptionBudget refused, when to run again) is the engine's decision
+//! and comes in the plan. The raw objects are read only for what a write's
+//! precondition needs (UIDs, resourceVersions, where the pod's gate sits).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use gpupool_api::class::CONDITION_INVALID;
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, FIELD_MANAGER_OPERATOR};
 use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
@@ -33,7 +38,7 @@ use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
-use crate::engine::{Admission, Eviction, NewLease, ObjectKey, Plan, StaleLease};
+use crate::engine::{Admission, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
 /// API writes in flight at once within a pass.
@@ -41,38 +46,27 @@ const CONCURRENCY: usize = 64;
 /// Longest one object's chain of writes may take before it is abandoned
 /// (and retried by a later pass), so one stuck request never stalls admission.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A class's status is written at most this often.
-const CLASS_STATUS_PERIOD: Duration = Duration::from_secs(1);
-/// Lease message while a PodDisruptionBudget refuses a helper's eviction.
-pub const PDB_BLOCKED_MESSAGE: &str = "eviction blocked by a PodDisruptionBudget, retrying";
-/// Retry delay after a PodDisruptionBudget refused an eviction.
-const PDB_RETRY: Duration = Duration::from_secs(2);
 
 /// What applying a plan left behind.
 #[derive(Debug, Default)]
 pub struct ApplyOutcome {
     /// Some write failed (not counting expected conflicts resolved by the next pass).
     pub failed: bool,
-    /// When the next pass is due for deferred work.
-    pub wake_at: Option<Instant>,
-}
-
-struct ClassWrite {
-    status: GpuLeaseClassStatus,
-    at: Instant,
+    /// The API server's answer to each eviction the plan asked for: `true`
+    /// when a PodDisruptionBudget refused it, `false` when it went through
+    /// or the pod is gone. The engine decides the next pass with them.
+    pub evictions: Vec<(ObjectKey, bool)>,
 }
 
 /// Immediate retries of an admission's lease write that failed.
 const ADMISSION_WRITE_RETRIES: usize = 2;
 
-/// Applies plans; remembers what it must across passes (class status
-/// throttling, evictions a PodDisruptionBudget blocks).
+/// Applies plans. It keeps nothing across passes but its connections: the
+/// budgeted progress writer and the event sink.
 pub struct Applier {
     client: Client,
     metrics: Metrics,
     events: EventSink,
-    class_writes: HashMap<String, ClassWrite>,
-    blocked_evictions: HashMap<ObjectKey, String>,
     progress: ProgressWriter,
 }
 
@@ -84,6 +78,7 @@ enum Done {
     Evicted { key: ObjectKey, uid: String },
     Blocked(ObjectKey),
     Unblocked(ObjectKey),
+    Class(GpuLeaseClass),
     LeaseDeleted { key: ObjectKey, uid: String },
 }
 
@@ -115,6 +110,40 @@ async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
         .await
 }
 
+/// Lays finished writes over the caches and notes the API server's answers
+/// to evictions in `outcome`.
+fn record(
+    results: Vec<Finished>,
+    overlay: &mut Overlay,
+    errors: &mut Vec<Error>,
+    outcome: &mut ApplyOutcome,
+) {
+    for Finished {
+        at: now,
+        done,
+        errors: errs,
+    } in results
+    {
+        errors.extend(errs);
+        for d in done {
+            match d {
+                Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
+                Done::Pod(pod) => overlay.record_pod(pod, now),
+                Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
+                Done::PodReread(None) => {}
+                Done::Evicted { key, uid } => {
+                    outcome.evictions.push((key.clone(), false));
+                    overlay.record_evicted(key, uid, now);
+                }
+                Done::Blocked(key) => outcome.evictions.push((key, true)),
+                Done::Unblocked(key) => outcome.evictions.push((key, false)),
+                Done::LeaseDeleted { key, uid } => overlay.record_lease_deleted(key, uid, now),
+                Done::Class(class) => overlay.record_class(class, now),
+            }
+        }
+    }
+}
+
 /// The leases `results` wrote.
 fn written_leases(results: &[Finished]) -> HashSet<ObjectKey> {
     results
@@ -142,8 +171,6 @@ impl Applier {
             client,
             metrics,
             events,
-            class_writes: HashMap::new(),
-            blocked_evictions: HashMap::new(),
             progress,
         }
     }
@@ -171,23 +198,11 @@ impl Applier {
                 .into_iter()
                 .map(|(key, spec)| self.spec_chain(key, spec)),
         );
-        self.run_chains(first, overlay, &mut errors).await;
+        record(collect(first).await, overlay, &mut errors, &mut outcome);
 
         // 2. Everything else, one chain per object, chains concurrently.
         let mut chains: Vec<Chain> = Vec::new();
         let mut statuses = plan.lease_statuses;
-        // A blocked eviction is retried as long as the engine still wants it;
-        // its lease says so even when the engine's own status is unchanged.
-        self.blocked_evictions
-            .retain(|key, _| plan.evictions.iter().any(|e| &e.key == key));
-        for key in self.blocked_evictions.keys() {
-            if !statuses.contains_key(key)
-                && let Some(current) = input.lease(key).and_then(|l| l.status.clone())
-                && current.phase == LeasePhase::Preempting
-            {
-                statuses.insert(key.clone(), current);
-            }
-        }
         for new in plan.create_leases {
             statuses.remove(&new.key);
             chains.push(self.create_chain(new));
@@ -219,12 +234,7 @@ impl Applier {
         let mut pending: HashMap<ObjectKey, (Role, Option<u64>)> = HashMap::new();
         let mut admitted_statuses: Vec<(ObjectKey, GpuLeaseStatus)> = Vec::new();
         let mut admission_chains: Vec<Chain> = Vec::new();
-        for (key, mut status) in statuses {
-            if status.phase == LeasePhase::Preempting
-                && let Some(msg) = self.blocked_evictions.get(&key)
-            {
-                status.message = Some(msg.clone());
-            }
+        for (key, status) in statuses {
             let role_and_sequence = admissions.get(&key).map(|a| (a.role, status.sequence));
             if role_and_sequence.is_some() {
                 admitted_statuses.push((key.clone(), status.clone()));
@@ -241,6 +251,18 @@ impl Applier {
         }
         for e in plan.evictions {
             chains.push(self.evict_chain(e, input));
+        }
+        // Class statuses: the counts feed the queue-depth gauges on every
+        // pass; a status is written when the plan says it is due.
+        for (class, status) in &plan.class_statuses {
+            self.record_queue_depth(class, status);
+        }
+        for w in plan.class_writes {
+            if let Some(status) = plan.class_statuses.get(&w.class) {
+                let mut status = status.clone();
+                status.updated_at = Some(Time(w.updated_at));
+                chains.push(self.class_chain(w, status));
+            }
         }
 
         // 3. The admissions run beside everything else rather than after
@@ -270,36 +292,7 @@ impl Applier {
         };
         let (mut results, others) = futures::join!(admit, collect(chains));
         results.extend(others);
-        self.record(results, overlay, &mut errors);
-
-        // 4. Class statuses, at most once per second each.
-        let now = Instant::now();
-        for (class, status) in plan.class_statuses {
-            self.record_queue_depth(&class, &status);
-            let before = input
-                .engine
-                .classes()
-                .get(&class)
-                .and_then(|c| c.status.as_ref());
-            if let Some(why) = newly_invalid(before, &status) {
-                tracing::warn!(class = %class, %why, "class is invalid");
-                self.events.emit_class_invalid(&class, None, why);
-            }
-            match self.class_status_due(&class, &status, now) {
-                ClassDue::No => {}
-                ClassDue::Later(at) => {
-                    outcome.wake_at = Some(outcome.wake_at.map_or(at, |w| w.min(at)));
-                }
-                ClassDue::Now => {
-                    if let Err(e) = self.write_class_status(&class, &status).await {
-                        errors.push(e);
-                    } else {
-                        self.class_writes
-                            .insert(class, ClassWrite { status, at: now });
-                    }
-                }
-            }
-        }
+        record(results, overlay, &mut errors, &mut outcome);
 
         for e in &errors {
             self.metrics.error(e.metric_label());
@@ -309,57 +302,8 @@ impl Applier {
                 tracing::warn!(error = %e, kind = e.metric_label(), "write failed; retrying with backoff");
             }
         }
-        if !errors.is_empty() {
-            outcome.failed = true;
-        }
-        if !self.blocked_evictions.is_empty() {
-            let at = Instant::now() + PDB_RETRY;
-            outcome.wake_at = Some(outcome.wake_at.map_or(at, |w| w.min(at)));
-        }
+        outcome.failed = !errors.is_empty();
         outcome
-    }
-
-    /// Runs `chains` concurrently and records what they did.
-    async fn run_chains(
-        &mut self,
-        chains: Vec<Chain>,
-        overlay: &mut Overlay,
-        errors: &mut Vec<Error>,
-    ) {
-        let results = collect(chains).await;
-        self.record(results, overlay, errors);
-    }
-
-    /// Lays finished writes over the caches and notes eviction outcomes.
-    fn record(&mut self, results: Vec<Finished>, overlay: &mut Overlay, errors: &mut Vec<Error>) {
-        for Finished {
-            at: now,
-            done,
-            errors: errs,
-        } in results
-        {
-            errors.extend(errs);
-            for d in done {
-                match d {
-                    Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
-                    Done::Pod(pod) => overlay.record_pod(pod, now),
-                    Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
-                    Done::PodReread(None) => {}
-                    Done::Evicted { key, uid } => {
-                        self.blocked_evictions.remove(&key);
-                        overlay.record_evicted(key, uid, now);
-                    }
-                    Done::Blocked(key) => {
-                        self.blocked_evictions
-                            .insert(key, PDB_BLOCKED_MESSAGE.to_owned());
-                    }
-                    Done::Unblocked(key) => {
-                        self.blocked_evictions.remove(&key);
-                    }
-                    Done::LeaseDeleted { key, uid } => overlay.record_lease_deleted(key, uid, now),
-                }
-            }
-        }
     }
 
     /// Admitted statuses to write again: those whose write failed.
@@ -773,75 +717,35 @@ impl Applier {
         }
     }
 
-    fn class_status_due(
-        &self,
-        class: &str,
-        status: &GpuLeaseClassStatus,
-        now: Instant,
-    ) -> ClassDue {
-        let same = |a: &GpuLeaseClassStatus| without_stamp(a) == without_stamp(status);
-        match self.class_writes.get(class) {
-            Some(w) if same(&w.status) => ClassDue::No,
-            Some(w) if now.duration_since(w.at) < CLASS_STATUS_PERIOD => {
-                ClassDue::Later(w.at + CLASS_STATUS_PERIOD)
-            }
-            Some(_) | None => ClassDue::Now,
-        }
-    }
-
-    async fn write_class_status(
-        &self,
-        class: &str,
-        status: &GpuLeaseClassStatus,
-    ) -> Result<(), Error> {
+    /// Writes one class status (already stamped); tells the class's owner
+    /// when this write turns the class invalid.
+    fn class_chain(&self, write: ClassWrite, status: GpuLeaseClassStatus) -> Chain {
         let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
-        let mut stamped = status.clone();
-        stamped.updated_at = Some(Time(Timestamp::now()));
-        let body = patch::class_status_patch(&stamped);
-        match api
-            .patch_status(class, &patch_params(), &Patch::Merge(&body))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if api_status(&e) == Some(404) => Ok(()),
-            Err(source) => Err(Error::ClassStatus {
-                class: class.to_owned(),
-                source,
-            }),
-        }
+        let events = self.events.clone();
+        Box::pin(async move {
+            let body = patch::class_status_patch(&status);
+            match api
+                .patch_status(&write.class, &patch_params(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(class) => {
+                    if let Some(why) = write.newly_invalid {
+                        tracing::warn!(class = %write.class, %why, "class is invalid");
+                        events.emit_class_invalid(&write.class, None, why);
+                    }
+                    (vec![Done::Class(class)], vec![])
+                }
+                Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
+                Err(source) => (
+                    vec![],
+                    vec![Error::ClassStatus {
+                        class: write.class,
+                        source,
+                    }],
+                ),
+            }
+        })
     }
-}
-
-/// The message of the class's `Invalid` condition when it has just become
-/// true (or its reason changed): the class's owner is told once, not on every
-/// status write.
-fn newly_invalid(
-    before: Option<&GpuLeaseClassStatus>,
-    after: &GpuLeaseClassStatus,
-) -> Option<String> {
-    let invalid = |s: &GpuLeaseClassStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == CONDITION_INVALID && c.status == "True")
-            .map(|c| (c.reason.clone(), c.message.clone()))
-    };
-    let (reason, message) = invalid(after)?;
-    match before.and_then(invalid) {
-        Some((old, _)) if old == reason => None,
-        _ => Some(message),
-    }
-}
-
-enum ClassDue {
-    No,
-    Later(Instant),
-    Now,
-}
-
-fn without_stamp(s: &GpuLeaseClassStatus) -> GpuLeaseClassStatus {
-    let mut s = s.clone();
-    s.updated_at = None;
-    s
 }
 
 fn with_timeout(chain: Chain) -> Chain {
@@ -909,56 +813,5 @@ mod tests {
         assert_eq!(v["kind"], "Eviction");
         assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 30);
         assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "u");
-    }
-
-    #[test]
-    fn a_class_is_told_once_when_it_turns_invalid() {
-        let with = |reason: &str| GpuLeaseClassStatus {
-            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                type_: CONDITION_INVALID.into(),
-                status: if reason.is_empty() { "False" } else { "True" }.into(),
-                reason: reason.into(),
-                message: format!("because {reason}"),
-                last_transition_time: Time(Timestamp::from_second(1).expect("t")),
-                observed_generation: None,
-            }],
-            ..Default::default()
-        };
-        let valid = with("");
-        assert_eq!(
-            newly_invalid(Some(&valid), &with("MultipleDefaults")),
-            Some("because MultipleDefaults".into())
-        );
-        assert_eq!(
-            newly_invalid(None, &with("MultipleDefaults")),
-            Some("because MultipleDefaults".into())
-        );
-        assert_eq!(
-            newly_invalid(Some(&with("MultipleDefaults")), &with("MultipleDefaults")),
-            None
-        );
-        assert_eq!(
-            newly_invalid(
-                Some(&with("MultipleDefaults")),
-                &with("InvalidNodeSelector")
-            ),
-            Some("because InvalidNodeSelector".into())
-        );
-        assert_eq!(newly_invalid(Some(&with("X")), &valid), None);
-    }
-
-    #[test]
-    fn class_status_comparison_ignores_the_stamp() {
-        let a = GpuLeaseClassStatus {
-            capacity: 4,
-            updated_at: Some(Time(Timestamp::from_second(1).expect("t"))),
-            ..Default::default()
-        };
-        let b = GpuLeaseClassStatus {
-            capacity: 4,
-            updated_at: Some(Time(Timestamp::from_second(2).expect("t"))),
-            ..Default::default()
-        };
-        assert_eq!(without_stamp(&a), without_stamp(&b));
     }
 }

@@ -21,7 +21,7 @@ use super::cached_pod::CachedPod;
 use super::caches::Caches;
 use super::overlay::Overlay;
 use super::translate;
-use crate::engine::{Engine, ObjectKey};
+use crate::engine::{Engine, Eviction, ObjectKey};
 
 /// One object a pass saw, by the address of its `Arc`.
 struct Seen<K, Q> {
@@ -194,7 +194,7 @@ impl Kept {
         } = self;
         engine.set_now(now);
         classes.sync(
-            caches.classes.state(),
+            overlay.classes(caches.classes.state(), at),
             |_| false,
             |c| translate::class_info(c).map(|i| (i.name.clone(), i)),
             |change, _| match change {
@@ -277,6 +277,16 @@ impl Kept {
     /// The engine as last fed.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Records what the API server answered to a pass's evictions (`true`:
+    /// a PodDisruptionBudget refused it) and forgets refused evictions the
+    /// pass no longer asked for, so the next pass decides with them.
+    pub fn record_evictions(&mut self, wanted: &[Eviction], answers: &[(ObjectKey, bool)]) {
+        self.engine.forget_unwanted_evictions(wanted);
+        for (key, blocked) in answers {
+            self.engine.set_eviction_blocked(key, *blocked);
+        }
     }
 }
 

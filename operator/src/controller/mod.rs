@@ -17,16 +17,13 @@ pub mod patch;
 pub mod progress;
 pub mod translate;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_api::{LeasePhase, Role};
 use jiff::Timestamp;
 use kube::Client;
 use tokio::sync::{Notify, watch};
 
-use crate::engine::Engine;
 use crate::metrics::{Health, Metrics};
 
 pub use apply::Applier;
@@ -62,37 +59,6 @@ pub struct LoopConfig {
     pub status_writes_per_second: u32,
     /// The progress writer's metrics.
     pub progress_metrics: progress::ProgressMetrics,
-}
-
-/// Earliest moment a helper's minRuntimeSeconds protection ends, so a pass
-/// runs then and may preempt it (no event would otherwise trigger one).
-pub fn next_protection_expiry(engine: &Engine) -> Option<Timestamp> {
-    let min_runtime: BTreeMap<&str, u32> = engine
-        .classes()
-        .values()
-        .filter(|c| c.spec.helpers.min_runtime_seconds > 0)
-        .map(|c| (c.name.as_str(), c.spec.helpers.min_runtime_seconds))
-        .collect();
-    if min_runtime.is_empty() {
-        return None;
-    }
-    engine
-        .leases()
-        .values()
-        .filter(|l| l.spec.role == Role::Helper)
-        .filter_map(|l| {
-            let status = l.status.as_ref()?;
-            if !matches!(status.phase, LeasePhase::Admitted | LeasePhase::Bound) {
-                return None;
-            }
-            let secs = *min_runtime.get(l.spec.class_name.as_str())?;
-            let since = status.admitted_at.as_ref()?.0;
-            let end = since
-                .checked_add(jiff::SignedDuration::from_secs(i64::from(secs)))
-                .ok()?;
-            (end > engine.now()).then_some(end)
-        })
-        .min()
 }
 
 /// Runs the decision loop until leadership is lost for good or the caches die.
@@ -219,92 +185,25 @@ async fn pass(
         evictions = plan.evictions.len(),
         lease_statuses = plan.lease_statuses.len(),
         lease_progress = plan.lease_progress.len(),
+        class_writes = plan.class_writes.len(),
         "decided"
     );
-    let outcome = applier.apply(plan, &input, overlay).await;
-    let recreation = overlay.next_recreation(Instant::now());
-    let protection = next_protection_expiry(input.engine).map(|t| {
+    // The engine's own wake-up (a class status held back, a helper's
+    // protection ending, a refused eviction's retry), a little past the
+    // time, so the pass that runs then sees it as passed.
+    let due = plan.wake_at.map(|t| {
         let wait = t.duration_since(now).unsigned_abs();
-        // A little past the end, so the pass sees the helper as unprotected.
-        Instant::now() + wait + Duration::from_millis(50)
+        started + wait + Duration::from_millis(50)
     });
+    let evictions = plan.evictions.clone();
+    let outcome = applier.apply(plan, &input, overlay).await;
+    kept.record_evictions(&evictions, &outcome.evictions);
+    let recreation = overlay.next_recreation(Instant::now());
     metrics
         .pass_duration
         .observe(started.elapsed().as_secs_f64());
     PassOutcome {
         failed: outcome.failed,
-        wake_at: [outcome.wake_at, protection, recreation]
-            .into_iter()
-            .flatten()
-            .min(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{ClassInfo, LeaseInfo, ObjectKey, Snapshot};
-    use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    fn helper(name: &str, class: &str, phase: LeasePhase, admitted: i64) -> LeaseInfo {
-        LeaseInfo {
-            key: ObjectKey::new("ns", name),
-            spec: GpuLeaseSpec {
-                class_name: class.into(),
-                pod_name: name.into(),
-                pod_uid: "u".into(),
-                role: Role::Helper,
-                slots: 1,
-            },
-            status: Some(GpuLeaseStatus {
-                phase,
-                admitted_at: Some(Time(Timestamp::from_second(admitted).expect("t"))),
-                ..Default::default()
-            }),
-            missing: false,
-        }
-    }
-
-    #[test]
-    fn protection_expiry_is_the_earliest_young_helper() {
-        let mut spec = GpuLeaseClassSpec::default();
-        spec.helpers.min_runtime_seconds = 60;
-        let snap = Snapshot {
-            now: Timestamp::from_second(1_000).expect("t"),
-            classes: vec![
-                ClassInfo {
-                    name: "slow".into(),
-                    generation: None,
-                    created_at: None,
-                    spec,
-                    status: None,
-                },
-                ClassInfo {
-                    name: "plain".into(),
-                    generation: None,
-                    created_at: None,
-                    spec: GpuLeaseClassSpec::default(),
-                    status: None,
-                },
-            ],
-            leases: vec![
-                helper("old", "slow", LeasePhase::Bound, 900),
-                helper("young", "slow", LeasePhase::Admitted, 980),
-                helper("younger", "slow", LeasePhase::Bound, 990),
-                helper("gone", "slow", LeasePhase::Released, 999),
-                helper("other", "plain", LeasePhase::Bound, 999),
-            ],
-            ..Default::default()
-        };
-        assert_eq!(
-            next_protection_expiry(&Engine::from_snapshot(&snap)),
-            Some(Timestamp::from_second(1_040).expect("t"))
-        );
-        let none = Snapshot {
-            classes: vec![],
-            ..snap
-        };
-        assert_eq!(next_protection_expiry(&Engine::from_snapshot(&none)), None);
+        wake_at: [due, recreation].into_iter().flatten().min(),
     }
 }

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_api::GpuLease;
+use gpupool_api::{GpuLease, GpuLeaseClass};
 use kube::Resource;
 
 use super::cached_pod::CachedPod;
@@ -49,6 +49,7 @@ pub struct Overlay {
     deleted_leases: HashMap<ObjectKey, Gone>,
     pods: HashMap<ObjectKey, Written<CachedPod>>,
     evicted: HashMap<ObjectKey, Gone>,
+    classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
     last_leases: HashMap<ObjectKey, Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
 }
@@ -150,6 +151,30 @@ impl Overlay {
                 at: now,
             },
         );
+    }
+
+    /// Remembers a class as the API server returned it after a status write:
+    /// the next pass paces and compares the class's status against what
+    /// was written, not against a cache that has not caught up.
+    pub fn record_class(&mut self, class: GpuLeaseClass, now: Instant) {
+        let Some(key) = key_of(&class) else { return };
+        self.classes.insert(
+            key,
+            Written {
+                object: Arc::new(class),
+                created: false,
+                at: now,
+            },
+        );
+    }
+
+    /// The cached classes with the controller's newer status writes laid over them.
+    pub fn classes(
+        &mut self,
+        cached: Vec<Arc<GpuLeaseClass>>,
+        now: Instant,
+    ) -> Vec<Arc<GpuLeaseClass>> {
+        merge(cached, &mut self.classes, None, now)
     }
 
     /// Remembers that the lease object with `uid` was deleted.
@@ -279,6 +304,7 @@ impl Overlay {
     /// Number of remembered writes (for tests and logs).
     pub fn len(&self) -> usize {
         self.leases.len()
+            + self.classes.len()
             + self.deleted_leases.len()
             + self.pods.len()
             + self.evicted.len()
@@ -344,6 +370,34 @@ mod tests {
         let merged = o.leases(fresh, t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Bound)".into())]);
         assert!(o.is_empty(), "caught up: forgotten");
+    }
+
+    #[test]
+    fn a_written_class_status_wins_until_the_cache_catches_up() {
+        let class = |rv: &str, capacity: u32| -> GpuLeaseClass {
+            serde_json::from_value(json!({
+                "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+                "metadata": {"name": "default", "uid": "c", "resourceVersion": rv},
+                "spec": {},
+                "status": {"capacity": capacity}
+            }))
+            .expect("class")
+        };
+        let capacity = |cs: &[Arc<GpuLeaseClass>]| -> Vec<u32> {
+            cs.iter()
+                .map(|c| c.status.as_ref().map_or(0, |s| s.capacity))
+                .collect()
+        };
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        o.record_class(class("8", 4), t0);
+        assert_eq!(capacity(&o.classes(vec![Arc::new(class("7", 2))], t0)), [4]);
+        assert_eq!(capacity(&o.classes(vec![Arc::new(class("9", 6))], t0)), [6]);
+        assert!(o.is_empty(), "caught up: forgotten");
+        // A class deleted after its status write is not brought back.
+        o.record_class(class("10", 4), t0);
+        assert!(o.classes(vec![], t0).is_empty());
+        assert!(o.is_empty());
     }
 
     #[test]
