@@ -6,7 +6,14 @@
 //! - a new lease's sequence is persisted (status write) right after its create;
 //! - an admission first persists the lease status (Admitted, node), then sends
 //!   the pod's one JSON patch; if the status write fails, the pod is not touched;
-//! - writes of different pods run concurrently, each chain in its own order.
+//! - writes of different pods run concurrently, each chain in its own order;
+//! - a pass waits only for its deletes, spec rewrites and admissions. Its
+//!   other writes (lease creates, phase changes, evictions, class statuses)
+//!   run in the background while the next passes decide: each is laid over
+//!   the caches as assumed until its answer lands, and no pass plans another
+//!   write of an object whose write is in flight. An admission of such an
+//!   object waits, and holds back the later admissions of its role, so pods
+//!   still start in queue order.
 //!
 //! The applier is a plain writer: what to write and when (a class status
 //! held back by its period, the message of an eviction a
@@ -15,6 +22,7 @@
 //! precondition needs (UIDs, resourceVersions, where the pod's gate sits).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -30,6 +38,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use super::PassInput;
 use super::cached_pod::CachedPod;
@@ -61,13 +71,30 @@ pub struct ApplyOutcome {
 /// Immediate retries of an admission's lease write that failed.
 const ADMISSION_WRITE_RETRIES: usize = 2;
 
-/// Applies plans. It keeps nothing across passes but its connections: the
-/// budgeted progress writer and the event sink.
+/// Applies plans. Across passes it keeps its connections (the budgeted
+/// progress writer, the event sink) and the writes still in flight.
 pub struct Applier {
     client: Client,
     metrics: Metrics,
     events: EventSink,
     progress: ProgressWriter,
+    background: JoinSet<Landed>,
+    /// Objects with a background write in flight, and how many.
+    in_flight: HashMap<ObjectKey, u32>,
+    /// Background writes running at once, across passes.
+    permits: Arc<Semaphore>,
+}
+
+/// A background write that finished: the objects it was for and its outcome.
+pub struct Landed {
+    keys: Vec<ObjectKey>,
+    finished: Finished,
+}
+
+/// The key a class's writes are tracked under: no namespaced object has an
+/// empty namespace, so it never meets a pod's or lease's key.
+fn class_key(class: &str) -> ObjectKey {
+    ObjectKey::new("", class)
 }
 
 /// Result of one independent write chain.
@@ -144,6 +171,20 @@ fn record(
     }
 }
 
+/// A lease about to be created, as it will be once its create and its
+/// first status write land.
+fn assumed_new_lease(new: &NewLease) -> GpuLease {
+    GpuLease {
+        metadata: ObjectMeta {
+            name: Some(new.key.name.clone()),
+            namespace: Some(new.key.namespace.clone()),
+            ..Default::default()
+        },
+        spec: new.spec.clone(),
+        status: Some(new.status.clone()),
+    }
+}
+
 /// The leases `results` wrote.
 fn written_leases(results: &[Finished]) -> HashSet<ObjectKey> {
     results
@@ -172,10 +213,121 @@ impl Applier {
             metrics,
             events,
             progress,
+            background: JoinSet::new(),
+            in_flight: HashMap::new(),
+            permits: Arc::new(Semaphore::new(CONCURRENCY)),
         }
     }
 
-    /// Applies `plan` (decided on `input`), recording successful writes in `overlay`.
+    /// True while a write of `key` runs in the background.
+    fn busy(&self, key: &ObjectKey) -> bool {
+        self.in_flight.contains_key(key)
+    }
+
+    /// Runs `chain` in the background for the objects `keys`; `assumed`
+    /// (a lease as the write will leave it) is laid over the caches until
+    /// the write's answer lands.
+    fn spawn(
+        &mut self,
+        keys: Vec<ObjectKey>,
+        chain: Chain,
+        assumed: Option<GpuLease>,
+        overlay: &mut Overlay,
+    ) {
+        for key in &keys {
+            *self.in_flight.entry(key.clone()).or_default() += 1;
+        }
+        if let (Some(lease), Some(key)) = (assumed, keys.first()) {
+            overlay.assume_lease(key.clone(), lease);
+        }
+        let permits = self.permits.clone();
+        self.background.spawn(async move {
+            // The semaphore is never closed; without a permit the write
+            // still runs, only unthrottled.
+            let _permit = permits.acquire_owned().await.ok();
+            let (done, errors) = with_timeout(chain).await;
+            Landed {
+                keys,
+                finished: Finished {
+                    at: Instant::now(),
+                    done,
+                    errors,
+                },
+            }
+        });
+    }
+
+    /// The next background write to finish; pending forever while none runs
+    /// (for `select!`).
+    pub async fn next_landed(&mut self) -> Landed {
+        loop {
+            match self.background.join_next().await {
+                Some(Ok(landed)) => return landed,
+                // A write task cannot panic short of a bug; its objects stay
+                // marked until the leadership ends, and the resync repairs.
+                Some(Err(e)) => tracing::error!(error = %e, "a background write task failed"),
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// A background write that has finished, if any, without waiting.
+    pub fn try_landed(&mut self) -> Option<Landed> {
+        loop {
+            match self.background.try_join_next()? {
+                Ok(landed) => return Some(landed),
+                Err(e) => tracing::error!(error = %e, "a background write task failed"),
+            }
+        }
+    }
+
+    /// Records a background write's answer: the objects are no longer in
+    /// flight, the assumed state gives way to the API server's answer, and
+    /// errors are counted and logged.
+    pub fn land(&mut self, landed: Landed, overlay: &mut Overlay) -> ApplyOutcome {
+        for key in &landed.keys {
+            if let Some(n) = self.in_flight.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.in_flight.remove(key);
+                    overlay.forget_assumed(key);
+                }
+            }
+        }
+        let mut outcome = ApplyOutcome::default();
+        let mut errors = Vec::new();
+        record(vec![landed.finished], overlay, &mut errors, &mut outcome);
+        self.report(&errors);
+        outcome.failed = !errors.is_empty();
+        outcome
+    }
+
+    /// Stops every background write (leadership is lost: this replica must
+    /// stop writing) and forgets what they assumed.
+    pub fn abandon(&mut self, overlay: &mut Overlay) {
+        self.background.abort_all();
+        self.background.detach_all();
+        for key in self.in_flight.drain().map(|(k, _)| k) {
+            overlay.forget_assumed(&key);
+        }
+    }
+
+    fn report(&self, errors: &[Error]) {
+        for e in errors {
+            self.metrics.error(e.metric_label());
+            if e.is_expected() {
+                tracing::info!(error = %e, kind = e.metric_label(), "write refused; deciding again");
+            } else {
+                tracing::warn!(error = %e, kind = e.metric_label(), "write failed; retrying with backoff");
+            }
+        }
+    }
+
+    /// Applies `plan` (decided on `input`), recording successful writes in
+    /// `overlay`. Returns once the deletes, spec rewrites and admissions are
+    /// done; the rest runs on in the background (see [`Applier::land`]).
+    /// Writes of objects whose earlier write is still in flight are left
+    /// out: the pass that follows its answer decides them again.
     pub async fn apply(
         &mut self,
         plan: Plan,
@@ -191,21 +343,28 @@ impl Applier {
         let mut first: Vec<Chain> = plan
             .delete_leases
             .iter()
+            .filter(|s| !self.busy(&s.key))
             .filter_map(|s| self.delete_chain(s, input))
             .collect();
         first.extend(
             plan.lease_specs
                 .into_iter()
+                .filter(|(key, _)| !self.busy(key))
                 .map(|(key, spec)| self.spec_chain(key, spec)),
         );
         record(collect(first).await, overlay, &mut errors, &mut outcome);
 
-        // 2. Everything else, one chain per object, chains concurrently.
-        let mut chains: Vec<Chain> = Vec::new();
+        // 2. Everything but the admissions goes to the background, one chain
+        // per object.
         let mut statuses = plan.lease_statuses;
         for new in plan.create_leases {
             statuses.remove(&new.key);
-            chains.push(self.create_chain(new));
+            if self.busy(&new.key) {
+                continue;
+            }
+            let assumed = assumed_new_lease(&new);
+            let chain = self.create_chain(new.clone());
+            self.spawn(vec![new.key], chain, Some(assumed), overlay);
         }
         // Position and message updates never hold up this pass: the budgeted
         // writer takes them, front of the queue first. A lease whose status is
@@ -214,6 +373,9 @@ impl Applier {
             self.progress.forget(key);
         }
         for (key, status) in plan.lease_progress {
+            if self.busy(&key) {
+                continue;
+            }
             let Some(lease) = input.lease(&key) else {
                 continue;
             };
@@ -230,27 +392,52 @@ impl Applier {
             .map(|a| (a.key.clone(), a))
             .collect();
         // Admissions whose lease status is written first: key → (role,
-        // sequence). Their pods are ungated only afterwards, in step 3.
+        // sequence). Their pods are ungated only afterwards, in step 3. An
+        // admission of an object still being written waits for the next
+        // pass, and counts as a failed lease write: no later pod of its
+        // role is ungated before it.
         let mut pending: HashMap<ObjectKey, (Role, Option<u64>)> = HashMap::new();
         let mut admitted_statuses: Vec<(ObjectKey, GpuLeaseStatus)> = Vec::new();
         let mut admission_chains: Vec<Chain> = Vec::new();
+        for a in admissions.values().filter(|a| self.busy(&a.key)) {
+            let sequence = statuses
+                .get(&a.key)
+                .or_else(|| input.lease(&a.key).and_then(|l| l.status.as_ref()))
+                .and_then(|s| s.sequence);
+            pending.insert(a.key.clone(), (a.role, sequence));
+        }
         for (key, status) in statuses {
-            let role_and_sequence = admissions.get(&key).map(|a| (a.role, status.sequence));
-            if role_and_sequence.is_some() {
-                admitted_statuses.push((key.clone(), status.clone()));
+            if self.busy(&key) {
+                continue;
             }
-            if let Some(chain) = self.status_chain(key.clone(), status, input) {
-                match role_and_sequence {
-                    Some(rs) => {
-                        admission_chains.push(chain);
-                        pending.insert(key, rs);
-                    }
-                    None => chains.push(chain),
+            if let Some(a) = admissions.get(&key) {
+                let sequence = status.sequence;
+                admitted_statuses.push((key.clone(), status.clone()));
+                if let Some(chain) = self.status_chain(key.clone(), status, input) {
+                    admission_chains.push(chain);
+                    pending.insert(key, (a.role, sequence));
                 }
+                continue;
+            }
+            let assumed = input.lease(&key).map(|l| {
+                let mut lease = GpuLease::clone(l);
+                let gpus = lease.status.take().map(|s| s.gpus).unwrap_or_default();
+                lease.status = Some(GpuLeaseStatus {
+                    gpus,
+                    ..status.clone()
+                });
+                lease
+            });
+            if let Some(chain) = self.status_chain(key.clone(), status, input) {
+                self.spawn(vec![key], chain, assumed, overlay);
             }
         }
         for e in plan.evictions {
-            chains.push(self.evict_chain(e, input));
+            if self.busy(&e.key) {
+                continue;
+            }
+            let chain = self.evict_chain(e.clone(), input);
+            self.spawn(vec![e.key], chain, None, overlay);
         }
         // Class statuses: the counts feed the queue-depth gauges on every
         // pass; a status is written when the plan says it is due.
@@ -258,50 +445,41 @@ impl Applier {
             self.record_queue_depth(class, status);
         }
         for w in plan.class_writes {
+            let key = class_key(&w.class);
+            if self.busy(&key) {
+                continue;
+            }
             if let Some(status) = plan.class_statuses.get(&w.class) {
                 let mut status = status.clone();
                 status.updated_at = Some(Time(w.updated_at));
-                chains.push(self.class_chain(w, status));
+                let chain = self.class_chain(w, status);
+                self.spawn(vec![key], chain, None, overlay);
             }
         }
 
-        // 3. The admissions run beside everything else rather than after
-        // it: each admitted lease's status, then its pod's ungate, so a
-        // freed slot is taken without waiting for the pass's slowest
-        // unrelated write.
-        let this = &*self;
-        let admit = async {
-            let mut results = collect(admission_chains).await;
-            let mut written = written_leases(&results);
-            // An admission whose lease write failed (a 5xx, a timeout) is
-            // tried again at once with the same status, so the pods behind
-            // it are not held back a whole pass, and its admittedAt stays
-            // the one decided together with theirs.
-            for _ in 0..ADMISSION_WRITE_RETRIES {
-                let retry = this.retry_chains(&admitted_statuses, &pending, &written, input);
-                if retry.is_empty() {
-                    break;
-                }
-                let again = collect(retry).await;
-                written.extend(written_leases(&again));
-                results.extend(again);
+        // 3. The admissions: each admitted lease's status, then its pod's
+        // ungate. The pass waits for them only, so a freed slot is taken
+        // without waiting for any unrelated write.
+        let mut results = collect(admission_chains).await;
+        let mut written = written_leases(&results);
+        // An admission whose lease write failed (a 5xx, a timeout) is tried
+        // again at once with the same status, so the pods behind it are not
+        // held back a whole pass, and its admittedAt stays the one decided
+        // together with theirs.
+        for _ in 0..ADMISSION_WRITE_RETRIES {
+            let retry = self.retry_chains(&admitted_statuses, &pending, &written, input);
+            if retry.is_empty() {
+                break;
             }
-            let ungate = this.ungate_chains(admissions, &pending, &written, input);
-            results.extend(collect(ungate).await);
-            results
-        };
-        let (mut results, others) = futures::join!(admit, collect(chains));
-        results.extend(others);
+            let again = collect(retry).await;
+            written.extend(written_leases(&again));
+            results.extend(again);
+        }
+        let ungate = self.ungate_chains(admissions, &pending, &written, input);
+        results.extend(collect(ungate).await);
         record(results, overlay, &mut errors, &mut outcome);
 
-        for e in &errors {
-            self.metrics.error(e.metric_label());
-            if e.is_expected() {
-                tracing::info!(error = %e, kind = e.metric_label(), "write refused; deciding again");
-            } else {
-                tracing::warn!(error = %e, kind = e.metric_label(), "write failed; retrying with backoff");
-            }
-        }
+        self.report(&errors);
         outcome.failed = !errors.is_empty();
         outcome
     }

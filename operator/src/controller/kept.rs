@@ -237,6 +237,7 @@ impl Kept {
                 .collect();
             overlay.hold_vanished(&mut lease_objs, &pod_uids, at);
         }
+        overlay.lay_assumed(&mut lease_objs);
         leases.sync(
             lease_objs,
             |key| overlay.is_missing(key, at),
@@ -279,14 +280,17 @@ impl Kept {
         &self.engine
     }
 
-    /// Records what the API server answered to a pass's evictions (`true`:
-    /// a PodDisruptionBudget refused it) and forgets refused evictions the
-    /// pass no longer asked for, so the next pass decides with them.
-    pub fn record_evictions(&mut self, wanted: &[Eviction], answers: &[(ObjectKey, bool)]) {
-        self.engine.forget_unwanted_evictions(wanted);
+    /// Records what the API server answered to evictions (`true`: a
+    /// PodDisruptionBudget refused it), so the next pass decides with them.
+    pub fn record_eviction_answers(&mut self, answers: &[(ObjectKey, bool)]) {
         for (key, blocked) in answers {
             self.engine.set_eviction_blocked(key, *blocked);
         }
+    }
+
+    /// Forgets refused evictions a pass no longer asked for.
+    pub fn forget_unwanted_evictions(&mut self, wanted: &[Eviction]) {
+        self.engine.forget_unwanted_evictions(wanted);
     }
 }
 

@@ -1,10 +1,13 @@
 //! The controller: caches, decision passes and applying their plans.
 //!
 //! One pass at a time decides every class (DESIGN §5.9): it snapshots the
-//! watch caches with the controller's own unconfirmed writes laid over them
-//! ([`overlay`]), asks the engine for a plan, and applies it. Changes that
-//! arrive during a pass are coalesced into one following pass. Only the
-//! leader passes; losing leadership aborts the pass in flight.
+//! watch caches with the controller's own unconfirmed and in-flight writes
+//! laid over them ([`overlay`]), asks the engine for a plan, and applies it.
+//! A pass waits for its admissions only; its other writes land in the
+//! background, and each answer wakes the loop like a watch event. Changes
+//! that arrive during a pass are coalesced into one following pass. Only
+//! the leader passes; losing leadership aborts the pass and every write in
+//! flight.
 
 pub mod apply;
 pub mod cached_pod;
@@ -116,11 +119,20 @@ pub async fn run(
                     }
                 }
             };
+            let mut landed_failed = false;
             tokio::select! {
                 biased;
                 () = lost => break,
+                // A background write's answer is a change like any other:
+                // the objects it was for may be decided again.
+                landed = applier.next_landed() => {
+                    landed_failed = land(&mut applier, landed, &mut kept, &mut overlay);
+                }
                 () = changed.notified() => {}
                 () = tokio::time::sleep_until(wake.into()) => {}
+            }
+            while let Some(landed) = applier.try_landed() {
+                landed_failed |= land(&mut applier, landed, &mut kept, &mut overlay);
             }
             let outcome = tokio::select! {
                 biased;
@@ -140,7 +152,7 @@ pub async fn run(
             health.set_pass_done();
             let now = Instant::now();
             let mut next = now + config.resync;
-            if outcome.failed {
+            if outcome.failed || landed_failed {
                 next = next.min(now + backoff);
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             } else {
@@ -151,9 +163,25 @@ pub async fn run(
             }
             wake = next;
         }
+        // A replica that does not lead writes nothing, not even what it
+        // started while it led.
+        applier.abandon(&mut overlay);
         metrics.leader.set(0);
         health.set_leading(false);
     }
+}
+
+/// Records a background write's answer (eviction answers go to the engine);
+/// true when it failed.
+fn land(
+    applier: &mut Applier,
+    landed: apply::Landed,
+    kept: &mut Kept,
+    overlay: &mut overlay::Overlay,
+) -> bool {
+    let outcome = applier.land(landed, overlay);
+    kept.record_eviction_answers(&outcome.evictions);
+    outcome.failed
 }
 
 /// What a pass left to do.
@@ -197,7 +225,8 @@ async fn pass(
     });
     let evictions = plan.evictions.clone();
     let outcome = applier.apply(plan, &input, overlay).await;
-    kept.record_evictions(&evictions, &outcome.evictions);
+    kept.forget_unwanted_evictions(&evictions);
+    kept.record_eviction_answers(&outcome.evictions);
     let recreation = overlay.next_recreation(Instant::now());
     metrics
         .pass_duration

@@ -50,6 +50,8 @@ pub struct Overlay {
     pods: HashMap<ObjectKey, Written<CachedPod>>,
     evicted: HashMap<ObjectKey, Gone>,
     classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
+    /// Leases as writes still in flight will leave them.
+    assumed: HashMap<ObjectKey, Arc<GpuLease>>,
     last_leases: HashMap<ObjectKey, Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
 }
@@ -175,6 +177,43 @@ impl Overlay {
         now: Instant,
     ) -> Vec<Arc<GpuLeaseClass>> {
         merge(cached, &mut self.classes, None, now)
+    }
+
+    /// Lays `lease` over the caches as a write still in flight will leave
+    /// it, until [`Overlay::forget_assumed`]: the passes that run meanwhile
+    /// count its sequence, phase and node as written.
+    pub fn assume_lease(&mut self, key: ObjectKey, lease: GpuLease) {
+        self.assumed.insert(key, Arc::new(lease));
+    }
+
+    /// The write behind an assumed lease landed (its answer, if any, is
+    /// recorded on its own) or was abandoned.
+    pub fn forget_assumed(&mut self, key: &ObjectKey) {
+        self.assumed.remove(key);
+    }
+
+    /// Replaces or adds, in `leases`, the leases that writes in flight will
+    /// leave. Applied after [`Overlay::hold_vanished`], so an assumed lease is
+    /// never taken for one the API server showed.
+    pub fn lay_assumed(&self, leases: &mut Vec<Arc<GpuLease>>) {
+        if self.assumed.is_empty() {
+            return;
+        }
+        let mut laid = HashSet::new();
+        for lease in leases.iter_mut() {
+            if let Some(key) = key_of(lease.as_ref())
+                && let Some(assumed) = self.assumed.get(&key)
+            {
+                *lease = assumed.clone();
+                laid.insert(key);
+            }
+        }
+        leases.extend(
+            self.assumed
+                .iter()
+                .filter(|(key, _)| !laid.contains(*key))
+                .map(|(_, lease)| lease.clone()),
+        );
     }
 
     /// Remembers that the lease object with `uid` was deleted.
@@ -305,6 +344,7 @@ impl Overlay {
     pub fn len(&self) -> usize {
         self.leases.len()
             + self.classes.len()
+            + self.assumed.len()
             + self.deleted_leases.len()
             + self.pods.len()
             + self.evicted.len()
@@ -398,6 +438,33 @@ mod tests {
         o.record_class(class("10", 4), t0);
         assert!(o.classes(vec![], t0).is_empty());
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn assumed_leases_replace_or_join_the_list_until_forgotten() {
+        let mut o = Overlay::default();
+        let mut leases = vec![
+            Arc::new(lease("a", "u", "1", "Admitted")),
+            Arc::new(lease("b", "v", "1", "Queued")),
+        ];
+        o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "u", "1", "Released"));
+        o.assume_lease(ObjectKey::new("ns", "new"), lease("new", "", "", "Queued"));
+        o.lay_assumed(&mut leases);
+        assert_eq!(
+            phases(&leases),
+            vec![
+                ("a".into(), "Some(Released)".into()),
+                ("b".into(), "Some(Queued)".into()),
+                ("new".into(), "Some(Queued)".into()),
+            ]
+        );
+        assert_eq!(o.len(), 2);
+        o.forget_assumed(&ObjectKey::new("ns", "a"));
+        o.forget_assumed(&ObjectKey::new("ns", "new"));
+        assert!(o.is_empty());
+        let mut cached = vec![Arc::new(lease("a", "u", "1", "Admitted"))];
+        o.lay_assumed(&mut cached);
+        assert_eq!(phases(&cached), vec![("a".into(), "Some(Admitted)".into())]);
     }
 
     #[test]
