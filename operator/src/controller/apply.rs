@@ -74,9 +74,7 @@ const ADMISSION_WRITE_RETRIES: usize = 2;
 /// Applies plans. Across passes it keeps its connections (the budgeted
 /// progress writer, the event sink) and the writes still in flight.
 pub struct Applier {
-    client: Client,
-    metrics: Metrics,
-    events: EventSink,
+    writer: Writer,
     progress: ProgressWriter,
     background: JoinSet<Landed>,
     /// Objects with a background write in flight, and how many.
@@ -209,9 +207,11 @@ impl Applier {
         progress: ProgressWriter,
     ) -> Self {
         Self {
-            client,
-            metrics,
-            events,
+            writer: Writer {
+                client,
+                metrics,
+                events,
+            },
             progress,
             background: JoinSet::new(),
             in_flight: HashMap::new(),
@@ -224,13 +224,14 @@ impl Applier {
         self.in_flight.contains_key(key)
     }
 
-    /// Runs `chain` in the background for the objects `keys`; `assumed`
-    /// (a lease as the write will leave it) is laid over the caches until
-    /// the write's answer lands.
+    /// Runs the chain `build` makes in the background for the objects
+    /// `keys`, building it once a write slot is free; `assumed` (a lease as
+    /// the write will leave it) is laid over the caches until the write's
+    /// answer lands.
     fn spawn(
         &mut self,
         keys: Vec<ObjectKey>,
-        chain: Chain,
+        build: impl FnOnce(&Writer) -> Chain + Send + 'static,
         assumed: Option<GpuLease>,
         overlay: &mut Overlay,
     ) {
@@ -241,11 +242,12 @@ impl Applier {
             overlay.assume_lease(key.clone(), lease);
         }
         let permits = self.permits.clone();
+        let writer = self.writer.clone();
         self.background.spawn(async move {
             // The semaphore is never closed; without a permit the write
             // still runs, only unthrottled.
             let _permit = permits.acquire_owned().await.ok();
-            let (done, errors) = with_timeout(chain).await;
+            let (done, errors) = with_timeout(build(&writer)).await;
             Landed {
                 keys,
                 finished: Finished {
@@ -314,7 +316,7 @@ impl Applier {
 
     fn report(&self, errors: &[Error]) {
         for e in errors {
-            self.metrics.error(e.metric_label());
+            self.writer.metrics.error(e.metric_label());
             if e.is_expected() {
                 tracing::info!(error = %e, kind = e.metric_label(), "write refused; deciding again");
             } else {
@@ -344,13 +346,13 @@ impl Applier {
             .delete_leases
             .iter()
             .filter(|s| !self.busy(&s.key))
-            .filter_map(|s| self.delete_chain(s, input))
+            .filter_map(|s| self.writer.delete_chain(s, input))
             .collect();
         first.extend(
             plan.lease_specs
                 .into_iter()
                 .filter(|(key, _)| !self.busy(key))
-                .map(|(key, spec)| self.spec_chain(key, spec)),
+                .map(|(key, spec)| self.writer.spec_chain(key, spec)),
         );
         record(collect(first).await, overlay, &mut errors, &mut outcome);
 
@@ -363,8 +365,13 @@ impl Applier {
                 continue;
             }
             let assumed = assumed_new_lease(&new);
-            let chain = self.create_chain(new.clone());
-            self.spawn(vec![new.key], chain, Some(assumed), overlay);
+            let key = new.key.clone();
+            self.spawn(
+                vec![key],
+                move |w| w.create_chain(new),
+                Some(assumed),
+                overlay,
+            );
         }
         // Position and message updates never hold up this pass: the budgeted
         // writer takes them, front of the queue first. A lease whose status is
@@ -413,7 +420,7 @@ impl Applier {
             if let Some(a) = admissions.get(&key) {
                 let sequence = status.sequence;
                 admitted_statuses.push((key.clone(), status.clone()));
-                if let Some(chain) = self.status_chain(key.clone(), status, input) {
+                if let Some(chain) = self.writer.status_chain(key.clone(), status, input) {
                     admission_chains.push(chain);
                     pending.insert(key, (a.role, sequence));
                 }
@@ -428,21 +435,22 @@ impl Applier {
                 });
                 lease
             });
-            if let Some(chain) = self.status_chain(key.clone(), status, input) {
-                self.spawn(vec![key], chain, assumed, overlay);
+            if let Some(chain) = self.writer.status_chain(key.clone(), status, input) {
+                self.spawn(vec![key], move |_| chain, assumed, overlay);
             }
         }
         for e in plan.evictions {
             if self.busy(&e.key) {
                 continue;
             }
-            let chain = self.evict_chain(e.clone(), input);
-            self.spawn(vec![e.key], chain, None, overlay);
+            let key = e.key.clone();
+            let chain = self.writer.evict_chain(e, input);
+            self.spawn(vec![key], move |_| chain, None, overlay);
         }
         // Class statuses: the counts feed the queue-depth gauges on every
         // pass; a status is written when the plan says it is due.
         for (class, status) in &plan.class_statuses {
-            self.record_queue_depth(class, status);
+            self.writer.record_queue_depth(class, status);
         }
         for w in plan.class_writes {
             let key = class_key(&w.class);
@@ -452,8 +460,12 @@ impl Applier {
             if let Some(status) = plan.class_statuses.get(&w.class) {
                 let mut status = status.clone();
                 status.updated_at = Some(Time(w.updated_at));
-                let chain = self.class_chain(w, status);
-                self.spawn(vec![key], chain, None, overlay);
+                self.spawn(
+                    vec![key],
+                    move |wr| wr.class_chain(w, status),
+                    None,
+                    overlay,
+                );
             }
         }
 
@@ -495,7 +507,7 @@ impl Applier {
         admitted_statuses
             .iter()
             .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
-            .filter_map(|(k, st)| self.status_chain(k.clone(), st.clone(), input))
+            .filter_map(|(k, st)| self.writer.status_chain(k.clone(), st.clone(), input))
             .collect()
     }
 
@@ -536,10 +548,23 @@ impl Applier {
                         .get(&a.role)
                         .is_none_or(|&failed| seq.is_some_and(|s| s < failed))
             })
-            .map(|a| self.admit_chain(a, input))
+            .map(|a| self.writer.admit_chain(a, input))
             .collect()
     }
+}
 
+/// What the write chains need: the client, the metrics and the event sink.
+/// Cheap to clone, so a background write builds its chain (and the request
+/// state inside it) only when it may start: a burst of thousands of
+/// creates waits as their inputs, not as thousands of request futures.
+#[derive(Clone)]
+struct Writer {
+    client: Client,
+    metrics: Metrics,
+    events: EventSink,
+}
+
+impl Writer {
     fn leases(&self, ns: &str) -> Api<GpuLease> {
         Api::namespaced(self.client.clone(), ns)
     }
