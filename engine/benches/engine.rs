@@ -102,6 +102,7 @@ fn cluster() -> Snapshot {
         pods,
         leases,
         blocked_evictions: Default::default(),
+        progress_limit: None,
     };
     settle(&mut s);
     s
@@ -162,6 +163,21 @@ fn bench(c: &mut Criterion) {
             // Back to the settled state for the next iteration.
             if let Some(pod) = finished.clone() {
                 engine.upsert_pod(pod);
+            }
+            plan
+        })
+    });
+
+    // (e) As the operator runs it: the kept engine handing over at most
+    // one second of the progress writer's default budget per pass.
+    let mut limited = kept.clone();
+    limited.set_progress_limit(Some(200));
+    g.bench_function("kept_engine_after_pod_finished_progress_limit_200", |b| {
+        b.iter(|| {
+            limited.remove_pod(&gone);
+            let plan = limited.decide();
+            if let Some(pod) = finished.clone() {
+                limited.upsert_pod(pod);
             }
             plan
         })

@@ -55,6 +55,12 @@ pub struct Snapshot {
     /// tells this, so the caller keeps it; keys of pods not being evicted
     /// are ignored.
     pub blocked_evictions: BTreeSet<ObjectKey>,
+    /// At most this many entries in [`Plan::lease_progress`], front of the
+    /// queue first; `None` lists them all. A caller that writes progress
+    /// within a budget sets it to what it can write before the next pass:
+    /// when the head of a queue of 10,000 moves, building 10,000 statuses
+    /// of which a few hundred are written is waste.
+    pub progress_limit: Option<usize>,
 }
 
 /// How long after a PodDisruptionBudget refused an eviction it is asked for again.
@@ -277,10 +283,15 @@ pub struct Plan {
     /// or a timestamp differs from the persisted one: written with the
     /// admissions and evictions of the pass.
     pub lease_statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
-    /// Desired status of every lease that differs from the persisted one only
-    /// in its position or message (the queue moved): these may be written
-    /// later and coalesced, front of the queue first.
+    /// Desired status of the leases that differ from the persisted one only
+    /// in their position or message (the queue moved): these may be written
+    /// later and coalesced, front of the queue first. With a progress limit,
+    /// only that many, those without a position (a message change of a
+    /// lease that does not queue) and then the lowest positions first.
     pub lease_progress: BTreeMap<ObjectKey, GpuLeaseStatus>,
+    /// More leases differ in position or message than `lease_progress`
+    /// lists (the progress limit cut it).
+    pub progress_truncated: bool,
     /// Desired status of every class, without its `updatedAt` stamp.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
     /// The class statuses to write in this pass, in name order: each differs

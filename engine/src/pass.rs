@@ -526,6 +526,7 @@ pub(crate) struct View<'a> {
     pub pods: Vec<&'a PodInfo>,
     pub leases: Vec<&'a LeaseInfo>,
     pub blocked_evictions: &'a BTreeSet<ObjectKey>,
+    pub progress_limit: Option<usize>,
 }
 
 impl<'a> View<'a> {
@@ -539,6 +540,7 @@ impl<'a> View<'a> {
             pods: sorted_unique(&snapshot.pods, |p| &p.key),
             leases: sorted_unique(&snapshot.leases, |l| &l.key),
             blocked_evictions: &snapshot.blocked_evictions,
+            progress_limit: snapshot.progress_limit,
         }
     }
 }

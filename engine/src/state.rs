@@ -23,6 +23,7 @@ pub struct Engine {
     pods: BTreeMap<ObjectKey, PodInfo>,
     leases: BTreeMap<ObjectKey, LeaseInfo>,
     blocked_evictions: BTreeSet<ObjectKey>,
+    progress_limit: Option<usize>,
 }
 
 impl Engine {
@@ -37,6 +38,7 @@ impl Engine {
         let mut engine = Self {
             now: snapshot.now,
             blocked_evictions: snapshot.blocked_evictions.clone(),
+            progress_limit: snapshot.progress_limit,
             ..Self::default()
         };
         for c in &snapshot.classes {
@@ -75,6 +77,7 @@ impl Engine {
             pods: self.pods.values().cloned().collect(),
             leases: self.leases.values().cloned().collect(),
             blocked_evictions: self.blocked_evictions.clone(),
+            progress_limit: self.progress_limit,
         }
     }
 
@@ -98,12 +101,19 @@ impl Engine {
             pods: self.pods.values().collect(),
             leases: self.leases.values().collect(),
             blocked_evictions: &self.blocked_evictions,
+            progress_limit: self.progress_limit,
         }
     }
 
     /// The time the next pass decides at.
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// Lists at most `limit` progress statuses per pass (see
+    /// [`Snapshot::progress_limit`]).
+    pub fn set_progress_limit(&mut self, limit: Option<usize>) {
+        self.progress_limit = limit;
     }
 
     /// Sets the time the next pass decides at.

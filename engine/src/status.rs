@@ -134,11 +134,11 @@ impl Pass<'_> {
         let mut scratch = String::with_capacity(MESSAGE_CAPACITY);
         let mut created = Vec::new();
         let mut changed = Vec::new();
-        // When the queue head moves, nearly every queued lease lands here:
-        // room for all of them up front spares the growing list its copies
-        // of ~300-byte entries (pages never written are never touched).
-        let mut progress = Vec::with_capacity(self.tickets.len());
-        for t in &self.tickets {
+        // When the queue head moves, nearly every queued lease's position
+        // changes: they are found here (comparing without allocating), and
+        // their statuses built below, at most the progress limit of them.
+        let mut progress: Vec<(u32, usize)> = Vec::new();
+        for (i, t) in self.tickets.iter().enumerate() {
             match t.lease {
                 None => created.push(NewLease {
                     key: t.key.clone(),
@@ -165,17 +165,31 @@ impl Pass<'_> {
                         Change::Phase => {
                             changed.push((t.key.clone(), self.build_with(t, times, &mut scratch)))
                         }
-                        Change::Progress => {
-                            progress.push((t.key.clone(), self.build_with(t, times, &mut scratch)))
-                        }
+                        Change::Progress => progress.push((t.position.unwrap_or(0), i)),
                         Change::None => {}
                     }
                 }
             }
         }
+        if let Some(limit) = self.view.progress_limit
+            && progress.len() > limit
+        {
+            // (position, ticket) is unique, so the cut is the same whatever
+            // order the selection leaves the rest in.
+            progress.select_nth_unstable(limit);
+            progress.truncate(limit);
+            self.plan.progress_truncated = true;
+        }
+        let progress = progress
+            .into_iter()
+            .map(|(_, i)| {
+                let t = &self.tickets[i];
+                (t.key.clone(), self.build(t, &mut scratch))
+            })
+            .collect();
         self.plan.create_leases = created;
         self.plan.lease_statuses = changed.into_iter().collect();
-        self.plan.lease_progress = progress.into_iter().collect();
+        self.plan.lease_progress = progress;
     }
 
     /// Fills `plan.class_statuses`.

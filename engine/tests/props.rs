@@ -221,6 +221,7 @@ impl World {
                 pods: vec![],
                 leases: vec![],
                 blocked_evictions: Default::default(),
+                progress_limit: None,
             },
             next_uid: 0,
             next_node: 0,
@@ -1015,6 +1016,45 @@ proptest! {
             let a = decide(&w.s);
             prop_assert_eq!(&a, &decide(&w.s));
             prop_assert_eq!(&a, &decide(&shuffled(&w.s)));
+        }
+    }
+
+    /// A progress limit cuts `lease_progress` to the front of the queue
+    /// (the lowest positions, leases without one first, then by key) and
+    /// changes nothing else in the plan.
+    #[test]
+    fn a_progress_limit_keeps_the_front_of_the_progress_and_nothing_else(
+        sc in scenario(),
+        limit in 0usize..6,
+    ) {
+        let mut w = World::new(&sc);
+        for ev in &sc.events {
+            w.apply_event(ev)?;
+            let full = decide(&w.s);
+            let mut cut = w.s.clone();
+            cut.progress_limit = Some(limit);
+            let limited = decide(&cut);
+            let mut front: Vec<(u32, &ObjectKey)> = full
+                .lease_progress
+                .iter()
+                .map(|(k, st)| (st.position.unwrap_or(0), k))
+                .collect();
+            front.sort();
+            front.truncate(limit);
+            let kept: Vec<&ObjectKey> = limited.lease_progress.keys().collect();
+            let mut want: Vec<&ObjectKey> = front.into_iter().map(|(_, k)| k).collect();
+            want.sort();
+            prop_assert_eq!(kept, want);
+            for (k, st) in &limited.lease_progress {
+                prop_assert_eq!(Some(st), full.lease_progress.get(k));
+            }
+            prop_assert_eq!(limited.progress_truncated, full.lease_progress.len() > limit);
+            let rest = |p: &Plan| Plan {
+                lease_progress: Default::default(),
+                progress_truncated: false,
+                ..p.clone()
+            };
+            prop_assert_eq!(rest(&limited), rest(&full));
         }
     }
 

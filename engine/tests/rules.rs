@@ -112,6 +112,7 @@ fn world(nodes: Vec<NodeInfo>, pods: Vec<PodInfo>) -> Snapshot {
         pods,
         leases: vec![],
         blocked_evictions: Default::default(),
+        progress_limit: None,
     }
 }
 
@@ -1423,4 +1424,45 @@ fn a_pass_is_due_when_the_first_young_helper_loses_its_protection() {
     s.classes[0].spec.helpers.min_runtime_seconds = 0;
     s.now = at(1030);
     assert_eq!(decide(&s).wake_at, None, "no protection, no wake-up");
+}
+
+#[test]
+fn a_progress_limit_lists_the_front_of_the_queue_first() {
+    // Names sort against queue order: "q9" was enqueued first, "q0" last.
+    let names = ["q9", "q7", "q5", "q3", "q1", "q0"];
+    let pods = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| pod(n, 1, i as i64))
+        .collect();
+    let mut s = world(vec![node("n1", 1)], pods);
+    settle(&mut s);
+    assert_eq!(phase(&s, "q9"), LeasePhase::Admitted);
+    assert_eq!(lease(&s, "q0").position, Some(5));
+    // The head finishes: every waiting position moves up by one.
+    finish(&mut s, "q9");
+    let full = decide(&s);
+    assert_eq!(
+        full.lease_progress.len(),
+        4,
+        "{:?}",
+        full.lease_progress.keys()
+    );
+    assert!(!full.progress_truncated);
+
+    s.progress_limit = Some(2);
+    let cut = decide(&s);
+    let positions: Vec<(String, Option<u32>)> = cut
+        .lease_progress
+        .iter()
+        .map(|(k, st)| (k.name.clone(), st.position))
+        .collect();
+    assert_eq!(
+        positions,
+        vec![("q3".to_owned(), Some(2)), ("q5".to_owned(), Some(1))],
+        "the two nearest the head, not the first two names"
+    );
+    assert!(cut.progress_truncated);
+    assert_eq!(cut.lease_statuses, full.lease_statuses);
+    assert_eq!(cut.admissions, full.admissions);
 }

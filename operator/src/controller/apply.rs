@@ -183,6 +183,18 @@ fn assumed_new_lease(new: &NewLease) -> GpuLease {
     }
 }
 
+/// The lease `key` as the pass saw it, when writing `status` over it would
+/// change something the operator owns; `None` when there is nothing to
+/// write (it is unchanged, or the lease is not known).
+fn status_to_write(
+    input: &PassInput<'_>,
+    key: &ObjectKey,
+    status: &GpuLeaseStatus,
+) -> Option<Arc<GpuLease>> {
+    let lease = input.lease(key)?;
+    patch::lease_status_differs(lease.status.as_ref(), status).then(|| lease.clone())
+}
+
 /// The leases `results` wrote.
 fn written_leases(results: &[Finished]) -> HashSet<ObjectKey> {
     results
@@ -420,8 +432,8 @@ impl Applier {
             if let Some(a) = admissions.get(&key) {
                 let sequence = status.sequence;
                 admitted_statuses.push((key.clone(), status.clone()));
-                if let Some(chain) = self.writer.status_chain(key.clone(), status, input) {
-                    admission_chains.push(chain);
+                if let Some(lease) = status_to_write(input, &key, &status) {
+                    admission_chains.push(self.writer.status_chain(key.clone(), status, lease));
                     pending.insert(key, (a.role, sequence));
                 }
                 continue;
@@ -435,8 +447,14 @@ impl Applier {
                 });
                 lease
             });
-            if let Some(chain) = self.writer.status_chain(key.clone(), status, input) {
-                self.spawn(vec![key], move |_| chain, assumed, overlay);
+            if let Some(lease) = status_to_write(input, &key, &status) {
+                let k = key.clone();
+                self.spawn(
+                    vec![key],
+                    move |w| w.status_chain(k, status, lease),
+                    assumed,
+                    overlay,
+                );
             }
         }
         for e in plan.evictions {
@@ -444,8 +462,11 @@ impl Applier {
                 continue;
             }
             let key = e.key.clone();
-            let chain = self.writer.evict_chain(e, input);
-            self.spawn(vec![key], move |_| chain, None, overlay);
+            let class = input
+                .lease(&e.key)
+                .map(|l| l.spec.class_name.clone())
+                .unwrap_or_default();
+            self.spawn(vec![key], move |w| w.evict_chain(e, class), None, overlay);
         }
         // Class statuses: the counts feed the queue-depth gauges on every
         // pass; a status is written when the plan says it is due.
@@ -507,7 +528,10 @@ impl Applier {
         admitted_statuses
             .iter()
             .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
-            .filter_map(|(k, st)| self.writer.status_chain(k.clone(), st.clone(), input))
+            .filter_map(|(k, st)| {
+                let lease = status_to_write(input, k, st)?;
+                Some(self.writer.status_chain(k.clone(), st.clone(), lease))
+            })
             .collect()
     }
 
@@ -701,29 +725,23 @@ impl Writer {
         })
     }
 
-    /// Writes one lease status; `None` when there is nothing to write (it is
-    /// unchanged, or the lease is not known).
-    fn status_chain(
-        &self,
-        key: ObjectKey,
-        status: GpuLeaseStatus,
-        input: &PassInput<'_>,
-    ) -> Option<Chain> {
-        let obj = input.lease(&key)?;
-        let old = obj.status.as_ref();
-        if !patch::lease_status_differs(old, &status) {
-            return None;
-        }
-        let body =
-            patch::lease_status_patch(old, &status, obj.metadata.resource_version.as_deref());
+    /// Writes `status` over `lease` (see [`status_to_write`]). The patch
+    /// body is built when the write starts.
+    fn status_chain(&self, key: ObjectKey, status: GpuLeaseStatus, lease: Arc<GpuLease>) -> Chain {
         let api = self.leases(&key.namespace);
-        let was = old.map(|s| s.phase);
-        let released = status.phase == LeasePhase::Released && was != Some(LeasePhase::Released);
-        let rejected = (status.phase == LeasePhase::Rejected && was != Some(LeasePhase::Rejected))
-            .then(|| status.message.clone().unwrap_or_default());
-        let pod_uid = obj.spec.pod_uid.clone();
         let events = self.events.clone();
-        Some(Box::pin(async move {
+        Box::pin(async move {
+            let old = lease.status.as_ref();
+            let body =
+                patch::lease_status_patch(old, &status, lease.metadata.resource_version.as_deref());
+            let was = old.map(|s| s.phase);
+            let released =
+                status.phase == LeasePhase::Released && was != Some(LeasePhase::Released);
+            let rejected = (status.phase == LeasePhase::Rejected
+                && was != Some(LeasePhase::Rejected))
+            .then(|| status.message.clone().unwrap_or_default());
+            let pod_uid = lease.spec.pod_uid.clone();
+            drop(lease);
             match api
                 .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
                 .await
@@ -749,7 +767,7 @@ impl Writer {
                 Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
                 Err(e) => (vec![], vec![status_error(key, e)]),
             }
-        }))
+        })
     }
 
     fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
@@ -849,12 +867,9 @@ impl Writer {
         })
     }
 
-    fn evict_chain(&self, e: Eviction, input: &PassInput<'_>) -> Chain {
+    /// Evicts a helper of `class` (the metrics' label).
+    fn evict_chain(&self, e: Eviction, class: String) -> Chain {
         let client = self.client.clone();
-        let class = input
-            .lease(&e.key)
-            .map(|l| l.spec.class_name.clone())
-            .unwrap_or_default();
         let metrics = self.metrics.clone();
         let events = self.events.clone();
         Box::pin(async move {

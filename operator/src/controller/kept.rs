@@ -288,6 +288,11 @@ impl Kept {
         }
     }
 
+    /// Lists at most `limit` position and message updates per pass.
+    pub fn set_progress_limit(&mut self, limit: usize) {
+        self.engine.set_progress_limit(Some(limit));
+    }
+
     /// Forgets refused evictions a pass no longer asked for.
     pub fn forget_unwanted_evictions(&mut self, wanted: &[Eviction]) {
         self.engine.forget_unwanted_evictions(wanted);

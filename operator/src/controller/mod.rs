@@ -34,6 +34,10 @@ pub use caches::Caches;
 pub use error::Error;
 pub use kept::{Kept, PassInput};
 
+/// How long the progress writer takes to spend one pass's batch (a second
+/// of its budget).
+const PROGRESS_BATCH_PERIOD: Duration = Duration::from_secs(1);
+
 /// Shortest and longest wait before retrying a pass whose writes failed.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -96,6 +100,10 @@ pub async fn run(
     let mut applier = Applier::new(client, metrics.clone(), sink, progress);
     let mut overlay = overlay::Overlay::default();
     let mut kept = Kept::default();
+    // A pass hands the progress writer one second of its budget, front of
+    // the queue first; a lease further back is offered by a later pass, once
+    // the ones before it are written (or have moved on).
+    kept.set_progress_limit(config.status_writes_per_second as usize);
     let mut backoff = BACKOFF_MIN;
     loop {
         // Wait to lead.
@@ -223,6 +231,11 @@ async fn pass(
         let wait = t.duration_since(now).unsigned_abs();
         started + wait + Duration::from_millis(50)
     });
+    // More progress waits than this pass handed over: the next batch once
+    // the writer has spent a second of its budget.
+    let more_progress = plan
+        .progress_truncated
+        .then(|| started + PROGRESS_BATCH_PERIOD);
     let evictions = plan.evictions.clone();
     let outcome = applier.apply(plan, &input, overlay).await;
     kept.forget_unwanted_evictions(&evictions);
@@ -233,6 +246,6 @@ async fn pass(
         .observe(started.elapsed().as_secs_f64());
     PassOutcome {
         failed: outcome.failed,
-        wake_at: [due, recreation].into_iter().flatten().min(),
+        wake_at: [due, recreation, more_progress].into_iter().flatten().min(),
     }
 }
