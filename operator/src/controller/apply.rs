@@ -76,17 +76,20 @@ const ADMISSION_WRITE_RETRIES: usize = 2;
 pub struct Applier {
     writer: Writer,
     progress: ProgressWriter,
-    background: JoinSet<Landed>,
+    background: JoinSet<Finished>,
+    /// The objects each background task writes.
+    tasks: HashMap<tokio::task::Id, Vec<ObjectKey>>,
     /// Objects with a background write in flight, and how many.
     in_flight: HashMap<ObjectKey, u32>,
     /// Background writes running at once, across passes.
     permits: Arc<Semaphore>,
 }
 
-/// A background write that finished: the objects it was for and its outcome.
+/// A background write that finished: the objects it was for and its
+/// outcome (`None` when its task panicked).
 pub struct Landed {
     keys: Vec<ObjectKey>,
-    finished: Finished,
+    finished: Option<Finished>,
 }
 
 /// The key a class's writes are tracked under: no namespaced object has an
@@ -226,6 +229,7 @@ impl Applier {
             },
             progress,
             background: JoinSet::new(),
+            tasks: HashMap::new(),
             in_flight: HashMap::new(),
             permits: Arc::new(Semaphore::new(CONCURRENCY)),
         }
@@ -255,42 +259,52 @@ impl Applier {
         }
         let permits = self.permits.clone();
         let writer = self.writer.clone();
-        self.background.spawn(async move {
+        let task = self.background.spawn(async move {
             // The semaphore is never closed; without a permit the write
             // still runs, only unthrottled.
             let _permit = permits.acquire_owned().await.ok();
             let (done, errors) = with_timeout(build(&writer)).await;
-            Landed {
-                keys,
-                finished: Finished {
-                    at: Instant::now(),
-                    done,
-                    errors,
-                },
+            Finished {
+                at: Instant::now(),
+                done,
+                errors,
             }
         });
+        self.tasks.insert(task.id(), keys);
     }
 
     /// The next background write to finish; pending forever while none runs
     /// (for `select!`).
     pub async fn next_landed(&mut self) -> Landed {
-        loop {
-            match self.background.join_next().await {
-                Some(Ok(landed)) => return landed,
-                // A write task cannot panic short of a bug; its objects stay
-                // marked until the leadership ends, and the resync repairs.
-                Some(Err(e)) => tracing::error!(error = %e, "a background write task failed"),
-                None => std::future::pending::<()>().await,
-            }
+        match self.background.join_next_with_id().await {
+            Some(joined) => self.landed(joined),
+            None => std::future::pending().await,
         }
     }
 
     /// A background write that has finished, if any, without waiting.
     pub fn try_landed(&mut self) -> Option<Landed> {
-        loop {
-            match self.background.try_join_next()? {
-                Ok(landed) => return Some(landed),
-                Err(e) => tracing::error!(error = %e, "a background write task failed"),
+        let joined = self.background.try_join_next_with_id()?;
+        Some(self.landed(joined))
+    }
+
+    fn landed(
+        &mut self,
+        joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>,
+    ) -> Landed {
+        match joined {
+            Ok((id, finished)) => Landed {
+                keys: self.tasks.remove(&id).unwrap_or_default(),
+                finished: Some(finished),
+            },
+            // Only a bug panics a write task; its objects are released so a
+            // later pass decides them again.
+            Err(e) => {
+                tracing::error!(error = %e, "a background write task failed");
+                Landed {
+                    keys: self.tasks.remove(&e.id()).unwrap_or_default(),
+                    finished: None,
+                }
             }
         }
     }
@@ -309,8 +323,12 @@ impl Applier {
             }
         }
         let mut outcome = ApplyOutcome::default();
+        let Some(finished) = landed.finished else {
+            outcome.failed = true;
+            return outcome;
+        };
         let mut errors = Vec::new();
-        record(vec![landed.finished], overlay, &mut errors, &mut outcome);
+        record(vec![finished], overlay, &mut errors, &mut outcome);
         self.report(&errors);
         outcome.failed = !errors.is_empty();
         outcome
@@ -321,6 +339,7 @@ impl Applier {
     pub fn abandon(&mut self, overlay: &mut Overlay) {
         self.background.abort_all();
         self.background.detach_all();
+        self.tasks.clear();
         for key in self.in_flight.drain().map(|(k, _)| k) {
             overlay.forget_assumed(&key);
         }
@@ -1008,6 +1027,144 @@ async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An applier whose client points nowhere: the tests below drive only
+    /// background chains they write themselves.
+    fn offline_applier() -> Applier {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
+        let client = Client::try_from(config).expect("client");
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let events = EventSink::spawn(client.clone(), "test".into(), metrics.clone());
+        let progress = ProgressWriter::spawn(client.clone(), 10, Default::default());
+        Applier::new(client, metrics, events, progress)
+    }
+
+    fn lease(name: &str, rv: &str, phase: LeasePhase) -> GpuLease {
+        GpuLease {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                uid: Some("u".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            spec: GpuLeaseSpec {
+                class_name: "default".into(),
+                pod_name: name.into(),
+                pod_uid: "p".into(),
+                role: Role::Primary,
+                slots: 1,
+            },
+            status: Some(GpuLeaseStatus {
+                phase,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<GpuLease>>) -> Vec<Option<LeasePhase>> {
+        let mut leases = overlay.leases(cached, Instant::now());
+        overlay.lay_assumed(&mut leases);
+        leases
+            .iter()
+            .map(|l| l.status.as_ref().map(|s| s.phase))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_background_write_is_assumed_until_its_answer_lands() {
+        let mut applier = offline_applier();
+        let mut overlay = Overlay::default();
+        let key = ObjectKey::new("ns", "a");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let answer = lease("a", "12", LeasePhase::Released);
+        applier.spawn(
+            vec![key.clone()],
+            move |_| {
+                Box::pin(async move {
+                    let _ = rx.await;
+                    (
+                        vec![Done::Lease {
+                            lease: answer,
+                            created: false,
+                        }],
+                        vec![],
+                    )
+                })
+            },
+            Some(lease("a", "11", LeasePhase::Released)),
+            &mut overlay,
+        );
+        assert!(applier.busy(&key));
+        let cached = || vec![Arc::new(lease("a", "11", LeasePhase::Admitted))];
+        assert_eq!(
+            phase_in(&mut overlay, cached()),
+            [Some(LeasePhase::Released)]
+        );
+        assert!(applier.try_landed().is_none(), "still in flight");
+
+        let _ = tx.send(());
+        let landed = applier.next_landed().await;
+        let outcome = applier.land(landed, &mut overlay);
+        assert!(!outcome.failed);
+        assert!(!applier.busy(&key));
+        // The answer (resourceVersion 12) wins over the lagging cache.
+        assert_eq!(
+            phase_in(&mut overlay, cached()),
+            [Some(LeasePhase::Released)]
+        );
+        let caught_up = vec![Arc::new(lease("a", "12", LeasePhase::Released))];
+        phase_in(&mut overlay, caught_up);
+        assert!(overlay.is_empty(), "nothing assumed or remembered");
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_panicked_background_write_releases_its_object() {
+        let mut applier = offline_applier();
+        let mut overlay = Overlay::default();
+        let (a, b) = (ObjectKey::new("ns", "a"), ObjectKey::new("ns", "b"));
+        applier.spawn(
+            vec![a.clone()],
+            |_| Box::pin(async { (vec![], vec![Error::Timeout]) }),
+            Some(lease("a", "1", LeasePhase::Released)),
+            &mut overlay,
+        );
+        applier.spawn(
+            vec![b.clone()],
+            |_| Box::pin(async { panic!("a bug in a write chain") }),
+            None,
+            &mut overlay,
+        );
+        for _ in 0..2 {
+            let landed = applier.next_landed().await;
+            assert!(applier.land(landed, &mut overlay).failed);
+        }
+        assert!(!applier.busy(&a) && !applier.busy(&b));
+        let cached = vec![Arc::new(lease("a", "1", LeasePhase::Admitted))];
+        assert_eq!(
+            phase_in(&mut overlay, cached),
+            [Some(LeasePhase::Admitted)],
+            "the failed write assumes nothing any more"
+        );
+    }
+
+    #[tokio::test]
+    async fn losing_leadership_stops_background_writes_and_forgets_them() {
+        let mut applier = offline_applier();
+        let mut overlay = Overlay::default();
+        let key = ObjectKey::new("ns", "a");
+        applier.spawn(
+            vec![key.clone()],
+            |_| Box::pin(std::future::pending()),
+            Some(lease("a", "1", LeasePhase::Released)),
+            &mut overlay,
+        );
+        applier.abandon(&mut overlay);
+        assert!(!applier.busy(&key));
+        assert!(overlay.is_empty());
+        assert!(applier.try_landed().is_none());
+    }
 
     #[test]
     fn eviction_body_uses_policy_v1_wire_names() {
