@@ -156,16 +156,18 @@ fn bench(c: &mut Criterion) {
     if let Some(pod) = finished.clone() {
         engine.upsert_pod(pod);
     }
+    // One pod's removal decided on the kept state, then put back for the
+    // next iteration.
+    let decide_without = |engine: &mut Engine| {
+        engine.remove_pod(&gone);
+        let plan = engine.decide();
+        if let Some(pod) = finished.clone() {
+            engine.upsert_pod(pod);
+        }
+        plan
+    };
     g.bench_function("kept_engine_after_pod_finished", |b| {
-        b.iter(|| {
-            engine.remove_pod(&gone);
-            let plan = engine.decide();
-            // Back to the settled state for the next iteration.
-            if let Some(pod) = finished.clone() {
-                engine.upsert_pod(pod);
-            }
-            plan
-        })
+        b.iter(|| decide_without(&mut engine))
     });
 
     // (e) As the operator runs it: the kept engine handing over at most
@@ -173,14 +175,7 @@ fn bench(c: &mut Criterion) {
     let mut limited = kept.clone();
     limited.set_progress_limit(Some(200));
     g.bench_function("kept_engine_after_pod_finished_progress_limit_200", |b| {
-        b.iter(|| {
-            limited.remove_pod(&gone);
-            let plan = limited.decide();
-            if let Some(pod) = finished.clone() {
-                limited.upsert_pod(pod);
-            }
-            plan
-        })
+        b.iter(|| decide_without(&mut limited))
     });
 
     let mut unsorted = settled.clone();
