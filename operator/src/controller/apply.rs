@@ -457,21 +457,20 @@ impl Applier {
                 }
                 continue;
             }
-            let assumed = input.lease(&key).map(|l| {
-                let mut lease = GpuLease::clone(l);
-                let gpus = lease.status.take().map(|s| s.gpus).unwrap_or_default();
-                lease.status = Some(GpuLeaseStatus {
+            if let Some(lease) = status_to_write(input, &key, &status) {
+                // The device plugin's GPUs stay as they are: the write
+                // leaves them alone.
+                let mut assumed = GpuLease::clone(&lease);
+                let gpus = assumed.status.take().map(|s| s.gpus).unwrap_or_default();
+                assumed.status = Some(GpuLeaseStatus {
                     gpus,
                     ..status.clone()
                 });
-                lease
-            });
-            if let Some(lease) = status_to_write(input, &key, &status) {
                 let k = key.clone();
                 self.spawn(
                     vec![key],
                     move |w| w.status_chain(k, status, lease),
-                    assumed,
+                    Some(assumed),
                     overlay,
                 );
             }
