@@ -147,7 +147,7 @@ fn bench(c: &mut Criterion) {
     let kept = Engine::from_snapshot(&settled);
     g.bench_function("kept_engine_full_pass", |b| b.iter(|| kept.decide()));
     let mut engine = kept.clone();
-    let finished = engine.pods().get(&gone).cloned();
+    let finished = engine.pod(&gone).cloned();
     engine.remove_pod(&gone);
     assert!(
         engine.decide() == plan,

@@ -115,7 +115,7 @@ impl<'a> Pass<'a> {
         let classes = Classes::new(&view.classes, &resources, &nodes);
         Pass {
             now: view.now,
-            tickets: Vec::with_capacity(view.leases.len() + 16),
+            tickets: Vec::with_capacity(view.entries.len() + 16),
             view,
             resources,
             nodes,
@@ -128,25 +128,14 @@ impl<'a> Pass<'a> {
 
     /// Builds every ticket with its lifecycle phase (released, admitted
     /// outside the queue, bound, preempting, or a queue candidate), counting
-    /// used capacity on the way: walks pods and leases in key order together.
+    /// used capacity on the way: walks the view's pods and leases, already
+    /// paired by key, in key order.
     pub fn join(&mut self) {
-        let pods = std::mem::take(&mut self.view.pods);
-        let leases = std::mem::take(&mut self.view.leases);
-        let (mut i, mut j) = (0, 0);
-        while i < pods.len() || j < leases.len() {
-            let order = match (pods.get(i), leases.get(j)) {
-                (Some(p), Some(l)) => p.key.cmp(&l.key),
-                (Some(_), None) => Ordering::Less,
-                _ => Ordering::Greater,
-            };
-            let pod = (order != Ordering::Greater).then(|| pods[i]);
-            let lease = (order != Ordering::Less).then(|| leases[j]);
-            i += usize::from(pod.is_some());
-            j += usize::from(lease.is_some());
+        let entries = std::mem::take(&mut self.view.entries);
+        for &(pod, lease) in &entries {
             self.visit(pod, lease);
         }
-        self.view.pods = pods;
-        self.view.leases = leases;
+        self.view.entries = entries;
     }
 
     fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
@@ -515,6 +504,9 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// A pod and its lease, paired by key; at least one of the two is there.
+pub(crate) type Entry<'a> = (Option<&'a PodInfo>, Option<&'a LeaseInfo>);
+
 /// What one pass reads: every list sorted by name or key with one entry per
 /// name or key (the first one given wins), so every pass over the same
 /// cluster sees the same order whether it comes from a [`Snapshot`] or
@@ -523,26 +515,47 @@ pub(crate) struct View<'a> {
     pub now: Timestamp,
     pub classes: Vec<&'a ClassInfo>,
     pub nodes: Vec<&'a NodeInfo>,
-    pub pods: Vec<&'a PodInfo>,
-    pub leases: Vec<&'a LeaseInfo>,
+    /// Pods and leases joined by key, in key order.
+    pub entries: Vec<Entry<'a>>,
     pub blocked_evictions: &'a BTreeSet<ObjectKey>,
     pub progress_limit: Option<usize>,
 }
 
 impl<'a> View<'a> {
     /// Sorts the snapshot's lists (already-sorted input, as the controller's
-    /// caches give it, costs one comparison per element).
+    /// caches give it, costs one comparison per element) and pairs pods
+    /// with leases by key.
     pub fn of(snapshot: &'a Snapshot) -> Self {
+        let pods = sorted_unique(&snapshot.pods, |p| &p.key);
+        let leases = sorted_unique(&snapshot.leases, |l| &l.key);
         Self {
             now: snapshot.now,
             classes: sorted_unique(&snapshot.classes, |c| c.name.as_str()),
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
-            pods: sorted_unique(&snapshot.pods, |p| &p.key),
-            leases: sorted_unique(&snapshot.leases, |l| &l.key),
+            entries: pair_by_key(&pods, &leases),
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }
     }
+}
+
+/// Walks pods and leases, each in key order, together.
+fn pair_by_key<'a>(pods: &[&'a PodInfo], leases: &[&'a LeaseInfo]) -> Vec<Entry<'a>> {
+    let mut entries = Vec::with_capacity(pods.len().max(leases.len()) + 16);
+    let (mut i, mut j) = (0, 0);
+    while i < pods.len() || j < leases.len() {
+        let order = match (pods.get(i), leases.get(j)) {
+            (Some(p), Some(l)) => p.key.cmp(&l.key),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        let pod = (order != Ordering::Greater).then(|| pods[i]);
+        let lease = (order != Ordering::Less).then(|| leases[j]);
+        i += usize::from(pod.is_some());
+        j += usize::from(lease.is_some());
+        entries.push((pod, lease));
+    }
+    entries
 }
 
 /// References in key order, the first of equal keys kept (the sort is stable).

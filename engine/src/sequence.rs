@@ -9,13 +9,6 @@ use super::pass::Pass;
 impl Pass<'_> {
     /// Gives every ticket without a sequence the next ones, in queue order.
     pub fn assign_sequences(&mut self) {
-        let highest = self
-            .view
-            .leases
-            .iter()
-            .filter_map(|l| l.status.as_ref().and_then(|s| s.sequence))
-            .max()
-            .unwrap_or(0);
         let mut pending: Vec<usize> = (0..self.tickets.len())
             .filter(|&i| {
                 let t = &self.tickets[i];
@@ -25,6 +18,14 @@ impl Pass<'_> {
         if pending.is_empty() {
             return;
         }
+        // Above every persisted sequence, the stale leases' included.
+        let highest = self
+            .view
+            .entries
+            .iter()
+            .filter_map(|(_, l)| l.and_then(|l| l.status.as_ref()).and_then(|s| s.sequence))
+            .max()
+            .unwrap_or(0);
         pending.sort_by(|&a, &b| {
             let (a, b) = (&self.tickets[a], &self.tickets[b]);
             let stamp = |t: &super::pass::Ticket<'_>| {

@@ -10,8 +10,15 @@ use jiff::Timestamp;
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
 use super::pass::View;
 
+/// A pod and its lease as kept; an entry with neither is removed.
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    pod: Option<PodInfo>,
+    lease: Option<LeaseInfo>,
+}
+
 /// The cluster as the engine keeps it between passes: one entry per class
-/// and node name and per pod and lease key, each kept in order.
+/// and node name and one per pod/lease key, each kept in order.
 ///
 /// Guarantee: after any sequence of updates, [`Engine::decide`] returns the
 /// same plan as [`crate::decide`] on [`Engine::to_snapshot`].
@@ -20,8 +27,11 @@ pub struct Engine {
     now: Timestamp,
     classes: BTreeMap<String, ClassInfo>,
     nodes: BTreeMap<String, NodeInfo>,
-    pods: BTreeMap<ObjectKey, PodInfo>,
-    leases: BTreeMap<ObjectKey, LeaseInfo>,
+    /// Each pod with its lease, by their shared key: a pass walks them
+    /// already paired.
+    entries: BTreeMap<ObjectKey, Entry>,
+    pod_count: usize,
+    lease_count: usize,
     blocked_evictions: BTreeSet<ObjectKey>,
     progress_limit: Option<usize>,
 }
@@ -54,16 +64,14 @@ impl Engine {
                 .or_insert_with(|| n.clone());
         }
         for p in &snapshot.pods {
-            engine
-                .pods
-                .entry(p.key.clone())
-                .or_insert_with(|| p.clone());
+            if engine.pod(&p.key).is_none() {
+                engine.upsert_pod(p.clone());
+            }
         }
         for l in &snapshot.leases {
-            engine
-                .leases
-                .entry(l.key.clone())
-                .or_insert_with(|| l.clone());
+            if engine.lease(&l.key).is_none() {
+                engine.upsert_lease(l.clone());
+            }
         }
         engine
     }
@@ -74,8 +82,8 @@ impl Engine {
             now: self.now,
             classes: self.classes.values().cloned().collect(),
             nodes: self.nodes.values().cloned().collect(),
-            pods: self.pods.values().cloned().collect(),
-            leases: self.leases.values().cloned().collect(),
+            pods: self.pods().cloned().collect(),
+            leases: self.leases().cloned().collect(),
             blocked_evictions: self.blocked_evictions.clone(),
             progress_limit: self.progress_limit,
         }
@@ -98,8 +106,11 @@ impl Engine {
             now: self.now,
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
-            pods: self.pods.values().collect(),
-            leases: self.leases.values().collect(),
+            entries: self
+                .entries
+                .values()
+                .map(|e| (e.pod.as_ref(), e.lease.as_ref()))
+                .collect(),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -143,22 +154,38 @@ impl Engine {
 
     /// Adds or replaces the pod with that key.
     pub fn upsert_pod(&mut self, pod: PodInfo) {
-        self.pods.insert(pod.key.clone(), pod);
+        let entry = self.entries.entry(pod.key.clone()).or_default();
+        self.pod_count += usize::from(entry.pod.is_none());
+        entry.pod = Some(pod);
     }
 
     /// Removes the pod `key`; returns what was kept.
     pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<PodInfo> {
-        self.pods.remove(key)
+        let entry = self.entries.get_mut(key)?;
+        let pod = entry.pod.take()?;
+        self.pod_count -= 1;
+        if entry.lease.is_none() {
+            self.entries.remove(key);
+        }
+        Some(pod)
     }
 
     /// Adds or replaces the lease with that key.
     pub fn upsert_lease(&mut self, lease: LeaseInfo) {
-        self.leases.insert(lease.key.clone(), lease);
+        let entry = self.entries.entry(lease.key.clone()).or_default();
+        self.lease_count += usize::from(entry.lease.is_none());
+        entry.lease = Some(lease);
     }
 
     /// Removes the lease `key`; returns what was kept.
     pub fn remove_lease(&mut self, key: &ObjectKey) -> Option<LeaseInfo> {
-        self.leases.remove(key)
+        let entry = self.entries.get_mut(key)?;
+        let lease = entry.lease.take()?;
+        self.lease_count -= 1;
+        if entry.pod.is_none() {
+            self.entries.remove(key);
+        }
+        Some(lease)
     }
 
     /// Records the API server's answer to the eviction of helper `key`:
@@ -198,13 +225,60 @@ impl Engine {
         &self.nodes
     }
 
-    /// The kept pods, by key.
-    pub fn pods(&self) -> &BTreeMap<ObjectKey, PodInfo> {
-        &self.pods
+    /// The kept pod `key`.
+    pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
+        self.entries.get(key)?.pod.as_ref()
     }
 
-    /// The kept leases, by key.
-    pub fn leases(&self) -> &BTreeMap<ObjectKey, LeaseInfo> {
-        &self.leases
+    /// The kept lease `key`.
+    pub fn lease(&self, key: &ObjectKey) -> Option<&LeaseInfo> {
+        self.entries.get(key)?.lease.as_ref()
+    }
+
+    /// The kept pods, in key order.
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.entries.values().filter_map(|e| e.pod.as_ref())
+    }
+
+    /// The kept leases, in key order.
+    pub fn leases(&self) -> impl Iterator<Item = &LeaseInfo> {
+        self.entries.values().filter_map(|e| e.lease.as_ref())
+    }
+
+    /// How many pods are kept.
+    pub fn pod_count(&self) -> usize {
+        self.pod_count
+    }
+
+    /// How many leases are kept.
+    pub fn lease_count(&self) -> usize {
+        self.lease_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{key, lease, pod};
+
+    #[test]
+    fn a_pod_and_its_lease_share_one_entry_that_goes_with_the_last_of_them() {
+        let mut engine = Engine::new();
+        let p = pod("a", 1, 0);
+        engine.upsert_pod(p.clone());
+        engine.upsert_lease(lease(&p, "default", None));
+        engine.upsert_pod(p.clone());
+        assert_eq!((engine.pod_count(), engine.lease_count()), (1, 1));
+
+        assert!(engine.remove_pod(&key("a")).is_some());
+        assert!(engine.remove_pod(&key("a")).is_none(), "removed once");
+        assert_eq!((engine.pod_count(), engine.lease_count()), (0, 1));
+        assert!(engine.lease(&key("a")).is_some(), "the lease stays");
+        assert_eq!(engine.to_snapshot().pods.len(), 0);
+
+        assert!(engine.remove_lease(&key("a")).is_some());
+        assert_eq!((engine.pod_count(), engine.lease_count()), (0, 0));
+        assert!(engine.entries.is_empty(), "no empty entry is kept");
+        assert!(engine.remove_lease(&key("a")).is_none());
     }
 }

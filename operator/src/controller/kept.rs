@@ -214,7 +214,7 @@ impl Kept {
             *pods = Mirror::default();
             let names: Vec<String> = engine.nodes().keys().cloned().collect();
             names.iter().for_each(|n| drop(engine.remove_node(n)));
-            let keys: Vec<ObjectKey> = engine.pods().keys().cloned().collect();
+            let keys: Vec<ObjectKey> = engine.pods().map(|p| p.key.clone()).collect();
             keys.iter().for_each(|k| drop(engine.remove_pod(k)));
             *resources = wanted;
         }

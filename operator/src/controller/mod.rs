@@ -213,8 +213,8 @@ async fn pass(
     let input = kept.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
     let plan = input.engine.decide();
     tracing::debug!(
-        pods = input.engine.pods().len(),
-        leases = input.engine.leases().len(),
+        pods = input.engine.pod_count(),
+        leases = input.engine.lease_count(),
         creates = plan.create_leases.len(),
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),
