@@ -36,7 +36,16 @@ fn names() -> Vec<String> {
     vec!["127.0.0.1".to_owned()]
 }
 
-async fn start_webhook() -> Webhook {
+/// What a server needs, built as the operator builds it.
+struct Parts {
+    bundle: TlsBundle,
+    certs: Arc<CertResolver>,
+    tls: Arc<rustls::ServerConfig>,
+    registry: Registry,
+    handler: Arc<Handler<StaticView>>,
+}
+
+fn parts() -> Parts {
     let bundle = certs::generate(&names(), jiff::Timestamp::now(), None).expect("certificate");
     let certs = CertResolver::new(bundle.certified_key().expect("key"));
     let tls = server::tls_config(certs.clone()).expect("tls config");
@@ -69,6 +78,23 @@ async fn start_webhook() -> Webhook {
         },
         metrics,
     ));
+    Parts {
+        bundle,
+        certs,
+        tls,
+        registry,
+        handler,
+    }
+}
+
+async fn start_webhook() -> Webhook {
+    let Parts {
+        bundle,
+        certs,
+        tls,
+        registry,
+        handler,
+    } = parts();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -591,4 +617,57 @@ async fn a_stalled_body_gets_408_and_an_oversized_one_413_before_it_is_read() {
         String::from_utf8_lossy(&text).contains("larger than"),
         "{text:?}"
     );
+}
+
+/// The operator runs the webhook on a runtime of its own: a review is
+/// answered even while the runtime that started the server (the one the
+/// controller works on) cannot run anything at all.
+#[test]
+fn reviews_are_answered_while_the_callers_runtime_is_stalled() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let Parts {
+            bundle,
+            tls,
+            handler,
+            ..
+        } = parts();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(server::serve_isolated(listener, tls, handler, async {
+            let _ = stopped.await;
+        }));
+        // Let the server task hand the socket over to its own runtime.
+        tokio::task::yield_now().await;
+
+        // The client runs on a thread of its own; this runtime's only thread
+        // then blocks until the answer comes, so nothing here can serve it.
+        let (answered, answer) = std::sync::mpsc::channel();
+        let ca = bundle.ca_pem.clone();
+        std::thread::spawn(move || {
+            let client = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("client runtime");
+            let body = review("CREATE", "alice", pod(None, "1", false), None);
+            let result = client.block_on(call_at(addr, &ca, "POST", "/mutate-pods", body));
+            let _ = answered.send(result);
+        });
+        let (status, body) = answer
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the review is answered while the caller's runtime is stalled");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(response(&body)["allowed"], json!(true));
+
+        let _ = stop.send(());
+        let served = tokio::time::timeout(TIMEOUT, server)
+            .await
+            .expect("the server stops when asked")
+            .expect("the server task");
+        assert!(served.is_ok(), "{served:?}");
+    });
 }

@@ -32,7 +32,10 @@
 //! port, and only then writes the webhook configurations named `gpupool`, so
 //! the API server never calls a webhook that is not listening yet.
 //! [`RunningWebhook::serve`] serves until shutdown, re-checking the Secret
-//! and the configurations every [`WebhookConfig::refresh_interval`].
+//! and the configurations every [`WebhookConfig::refresh_interval`]. The
+//! HTTPS server itself runs on a runtime of its own
+//! ([`server::serve_isolated`]), so reviews never queue behind the
+//! controller's work.
 
 pub mod certs;
 pub mod config;
@@ -77,6 +80,9 @@ pub enum WebhookError {
     /// A cache did not fill.
     #[error(transparent)]
     NotSynced(#[from] NotSynced),
+    /// The server's own runtime could not start, or its server panicked.
+    #[error("the webhook server stopped: {0}")]
+    Serve(#[source] std::io::Error),
     /// The port could not be bound.
     #[error("cannot listen on {addr} (--webhook-port): {source}")]
     Bind {
@@ -175,10 +181,11 @@ impl RunningWebhook {
     /// re-reads the certificate Secret (renewing it when due, or picking up
     /// another replica's renewal) and rewrites the webhook configurations if
     /// they drifted. A failed refresh is logged and retried at the next
-    /// interval; the server keeps serving the certificate it has.
+    /// interval; the server keeps serving the certificate it has. Reviews
+    /// are served on the webhook's own threads ([`server::serve_isolated`]).
     pub async fn serve(
         self,
-        shutdown: impl Future<Output = ()> + Send,
+        shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), WebhookError> {
         let RunningWebhook {
             config,
@@ -195,11 +202,12 @@ impl RunningWebhook {
         let guard = guard_configurations(config.clone(), client.clone(), ca_rx, metrics);
         let refresh = refresh_loop(config, client, bundle, certs, ca_tx);
         tokio::select! {
-            () = server::serve(listener, tls, handler, shutdown) => {}
+            served = server::serve_isolated(listener, tls, handler, shutdown) => {
+                served.map_err(WebhookError::Serve)
+            }
             never = refresh => match never {},
             never = guard => match never {},
         }
-        Ok(())
     }
 }
 

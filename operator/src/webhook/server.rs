@@ -345,6 +345,67 @@ fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
     r
 }
 
+/// Worker threads of the webhook's own runtime (see [`serve_isolated`]).
+pub const WEBHOOK_THREADS: usize = 2;
+
+/// Owns a runtime and shuts it down without blocking when dropped, which a
+/// plain `Runtime` refuses to do inside another runtime.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// [`serve`] on a runtime of its own ([`WEBHOOK_THREADS`] worker threads,
+/// named `gpupool-webhook`), awaited from the caller's runtime.
+///
+/// Every pod create in the cluster waits for a review, and a review takes
+/// microseconds; in the operator's main runtime it would wait in the run
+/// queue behind whatever the controller has ready (watch events being
+/// decoded, a decision pass, dozens of writes being encoded). On its own
+/// runtime a review waits only for the operating system to schedule one of
+/// the webhook's threads. Errors only when the runtime cannot be built or
+/// the listener cannot move to it; dropping the returned future stops the
+/// server at once.
+pub async fn serve_isolated<V>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    handler: Arc<Handler<V>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    V: ClusterView + Send + Sync + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WEBHOOK_THREADS)
+        .thread_name("gpupool-webhook")
+        .enable_all()
+        .build()?;
+    // A socket belongs to the runtime that registered it: hand over the
+    // bound socket itself, so no connection is refused in between.
+    let listener = listener.into_std()?;
+    let runtime = OwnRuntime(Some(runtime));
+    let Some(rt) = runtime.0.as_ref() else {
+        return Ok(());
+    };
+    let served = rt.spawn(async move {
+        let listener = TcpListener::from_std(listener)?;
+        serve(listener, tls, handler, shutdown).await;
+        Ok::<(), std::io::Error>(())
+    });
+    match served.await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => Err(std::io::Error::other(format!(
+            "the webhook server panicked: {e}"
+        ))),
+        Err(e) => Err(std::io::Error::other(e)),
+    }
+}
+
 /// Serves HTTPS on `listener` until `shutdown` completes, then stops
 /// accepting, lets open connections finish for up to 5 seconds, and returns.
 pub async fn serve<V>(
