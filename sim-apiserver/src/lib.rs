@@ -507,6 +507,13 @@ impl RunningApiServer {
             .unwrap_or_default()
     }
 
+    /// How long each admission webhook call took, in milliseconds, as this
+    /// server saw it: from picking a kept connection (or dialing one) to the
+    /// whole answer read, failed calls included; the first 2^20 calls.
+    pub fn webhook_call_durations_ms(&self) -> Vec<f32> {
+        self.shared.http_client.durations_ms()
+    }
+
     /// The fault-injection controls (all off by default).
     pub fn faults(&self) -> Faults {
         self.shared.faults.clone()

@@ -212,6 +212,10 @@ async fn timeouts_and_failure_policy() {
             .expect_err("timeout fails closed"),
     );
     assert_eq!(err.code, 500);
+    // A call that timed out is recorded too, with the time it was given.
+    let durations = server.webhook_call_durations_ms();
+    assert_eq!(durations.len(), 1, "{durations:?}");
+    assert!(durations[0] >= 999.0, "{durations:?}");
     assert!(
         err.message
             .contains("failed calling webhook \"slow.gpupool.io\"")
@@ -470,6 +474,11 @@ async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
         hook.connections.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "one kept-alive connection for sequential calls"
+    );
+    assert_eq!(
+        server.webhook_call_durations_ms().len(),
+        5,
+        "every call's duration is recorded"
     );
 
     // A server that closes every connection after answering is dialled

@@ -45,6 +45,10 @@ type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 /// Most idle connections kept per webhook server.
 const IDLE_PER_SERVER: usize = 16;
 
+/// Most webhook call durations kept (4 bytes each); later calls are not
+/// recorded, so a long-running server's memory stays bounded.
+const MAX_RECORDED_CALLS: usize = 1 << 20;
+
 /// Calls webhooks; caches TLS client configurations per CA bundle and keeps
 /// connections alive between calls (as the real server's HTTP client does),
 /// so a busy webhook is not paid a TCP and TLS handshake per request.
@@ -53,12 +57,31 @@ pub struct WebhookClient {
     tls: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
     /// Idle connections by address, server name and CA bundle.
     idle: Mutex<HashMap<String, Vec<Sender>>>,
+    /// How long each call took, in milliseconds, in the order they ended.
+    durations_ms: Mutex<Vec<f32>>,
 }
 
 impl WebhookClient {
     /// A client with an empty cache.
     pub fn new() -> Self {
         WebhookClient::default()
+    }
+
+    /// How long each webhook call took, in milliseconds, from choosing a
+    /// connection (dialing one when none is kept) to the whole answer read,
+    /// failed calls included; at most the first [`MAX_RECORDED_CALLS`].
+    pub fn durations_ms(&self) -> Vec<f32> {
+        self.durations_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn record(&self, took: Duration) {
+        let mut durations = self.durations_ms.lock().unwrap_or_else(|p| p.into_inner());
+        if durations.len() < MAX_RECORDED_CALLS {
+            durations.push(took.as_secs_f32() * 1000.0);
+        }
     }
 
     /// An idle connection to the server `key` names that can take a request
@@ -679,7 +702,10 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
         serde_json::from_slice::<Value>(&bytes)
             .map_err(|e| format!("received invalid webhook response: {e}"))
     };
-    match tokio::time::timeout(Duration::from_secs(timeout_s), fut).await {
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(timeout_s), fut).await;
+    sh.http_client.record(started.elapsed());
+    match result {
         Ok(r) => r.map_err(|e| {
             format!(
                 "failed to call webhook: Post \"{}\": {e}",

@@ -21,6 +21,13 @@
 //! resource, e.g. `PATCH gpuleases/status`), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
 //! were created) ÷ peak leases).
+//!
+//! `podCreateWithWebhookMs` is what a client of the API server waits for a
+//! create, so with `--concurrency N` it includes the wait behind the other
+//! N − 1 creates in flight. `webhookCallMs` is the webhook alone, as the
+//! in-memory API server times each call it makes to the operator (a TLS
+//! dial when no connection is kept, the request, the whole answer); `null`
+//! on a real control plane.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -323,6 +330,13 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
     }
 
+    let mut webhook_call_ms: Option<Vec<f64>> = cluster.api_server().map(|server| {
+        server
+            .webhook_call_durations_ms()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    });
     let passes = cluster
         .operator_metrics()
         .await
@@ -338,6 +352,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "admissionsPerSecondOverall": ungate_times.len() as f64 / overall_secs,
         "slotFreeToUngateMs": {"samples": free_to_ungate_ms.len(), "p50": percentile(&mut free_to_ungate_ms, 0.50), "p99": percentile(&mut free_to_ungate_ms, 0.99)},
         "podCreateWithWebhookMs": {"p50": percentile(&mut create_ms, 0.50), "p99": percentile(&mut create_ms, 0.99)},
+        "webhookCallMs": webhook_call_ms.as_mut().map(|ms| json!({"calls": ms.len(), "p50": percentile(ms, 0.50), "p99": percentile(ms, 0.99)})),
         "operatorPeakRssMiB": rss_peak_kib as f64 / 1024.0,
         "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
         "writesPerAdmission": writes_per_admission,
