@@ -47,6 +47,7 @@
 //! off by default.
 
 pub mod bench;
+mod cel;
 pub mod error;
 mod faults;
 mod fields;

@@ -1199,3 +1199,135 @@ async fn webhook_configurations_are_watched_by_name() {
     )
     .await;
 }
+
+/// `matchConditions` decide, as on the real server, whether a webhook is
+/// called at all: a false condition skips it, a condition that cannot be
+/// evaluated fails the request under `failurePolicy: Fail` (naming the
+/// condition) and skips the webhook under `Ignore`.
+#[tokio::test]
+async fn match_conditions_decide_whether_a_webhook_is_called() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/deny", hook.addr.port());
+    let conditions = json!({"matchConditions": [
+        {"name": "not-the-operator", "expression": "!(request.userInfo.username in ['operator'])"},
+        {"name": "labelled", "expression": "has(object.metadata.labels) && object.metadata.labels['guard'] == 'yes'"},
+    ]});
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "conditions",
+        webhook("conditions.gpupool.io", &url, &hook.ca_b64, conditions),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let labelled = |name: &str, guard: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"guard": guard}}}))
+            .expect("cm")
+    };
+
+    // A condition is false: the denying webhook is never called.
+    api.create(&PostParams::default(), &cm("plain"))
+        .await
+        .expect("no labels: skipped");
+    api.create(&PostParams::default(), &labelled("other", "no"))
+        .await
+        .expect("another label value: skipped");
+    assert_eq!(hook.seen.lock().expect("lock").len(), 0);
+
+    // Every condition holds: it is called, and denies.
+    let err = api_err(
+        api.create(&PostParams::default(), &labelled("guarded", "yes"))
+            .await
+            .expect_err("denied"),
+    );
+    assert!(
+        err.message.contains("denied the request"),
+        "{}",
+        err.message
+    );
+    assert_eq!(hook.seen.lock().expect("lock").len(), 1);
+
+    // A condition that cannot be evaluated fails the request under Fail...
+    let broken = json!({"matchConditions": [
+        {"name": "needs-labels", "expression": "object.metadata.labels['guard'] == 'yes'"},
+    ], "failurePolicy": "Fail"});
+    let allow = format!("https://127.0.0.1:{}/allow", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "broken",
+        webhook("broken.gpupool.io", &allow, &hook.ca_b64, broken),
+    )
+    .await;
+    let err = api_err(
+        api.create(&PostParams::default(), &cm("unlabelled"))
+            .await
+            .expect_err("the condition errs: fail closed"),
+    );
+    assert_eq!(err.code, 500);
+    assert!(
+        err.message
+            .contains("failed calling webhook \"broken.gpupool.io\"")
+            && err.message.contains("\"needs-labels\"")
+            && err.message.contains("no such key: labels"),
+        "{}",
+        err.message
+    );
+    assert_eq!(hook.seen.lock().expect("lock").len(), 1, "not called");
+
+    // ...and skips the webhook under Ignore.
+    let mut ignoring = webhook(
+        "broken.gpupool.io",
+        &allow,
+        &hook.ca_b64,
+        json!({"matchConditions": [
+            {"name": "needs-labels", "expression": "object.metadata.labels['guard'] == 'yes'"},
+        ], "failurePolicy": "Ignore"}),
+    );
+    ignoring["name"] = json!("ignoring.gpupool.io");
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client(&server).await);
+    configurations
+        .delete("broken", &Default::default())
+        .await
+        .expect("deleted");
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "ignoring",
+        ignoring,
+    )
+    .await;
+    api.create(&PostParams::default(), &cm("unlabelled"))
+        .await
+        .expect("the condition errs: skipped under Ignore");
+    assert_eq!(hook.seen.lock().expect("lock").len(), 1, "not called");
+
+    // A webhook that exempts the writer by name is not called for it.
+    let mut exempting = webhook(
+        "exempt.gpupool.io",
+        &url,
+        &hook.ca_b64,
+        json!({"matchConditions": [
+            {"name": "not-admin", "expression": "!(request.userInfo.username in ['admin'])"},
+        ]}),
+    );
+    exempting["rules"][0]["operations"] = json!(["DELETE"]);
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "exempt",
+        exempting,
+    )
+    .await;
+    api.delete("plain", &Default::default())
+        .await
+        .expect("the admin is exempt from the denying webhook");
+    assert_eq!(hook.seen.lock().expect("lock").len(), 1, "not called");
+}

@@ -12,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 use crate::Shared;
+use crate::cel;
 use crate::error::{ApiError, Reason};
 use crate::objects::WriteCtx;
 use crate::registry::{ResourceDef, ResourceId};
@@ -475,6 +476,21 @@ async fn call_hook(
     if !(by_obj || by_old) {
         return Ok(None);
     }
+    let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+    let review = build_review(sh, def, op, sub, obj, old, ctx);
+    match conditions_hold(hook, &review["request"]) {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) if fail_open => {
+            tracing::warn!(webhook = %name, error = %e, "match condition failed; failurePolicy Ignore");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(ApiError::internal(format!(
+                "Internal error occurred: failed calling webhook \"{name}\": {e}"
+            )));
+        }
+    }
     let side_effects = hook
         .get("sideEffects")
         .and_then(Value::as_str)
@@ -484,13 +500,11 @@ async fn call_hook(
             "admission webhook \"{name}\" has side effects and does not support dry run"
         )));
     }
-    let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
     let timeout = hook
         .get("timeoutSeconds")
         .and_then(Value::as_u64)
         .unwrap_or(10)
         .clamp(1, 30);
-    let review = build_review(sh, def, op, sub, obj, old, ctx);
     let uid = review["request"]["uid"].clone();
     let response = match call(sh, hook, &review, timeout).await {
         Ok(r) => r,
@@ -584,6 +598,47 @@ async fn call_hook(
         ))
     })?;
     Ok(Some(*obj != before))
+}
+
+/// Whether every one of a webhook's `matchConditions` holds for `request`
+/// (an AdmissionRequest, whose `object` and `oldObject` the expressions also
+/// see as variables): `false` as soon as one is false, as the real server
+/// skips the webhook then; an error names the condition that could not be
+/// evaluated when no condition is false.
+fn conditions_hold(hook: &Value, request: &Value) -> Result<bool, String> {
+    let Some(conditions) = hook.get("matchConditions").and_then(Value::as_array) else {
+        return Ok(true);
+    };
+    let vars: HashMap<&str, &Value> = [
+        ("object", &request["object"]),
+        ("oldObject", &request["oldObject"]),
+        ("request", request),
+    ]
+    .into();
+    let mut error = None;
+    for condition in conditions {
+        let name = condition.get("name").and_then(Value::as_str).unwrap_or("");
+        let expression = condition
+            .get("expression")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let result = cel::parse(expression)
+            .and_then(|e| cel::eval(&e, &vars))
+            .and_then(|v| {
+                v.as_bool()
+                    .ok_or_else(|| "the expression did not evaluate to a bool".to_owned())
+            });
+        match result {
+            Ok(false) => return Ok(false),
+            Ok(true) => {}
+            Err(e) => {
+                error.get_or_insert(format!(
+                    "failed to evaluate match condition \"{name}\": {e}"
+                ));
+            }
+        }
+    }
+    error.map_or(Ok(true), Err)
 }
 
 fn build_review(
