@@ -98,15 +98,37 @@ pub enum BinOp {
     Sub,
 }
 
-/// Parses `source`; the error says what was expected and where.
+/// Most tokens in one expression.
+const MAX_TOKENS: usize = 4096;
+/// Deepest nesting of parentheses, lists, calls and unary operators.
+const MAX_NESTING: usize = 128;
+/// Deepest expression tree, so evaluating it cannot exhaust a thread's stack.
+const MAX_DEPTH: usize = 256;
+
+/// Parses `source`; the error says what was expected and where. An
+/// expression of more than 4096 tokens or nested deeper than its limits is
+/// refused, whoever wrote it.
 pub fn parse(source: &str) -> Result<Expr, String> {
     let tokens = lex(source)?;
-    let mut parser = Parser { tokens, pos: 0 };
+    let mut parser = Parser {
+        tokens,
+        pos: 0,
+        nesting: 0,
+    };
     let expr = parser.expr()?;
-    match parser.peek() {
-        Token::End => Ok(expr),
-        t => Err(format!("unexpected {t} at offset {}", parser.offset())),
+    if *parser.peek() != Token::End {
+        return Err(format!(
+            "unexpected {} at offset {}",
+            parser.peek(),
+            parser.offset()
+        ));
     }
+    if depth(&expr) > MAX_DEPTH {
+        return Err(format!(
+            "the expression nests more than {MAX_DEPTH} levels deep"
+        ));
+    }
+    Ok(expr)
 }
 
 /// Evaluates `expr` with `vars` bound; `Ok` holds the result, whatever its
@@ -117,6 +139,32 @@ pub fn eval(expr: &Expr, vars: &HashMap<&str, &Value>) -> Result<Value, String> 
         bound: Vec::new(),
     };
     scope.eval(expr)
+}
+
+/// The depth of an expression tree, walked without recursion.
+fn depth(expr: &Expr) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(expr, 1)];
+    while let Some((e, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        stack.extend(children(e).into_iter().map(|c| (c, d + 1)));
+    }
+    deepest
+}
+
+/// The subexpressions of `e`.
+fn children(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::Lit(_) | Expr::Ident(_) => vec![],
+        Expr::Select(a, _) | Expr::Has(a, _) | Expr::Not(a) | Expr::Neg(a) => vec![a],
+        Expr::Index(a, b) | Expr::Logic(_, a, b) | Expr::Binary(_, a, b) => vec![a, b],
+        Expr::Cond(a, b, c) => vec![a, b, c],
+        Expr::List(items) => items.iter().collect(),
+        Expr::Quantifier {
+            target, predicate, ..
+        } => vec![target, predicate],
+        Expr::Call { target, args, .. } => target.iter().map(|t| &**t).chain(args).collect(),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +200,9 @@ fn lex(source: &str) -> Result<Vec<(Token, usize)>, String> {
     let mut tokens = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
+        if tokens.len() >= MAX_TOKENS {
+            return Err(format!("the expression is longer than {MAX_TOKENS} tokens"));
+        }
         let c = bytes[i];
         if c.is_ascii_whitespace() {
             i += 1;
@@ -231,6 +282,8 @@ fn lex(source: &str) -> Result<Vec<(Token, usize)>, String> {
 struct Parser {
     tokens: Vec<(Token, usize)>,
     pos: usize,
+    /// How many `expr`/`unary` calls are open.
+    nesting: usize,
 }
 
 impl Parser {
@@ -269,7 +322,26 @@ impl Parser {
         }
     }
 
+    /// Counts one more open level; refuses one past [`MAX_NESTING`].
+    fn enter(&mut self) -> Result<(), String> {
+        self.nesting += 1;
+        if self.nesting > MAX_NESTING {
+            return Err(format!(
+                "the expression nests more than {MAX_NESTING} levels deep at offset {}",
+                self.offset()
+            ));
+        }
+        Ok(())
+    }
+
     fn expr(&mut self) -> Result<Expr, String> {
+        self.enter()?;
+        let e = self.conditional();
+        self.nesting -= 1;
+        e
+    }
+
+    fn conditional(&mut self) -> Result<Expr, String> {
         let cond = self.or()?;
         if !self.eat("?") {
             return Ok(cond);
@@ -337,13 +409,16 @@ impl Parser {
     }
 
     fn unary(&mut self) -> Result<Expr, String> {
-        if self.eat("!") {
-            return Ok(Expr::Not(Box::new(self.unary()?)));
-        }
-        if self.eat("-") {
-            return Ok(Expr::Neg(Box::new(self.unary()?)));
-        }
-        self.member()
+        self.enter()?;
+        let e = if self.eat("!") {
+            self.unary().map(|e| Expr::Not(Box::new(e)))
+        } else if self.eat("-") {
+            self.unary().map(|e| Expr::Neg(Box::new(e)))
+        } else {
+            self.member()
+        };
+        self.nesting -= 1;
+        e
     }
 
     fn member(&mut self) -> Result<Expr, String> {
@@ -910,6 +985,37 @@ mod tests {
             parse("a b").expect_err("a parse error"),
             "unexpected 'b' at offset 2"
         );
+    }
+
+    /// Whoever writes a webhook configuration cannot make the server
+    /// exhaust its stack or its time on one expression.
+    #[test]
+    fn expressions_too_deep_or_too_long_are_refused() {
+        let parens = format!("{}true{}", "(".repeat(1_000), ")".repeat(1_000));
+        assert!(
+            parse(&parens)
+                .expect_err("too deep")
+                .starts_with("the expression nests more than 128 levels deep at offset "),
+        );
+        let nots = format!("{}true", "!".repeat(1_000));
+        assert!(
+            parse(&nots)
+                .expect_err("too deep")
+                .contains("more than 128 levels")
+        );
+        let chain = vec!["true"; 300].join(" || ");
+        assert_eq!(
+            parse(&chain).expect_err("too deep"),
+            "the expression nests more than 256 levels deep"
+        );
+        let long = vec!["1"; 5000].join(" + ");
+        assert_eq!(
+            parse(&long).expect_err("too long"),
+            "the expression is longer than 4096 tokens"
+        );
+        // The deepest allowed is evaluated in full on a test thread's stack.
+        let deepest = vec!["false"; 256].join(" || ");
+        assert_eq!(simple(&deepest), Ok(json!(false)));
     }
 
     /// The expressions the operator's own webhook configurations carry.
