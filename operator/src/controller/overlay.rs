@@ -141,7 +141,8 @@ fn merge<K: Resource>(
 
 impl Overlay {
     /// Remembers a lease as the API server returned it after a create or status write.
-    pub fn record_lease(&mut self, lease: GpuLease, created: bool, now: Instant) {
+    pub fn record_lease(&mut self, mut lease: GpuLease, created: bool, now: Instant) {
+        super::caches::trim_lease(&mut lease);
         let Some(key) = key_of(&lease) else { return };
         let created = created || self.leases.get(&key).is_some_and(|w| w.created);
         self.deleted_leases.remove(&key);
@@ -410,6 +411,29 @@ mod tests {
         let merged = o.leases(fresh, t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Bound)".into())]);
         assert!(o.is_empty(), "caught up: forgotten");
+    }
+
+    #[test]
+    fn a_written_lease_is_kept_as_the_cache_keeps_it() {
+        let t0 = Instant::now();
+        let mut written = lease("a", "u", "11", "Admitted");
+        written.metadata.managed_fields = Some(vec![Default::default()]);
+        written.metadata.labels = Some([("team".to_owned(), "x".to_owned())].into());
+        written.metadata.annotations = Some([("note".to_owned(), "y".repeat(256 << 10))].into());
+        written.metadata.owner_references = Some(vec![Default::default()]);
+        let mut o = Overlay::default();
+        // Created: laid over a cache that does not have it yet.
+        o.record_lease(written, true, t0);
+        let merged = o.leases(vec![], t0);
+        let kept = &merged[0].metadata;
+        assert_eq!(
+            (&kept.managed_fields, &kept.labels, &kept.annotations),
+            (&None, &None, &None),
+            "what anyone may grow is not kept"
+        );
+        assert_eq!(kept.resource_version.as_deref(), Some("11"));
+        assert_eq!(kept.owner_references.as_ref().map(Vec::len), Some(1));
+        assert_eq!(phases(&merged), vec![("a".into(), "Some(Admitted)".into())]);
     }
 
     #[test]
