@@ -953,38 +953,24 @@ mod tests {
 
     #[test]
     fn parse_errors_say_what_and_where() {
-        assert_eq!(
-            parse("a ==").expect_err("a parse error"),
-            "unexpected end of expression at offset 4"
-        );
-        assert_eq!(
-            parse("(a").expect_err("a parse error"),
-            "expected ')' but found end of expression at offset 2"
-        );
-        assert_eq!(
-            parse("'open").expect_err("a parse error"),
-            "unterminated string at offset 0"
-        );
-        assert_eq!(
-            parse("a # b").expect_err("a parse error"),
-            "unexpected character '#' at offset 2"
-        );
-        assert_eq!(
-            parse("matches(a, 'x')").expect_err("a parse error"),
-            "unsupported function matches() at offset 0"
-        );
-        assert_eq!(
-            parse("a.b.map(x, x)").expect_err("a parse error"),
-            "unsupported method map() at offset 4"
-        );
-        assert_eq!(
-            parse("has(a)").expect_err("a parse error"),
-            "has() takes a field selection such as has(a.b), at offset 0"
-        );
-        assert_eq!(
-            parse("a b").expect_err("a parse error"),
-            "unexpected 'b' at offset 2"
-        );
+        for (source, error) in [
+            ("a ==", "unexpected end of expression at offset 4"),
+            ("(a", "expected ')' but found end of expression at offset 2"),
+            ("'open", "unterminated string at offset 0"),
+            ("a # b", "unexpected character '#' at offset 2"),
+            (
+                "matches(a, 'x')",
+                "unsupported function matches() at offset 0",
+            ),
+            ("a.b.map(x, x)", "unsupported method map() at offset 4"),
+            (
+                "has(a)",
+                "has() takes a field selection such as has(a.b), at offset 0",
+            ),
+            ("a b", "unexpected 'b' at offset 2"),
+        ] {
+            assert_eq!(parse(source).expect_err(source), error, "{source}");
+        }
     }
 
     /// Whoever writes a webhook configuration cannot make the server

@@ -1281,15 +1281,14 @@ async fn match_conditions_decide_whether_a_webhook_is_called() {
     assert_eq!(hook.seen.lock().expect("lock").len(), 1, "not called");
 
     // ...and skips the webhook under Ignore.
-    let mut ignoring = webhook(
-        "broken.gpupool.io",
+    let ignoring = webhook(
+        "ignoring.gpupool.io",
         &allow,
         &hook.ca_b64,
         json!({"matchConditions": [
             {"name": "needs-labels", "expression": "object.metadata.labels['guard'] == 'yes'"},
         ], "failurePolicy": "Ignore"}),
     );
-    ignoring["name"] = json!("ignoring.gpupool.io");
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client(&server).await);
     configurations
         .delete("broken", &Default::default())
