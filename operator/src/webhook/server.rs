@@ -368,9 +368,9 @@ impl Drop for OwnRuntime {
 /// queue behind whatever the controller has ready (watch events being
 /// decoded, a decision pass, dozens of writes being encoded). On its own
 /// runtime a review waits only for the operating system to schedule one of
-/// the webhook's threads. Errors only when the runtime cannot be built or
-/// the listener cannot move to it; dropping the returned future stops the
-/// server at once.
+/// the webhook's threads. Errors when the runtime cannot be built, the
+/// listener cannot move to it or the server's task panics; dropping the
+/// returned future stops the server at once.
 pub async fn serve_isolated<V>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -380,30 +380,24 @@ pub async fn serve_isolated<V>(
 where
     V: ClusterView + Send + Sync + 'static,
 {
+    // A socket belongs to the runtime that registered it: hand over the
+    // bound socket itself, so no connection is refused in between.
+    let listener = listener.into_std()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WEBHOOK_THREADS)
         .thread_name("gpupool-webhook")
         .enable_all()
         .build()?;
-    // A socket belongs to the runtime that registered it: hand over the
-    // bound socket itself, so no connection is refused in between.
-    let listener = listener.into_std()?;
-    let runtime = OwnRuntime(Some(runtime));
-    let Some(rt) = runtime.0.as_ref() else {
-        return Ok(());
-    };
-    let served = rt.spawn(async move {
+    let served = runtime.spawn(async move {
         let listener = TcpListener::from_std(listener)?;
         serve(listener, tls, handler, shutdown).await;
         Ok::<(), std::io::Error>(())
     });
-    match served.await {
-        Ok(result) => result,
-        Err(e) if e.is_panic() => Err(std::io::Error::other(format!(
-            "the webhook server panicked: {e}"
-        ))),
-        Err(e) => Err(std::io::Error::other(e)),
-    }
+    // Shut down when this future ends or is dropped.
+    let _runtime = OwnRuntime(Some(runtime));
+    // A task of this runtime ends only by returning, panicking or with
+    // the runtime; the last two are the server stopping.
+    served.await.map_err(std::io::Error::other)?
 }
 
 /// Serves HTTPS on `listener` until `shutdown` completes, then stops
