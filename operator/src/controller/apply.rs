@@ -100,35 +100,14 @@ fn class_key(class: &str) -> ObjectKey {
 
 /// Result of one independent write chain.
 enum Done {
-    /// Built by [`Done::lease`], which trims it.
-    Lease {
-        lease: GpuLease,
-        created: bool,
-    },
+    Lease { lease: GpuLease, created: bool },
     Pod(CachedPod),
     PodReread(Option<CachedPod>),
-    Evicted {
-        key: ObjectKey,
-        uid: String,
-    },
+    Evicted { key: ObjectKey, uid: String },
     Blocked(ObjectKey),
     Unblocked(ObjectKey),
     Class(GpuLeaseClass),
-    LeaseDeleted {
-        key: ObjectKey,
-        uid: String,
-    },
-}
-
-impl Done {
-    /// A lease a write returned, trimmed as the lease cache trims it: a
-    /// burst of lease creates holds thousands of these until they land and
-    /// the watch catches up, and the API server's answer carries
-    /// managedFields the cache never keeps.
-    fn lease(mut lease: GpuLease, created: bool) -> Self {
-        super::caches::trim_lease(&mut lease);
-        Done::Lease { lease, created }
-    }
+    LeaseDeleted { key: ObjectKey, uid: String },
 }
 
 type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
@@ -671,7 +650,13 @@ impl Writer {
             {
                 Ok(lease) => {
                     tracing::warn!(lease = %key, "lease spec disagreed with its pod; rewritten from the pod");
-                    (vec![Done::lease(lease, false)], vec![])
+                    (
+                        vec![Done::Lease {
+                            lease,
+                            created: false,
+                        }],
+                        vec![],
+                    )
                 }
                 Err(e) if api_status(&e) == Some(409) => {
                     (vec![], vec![Error::LeaseConflict { lease: key }])
@@ -722,7 +707,10 @@ impl Writer {
                 }
             };
             let rv = created.metadata.resource_version.clone();
-            let mut done = vec![Done::lease(created, true)];
+            let mut done = vec![Done::Lease {
+                lease: created,
+                created: true,
+            }];
             let body = patch::lease_status_patch(None, &new.status, rv.as_deref());
             match api
                 .patch_status(&new.key.name, &patch_params(), &Patch::Merge(&body))
@@ -744,7 +732,10 @@ impl Writer {
                     if let Some(event) = event {
                         events.emit(&new.key, &new.pod_uid, event);
                     }
-                    done.push(Done::lease(l, true));
+                    done.push(Done::Lease {
+                        lease: l,
+                        created: true,
+                    });
                     (done, vec![])
                 }
                 Err(e) => (done, vec![status_error(new.key, e)]),
@@ -782,7 +773,13 @@ impl Writer {
                         tracing::info!(lease = %key, %why, "rejected");
                         events.emit(&key, &pod_uid, PodEvent::Rejected { why });
                     }
-                    (vec![Done::lease(l, false)], vec![])
+                    (
+                        vec![Done::Lease {
+                            lease: l,
+                            created: false,
+                        }],
+                        vec![],
+                    )
                 }
                 // Gone with its pod: nothing left to write.
                 Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
@@ -1086,7 +1083,13 @@ mod tests {
             move |_| {
                 Box::pin(async move {
                     let _ = rx.await;
-                    (vec![Done::lease(answer, false)], vec![])
+                    (
+                        vec![Done::Lease {
+                            lease: answer,
+                            created: false,
+                        }],
+                        vec![],
+                    )
                 })
             },
             Some(lease("a", "11", LeasePhase::Released)),

@@ -140,7 +140,10 @@ fn merge<K: Resource>(
 }
 
 impl Overlay {
-    /// Remembers a lease as the API server returned it after a create or status write.
+    /// Remembers a lease as the API server returned it after a create or
+    /// status write, trimmed as the lease cache trims it: a burst of lease
+    /// creates holds thousands of these until the watch catches up, and the
+    /// API server's answer carries managedFields the cache never keeps.
     pub fn record_lease(&mut self, mut lease: GpuLease, created: bool, now: Instant) {
         super::caches::trim_lease(&mut lease);
         let Some(key) = key_of(&lease) else { return };
