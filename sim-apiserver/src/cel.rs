@@ -15,6 +15,7 @@
 //! absorb an error when the other side alone decides the result (`false &&
 //! error` is `false`, `true || error` is `true`).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::Value;
@@ -138,7 +139,7 @@ pub fn eval(expr: &Expr, vars: &HashMap<&str, &Value>) -> Result<Value, String> 
         vars,
         bound: Vec::new(),
     };
-    scope.eval(expr)
+    scope.eval(expr).map(Cow::into_owned)
 }
 
 /// The depth of an expression tree, walked without recursion.
@@ -550,10 +551,14 @@ impl Parser {
     }
 }
 
-struct Scope<'a> {
-    vars: &'a HashMap<&'a str, &'a Value>,
+/// A value while evaluating: borrowed from the variables where it is a
+/// part of them (selecting a field copies nothing), owned where computed.
+type Val<'v> = Cow<'v, Value>;
+
+struct Scope<'v> {
+    vars: &'v HashMap<&'v str, &'v Value>,
     /// Variables bound by macros, innermost last.
-    bound: Vec<(String, Value)>,
+    bound: Vec<(&'v str, Val<'v>)>,
 }
 
 fn as_bool(v: &Value, what: &str) -> Result<bool, String> {
@@ -608,81 +613,101 @@ fn order(a: &Value, b: &Value) -> Result<std::cmp::Ordering, String> {
     }
 }
 
-impl Scope<'_> {
-    fn lookup(&self, name: &str) -> Result<Value, String> {
-        if let Some((_, v)) = self.bound.iter().rev().find(|(n, _)| n == name) {
+/// The field `name` of a map (`None` when missing or null), borrowed from
+/// a borrowed map; `Err` gives back a value that is not a map.
+fn field<'v>(v: Val<'v>, name: &str) -> Result<Option<Val<'v>>, Val<'v>> {
+    match v {
+        Cow::Borrowed(Value::Object(map)) => {
+            Ok(map.get(name).filter(|f| !f.is_null()).map(Cow::Borrowed))
+        }
+        Cow::Owned(Value::Object(mut map)) => {
+            Ok(map.remove(name).filter(|f| !f.is_null()).map(Cow::Owned))
+        }
+        other => Err(other),
+    }
+}
+
+impl<'v> Scope<'v> {
+    fn lookup(&self, name: &str) -> Result<Val<'v>, String> {
+        if let Some((_, v)) = self.bound.iter().rev().find(|(n, _)| *n == name) {
             return Ok(v.clone());
         }
         self.vars
             .get(name)
-            .map(|v| (*v).clone())
+            .map(|v| Cow::Borrowed(*v))
             .ok_or_else(|| format!("undeclared reference to '{name}'"))
     }
 
-    fn eval(&mut self, expr: &Expr) -> Result<Value, String> {
+    fn eval(&mut self, expr: &'v Expr) -> Result<Val<'v>, String> {
+        let owned = |v: Value| Ok(Cow::Owned(v));
         match expr {
-            Expr::Lit(v) => Ok(v.clone()),
+            Expr::Lit(v) => Ok(Cow::Borrowed(v)),
             Expr::Ident(name) => self.lookup(name),
-            Expr::Select(operand, field) => match self.eval(operand)? {
-                Value::Object(mut map) => match map.remove(field) {
-                    Some(v) if !v.is_null() => Ok(v),
-                    _ => Err(format!("no such key: {field}")),
-                },
-                other => Err(format!(
-                    "cannot select field '{field}' from {}",
+            Expr::Select(operand, name) => match field(self.eval(operand)?, name) {
+                Ok(Some(v)) => Ok(v),
+                Ok(None) => Err(format!("no such key: {name}")),
+                Err(other) => Err(format!(
+                    "cannot select field '{name}' from {}",
                     type_name(&other)
                 )),
             },
             Expr::Index(operand, index) => {
                 let (container, index) = (self.eval(operand)?, self.eval(index)?);
-                match (&container, &index) {
-                    (Value::Object(map), Value::String(key)) => map
-                        .get(key)
-                        .filter(|v| !v.is_null())
-                        .cloned()
+                match (container, index.as_ref()) {
+                    (map, Value::String(key)) if map.is_object() => field(map, key)
+                        .ok()
+                        .flatten()
                         .ok_or_else(|| format!("no such key: {key}")),
-                    (Value::Array(list), Value::Number(n)) => n
+                    (Cow::Borrowed(Value::Array(list)), Value::Number(n)) => n
                         .as_u64()
                         .and_then(|i| list.get(usize::try_from(i).ok()?))
-                        .cloned()
+                        .map(Cow::Borrowed)
                         .ok_or_else(|| format!("index {n} out of range")),
-                    _ => Err(format!(
+                    (Cow::Owned(Value::Array(mut list)), Value::Number(n)) => n
+                        .as_u64()
+                        .and_then(|i| usize::try_from(i).ok())
+                        .filter(|&i| i < list.len())
+                        .map(|i| Cow::Owned(list.swap_remove(i)))
+                        .ok_or_else(|| format!("index {n} out of range")),
+                    (container, index) => Err(format!(
                         "no such overload: {}[{}]",
                         type_name(&container),
-                        type_name(&index)
+                        type_name(index)
                     )),
                 }
             }
-            Expr::List(items) => Ok(Value::Array(
+            Expr::List(items) => owned(Value::Array(
                 items
                     .iter()
-                    .map(|e| self.eval(e))
+                    .map(|e| self.eval(e).map(Cow::into_owned))
                     .collect::<Result<_, _>>()?,
             )),
-            Expr::Not(e) => Ok(Value::Bool(!as_bool(&self.eval(e)?, "!")?)),
-            Expr::Neg(e) => match self.eval(e)? {
+            Expr::Not(e) => owned(Value::Bool(!as_bool(self.eval(e)?.as_ref(), "!")?)),
+            Expr::Neg(e) => match self.eval(e)?.as_ref() {
                 Value::Number(n) => match n.as_i64() {
-                    Some(i) => Ok(Value::from(-i)),
-                    None => Ok(Value::from(-n.as_f64().unwrap_or(f64::NAN))),
+                    Some(i) => owned(Value::from(-i)),
+                    None => owned(Value::from(-n.as_f64().unwrap_or(f64::NAN))),
                 },
-                other => Err(format!("no such overload: -{}", type_name(&other))),
+                other => Err(format!("no such overload: -{}", type_name(other))),
             },
-            Expr::Logic(op, a, b) => self.logic(a, b, *op == Logic::Or),
+            Expr::Logic(op, a, b) => self
+                .logic(a, b, *op == Logic::Or)
+                .map(|b| Cow::Owned(Value::Bool(b))),
             Expr::Binary(op, a, b) => {
                 let (a, b) = (self.eval(a)?, self.eval(b)?);
-                binary(*op, &a, &b)
+                binary(*op, &a, &b).map(Cow::Owned)
             }
             Expr::Cond(cond, then, otherwise) => {
-                if as_bool(&self.eval(cond)?, "?:")? {
+                if as_bool(self.eval(cond)?.as_ref(), "?:")? {
                     self.eval(then)
                 } else {
                     self.eval(otherwise)
                 }
             }
-            Expr::Has(operand, field) => match self.eval(operand)? {
-                Value::Object(map) => Ok(Value::Bool(map.get(field).is_some_and(|v| !v.is_null()))),
-                other => Err(format!(
-                    "has() cannot test field '{field}' of {}",
+            Expr::Has(operand, name) => match field(self.eval(operand)?, name) {
+                Ok(found) => owned(Value::Bool(found.is_some())),
+                Err(other) => Err(format!(
+                    "has() cannot test field '{name}' of {}",
                     type_name(&other)
                 )),
             },
@@ -692,9 +717,17 @@ impl Scope<'_> {
                 predicate,
                 all,
             } => {
-                let items: Vec<Value> = match self.eval(target)? {
-                    Value::Array(list) => list,
-                    Value::Object(map) => map.into_iter().map(|(k, _)| Value::String(k)).collect(),
+                let items: Vec<Val<'v>> = match self.eval(target)? {
+                    Cow::Borrowed(Value::Array(list)) => list.iter().map(Cow::Borrowed).collect(),
+                    Cow::Owned(Value::Array(list)) => list.into_iter().map(Cow::Owned).collect(),
+                    Cow::Borrowed(Value::Object(map)) => map
+                        .keys()
+                        .map(|k| Cow::Owned(Value::String(k.clone())))
+                        .collect(),
+                    Cow::Owned(Value::Object(map)) => map
+                        .into_iter()
+                        .map(|(k, _)| Cow::Owned(Value::String(k)))
+                        .collect(),
                     other => {
                         return Err(format!(
                             "no such overload: {}() on {}",
@@ -707,20 +740,20 @@ impl Scope<'_> {
                 // deciding item wins over another item's error.
                 let mut error = None;
                 for item in items {
-                    self.bound.push((var.clone(), item));
+                    self.bound.push((var.as_str(), item));
                     let result = self
                         .eval(predicate)
                         .and_then(|v| as_bool(&v, "a quantifier's predicate"));
                     self.bound.pop();
                     match result {
-                        Ok(b) if b != *all => return Ok(Value::Bool(b)),
+                        Ok(b) if b != *all => return owned(Value::Bool(b)),
                         Ok(_) => {}
                         Err(e) => error = Some(e),
                     }
                 }
                 match error {
                     Some(e) => Err(e),
-                    None => Ok(Value::Bool(*all)),
+                    None => owned(Value::Bool(*all)),
                 }
             }
             Expr::Call { target, name, args } => {
@@ -731,25 +764,26 @@ impl Scope<'_> {
                 for a in args {
                     values.push(self.eval(a)?);
                 }
-                call(name, &values)
+                let values: Vec<&Value> = values.iter().map(AsRef::as_ref).collect();
+                call(name, &values).map(Cow::Owned)
             }
         }
     }
 
     /// `a || b` (`or`) or `a && b`, with CEL's error absorption.
-    fn logic(&mut self, a: &Expr, b: &Expr, or: bool) -> Result<Value, String> {
+    fn logic(&mut self, a: &'v Expr, b: &'v Expr, or: bool) -> Result<bool, String> {
         let what = if or { "||" } else { "&&" };
         let left = self.eval(a).and_then(|v| as_bool(&v, what));
         if left == Ok(or) {
-            return Ok(Value::Bool(or));
+            return Ok(or);
         }
         let right = self.eval(b).and_then(|v| as_bool(&v, what));
         if right == Ok(or) {
-            return Ok(Value::Bool(or));
+            return Ok(or);
         }
         left?;
         right?;
-        Ok(Value::Bool(!or))
+        Ok(!or)
     }
 }
 
@@ -816,7 +850,7 @@ fn binary(op: BinOp, a: &Value, b: &Value) -> Result<Value, String> {
     Ok(Value::Bool(result))
 }
 
-fn call(name: &str, values: &[Value]) -> Result<Value, String> {
+fn call(name: &str, values: &[&Value]) -> Result<Value, String> {
     match (name, values) {
         ("size", [Value::String(s)]) => Ok(Value::from(s.chars().count())),
         ("size", [Value::Array(l)]) => Ok(Value::from(l.len())),
@@ -832,7 +866,11 @@ fn call(name: &str, values: &[Value]) -> Result<Value, String> {
         }
         _ => Err(format!(
             "no such overload: {name}({})",
-            values.iter().map(type_name).collect::<Vec<_>>().join(", ")
+            values
+                .iter()
+                .map(|v| type_name(v))
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }

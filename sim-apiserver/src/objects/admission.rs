@@ -477,8 +477,16 @@ async fn call_hook(
         return Ok(None);
     }
     let fail_open = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
-    let review = build_review(sh, def, op, sub, obj, old, ctx);
-    match conditions_hold(hook, &review["request"]) {
+    // The objects join the request only for a call: conditions read them
+    // where they are, so a skipped webhook copies nothing.
+    let object = if op == Operation::Delete {
+        &Value::Null
+    } else {
+        &*obj
+    };
+    let old_object = old.unwrap_or(&Value::Null);
+    let mut request = request_attributes(sh, def, op, sub, obj, ctx);
+    match conditions_hold(hook, &request, object, old_object) {
         Ok(true) => {}
         Ok(false) => return Ok(None),
         Err(e) if fail_open => {
@@ -505,6 +513,10 @@ async fn call_hook(
         .and_then(Value::as_u64)
         .unwrap_or(10)
         .clamp(1, 30);
+    request["object"] = object.clone();
+    request["oldObject"] = old_object.clone();
+    let review =
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request});
     let uid = review["request"]["uid"].clone();
     let response = match call(sh, hook, &review, timeout).await {
         Ok(r) => r,
@@ -600,18 +612,23 @@ async fn call_hook(
     Ok(Some(*obj != before))
 }
 
-/// Whether every one of a webhook's `matchConditions` holds for `request`
-/// (an AdmissionRequest, whose `object` and `oldObject` the expressions also
-/// see as variables): `false` as soon as one is false, as the real server
-/// skips the webhook then; an error names the condition that could not be
-/// evaluated when no condition is false.
-fn conditions_hold(hook: &Value, request: &Value) -> Result<bool, String> {
+/// Whether every one of a webhook's `matchConditions` holds, with the
+/// variables `object`, `oldObject` (null where the operation has none) and
+/// `request` (the request's attributes): `false` as soon as one is false,
+/// as the real server skips the webhook then; an error names the condition
+/// that could not be evaluated when no condition is false.
+fn conditions_hold(
+    hook: &Value,
+    request: &Value,
+    object: &Value,
+    old_object: &Value,
+) -> Result<bool, String> {
     let Some(conditions) = hook.get("matchConditions").and_then(Value::as_array) else {
         return Ok(true);
     };
     let vars: HashMap<&str, &Value> = [
-        ("object", &request["object"]),
-        ("oldObject", &request["oldObject"]),
+        ("object", object),
+        ("oldObject", old_object),
         ("request", request),
     ]
     .into();
@@ -641,13 +658,15 @@ fn conditions_hold(hook: &Value, request: &Value) -> Result<bool, String> {
     error.map_or(Ok(true), Err)
 }
 
-fn build_review(
+/// The AdmissionRequest of a review without its `object` and `oldObject`:
+/// what a webhook's conditions see as `request`, and what the review adds
+/// the objects to.
+fn request_attributes(
     sh: &Shared,
     def: &ResourceDef,
     op: Operation,
     sub: &str,
     obj: &Value,
-    old: Option<&Value>,
     ctx: &WriteCtx,
 ) -> Value {
     let kind = json!({"group": def.group, "version": def.version, "kind": def.kind});
@@ -676,8 +695,6 @@ fn build_review(
         "name": name,
         "operation": op.as_str(),
         "userInfo": user_info,
-        "object": if op == Operation::Delete { Value::Null } else { obj.clone() },
-        "oldObject": old.cloned().unwrap_or(Value::Null),
         "dryRun": ctx.dry_run,
         "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"},
     });
@@ -688,7 +705,7 @@ fn build_review(
         req["subResource"] = json!(sub);
         req["requestSubResource"] = json!(sub);
     }
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+    req
 }
 
 async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Result<Value, String> {
