@@ -12,9 +12,10 @@ use gpupool_operator::config::Args;
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
 fn main() -> ExitCode {
-    // Written to dhat-heap.json in the working directory when main returns.
+    // Written to dhat-heap.json in the working directory when main returns;
+    // deep stacks, as serde's nesting otherwise hides which object allocated.
     #[cfg(feature = "dhat-heap")]
-    let _profiler = dhat::Profiler::new_heap();
+    let _profiler = dhat::Profiler::builder().trim_backtraces(Some(64)).build();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

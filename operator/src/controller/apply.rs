@@ -110,6 +110,27 @@ enum Done {
     LeaseDeleted { key: ObjectKey, uid: String },
 }
 
+impl Done {
+    /// Drops what the operator never reads from an object a write
+    /// returned (managedFields above all), as the watch caches drop it.
+    /// Finished writes can wait a while to be landed (a burst of lease
+    /// creates finishes faster than the loop lands them), so they are
+    /// trimmed as they finish rather than when they are recorded.
+    fn trimmed(mut self) -> Self {
+        match &mut self {
+            Done::Lease { lease, .. } => super::caches::trim_lease(lease),
+            Done::Pod(pod) | Done::PodReread(Some(pod)) => pod.trim(),
+            Done::Class(class) => class.metadata.managed_fields = None,
+            Done::PodReread(None)
+            | Done::Evicted { .. }
+            | Done::Blocked(_)
+            | Done::Unblocked(_)
+            | Done::LeaseDeleted { .. } => {}
+        }
+        self
+    }
+}
+
 type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
 
 /// One chain's outcome and when it finished (the overlay dates its writes).
@@ -117,6 +138,17 @@ struct Finished {
     at: Instant,
     done: Vec<Done>,
     errors: Vec<Error>,
+}
+
+impl Finished {
+    /// A chain's outcome as of now, its objects trimmed.
+    fn now((done, errors): (Vec<Done>, Vec<Error>)) -> Self {
+        Self {
+            at: Instant::now(),
+            done: done.into_iter().map(Done::trimmed).collect(),
+            errors,
+        }
+    }
 }
 
 /// Runs `chains` concurrently, at most [`CONCURRENCY`] at once, each under
@@ -129,11 +161,7 @@ async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
     let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
     futures::stream::iter(chains)
         .buffer_unordered(CONCURRENCY)
-        .map(|(done, errors)| Finished {
-            at: Instant::now(),
-            done,
-            errors,
-        })
+        .map(Finished::now)
         .collect()
         .await
 }
@@ -263,12 +291,7 @@ impl Applier {
             // The semaphore is never closed; without a permit the write
             // still runs, only unthrottled.
             let _permit = permits.acquire_owned().await.ok();
-            let (done, errors) = with_timeout(build(&writer)).await;
-            Finished {
-                at: Instant::now(),
-                done,
-                errors,
-            }
+            Finished::now(with_timeout(build(&writer)).await)
         });
         self.tasks.insert(task.id(), keys);
     }
@@ -1116,6 +1139,68 @@ mod tests {
         let caught_up = vec![Arc::new(lease("a", "12", LeasePhase::Released))];
         phase_in(&mut overlay, caught_up);
         assert!(overlay.is_empty(), "nothing assumed or remembered");
+    }
+
+    #[test]
+    fn finished_writes_keep_their_objects_as_the_caches_keep_them() {
+        let mut written = lease("a", "11", LeasePhase::Admitted);
+        written.metadata.managed_fields = Some(vec![Default::default()]);
+        written.metadata.labels = Some([("team".to_owned(), "x".to_owned())].into());
+        written.metadata.annotations = Some([("note".to_owned(), "y".repeat(256 << 10))].into());
+        written.metadata.owner_references = Some(vec![Default::default()]);
+        let pod: CachedPod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "a", "namespace": "ns", "resourceVersion": "12",
+                "managedFields": [{"manager": "kubelet"}],
+                "labels": {"gpupool.io/role": "helper", "team": "x"},
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00Z", "note": "x"},
+            },
+        }))
+        .expect("pod");
+        let class: GpuLeaseClass = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "default", "managedFields": [{"manager": "x"}]},
+            "spec": {},
+        }))
+        .expect("class");
+        let finished = Finished::now((
+            vec![
+                Done::Lease {
+                    lease: written,
+                    created: true,
+                },
+                Done::PodReread(Some(pod)),
+                Done::Class(class),
+            ],
+            vec![],
+        ));
+        let [
+            Done::Lease { lease, .. },
+            Done::PodReread(Some(pod)),
+            Done::Class(class),
+        ] = &finished.done[..]
+        else {
+            panic!("three objects, in order");
+        };
+        let kept = &lease.metadata;
+        assert_eq!(
+            (&kept.managed_fields, &kept.labels, &kept.annotations),
+            (&None, &None, &None),
+            "what anyone may grow is not kept"
+        );
+        assert_eq!(kept.resource_version.as_deref(), Some("11"));
+        assert_eq!(kept.owner_references.as_ref().map(Vec::len), Some(1));
+        assert_eq!(pod.metadata.managed_fields, None);
+        assert_eq!(
+            pod.metadata.labels,
+            Some([("gpupool.io/role".to_owned(), "helper".to_owned())].into()),
+            "only the operator's own labels"
+        );
+        let annotations = pod.metadata.annotations.as_ref().expect("annotations");
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["gpupool.io/enqueued-at"]
+        );
+        assert_eq!(class.metadata.managed_fields, None);
     }
 
     #[tokio::test]

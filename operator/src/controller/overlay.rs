@@ -141,11 +141,10 @@ fn merge<K: Resource>(
 
 impl Overlay {
     /// Remembers a lease as the API server returned it after a create or
-    /// status write, trimmed as the lease cache trims it: a burst of lease
-    /// creates holds thousands of these until the watch catches up, and the
-    /// API server's answer carries managedFields the cache never keeps.
-    pub fn record_lease(&mut self, mut lease: GpuLease, created: bool, now: Instant) {
-        super::caches::trim_lease(&mut lease);
+    /// status write. The caller trims it as the lease cache trims it: a
+    /// burst of lease creates holds thousands of these until the watch
+    /// catches up.
+    pub fn record_lease(&mut self, lease: GpuLease, created: bool, now: Instant) {
         let Some(key) = key_of(&lease) else { return };
         let created = created || self.leases.get(&key).is_some_and(|w| w.created);
         self.deleted_leases.remove(&key);
@@ -227,11 +226,9 @@ impl Overlay {
     }
 
     /// Remembers a pod as the API server returned it after its admission
-    /// patch, trimmed as the pod cache trims it: a burst of admissions
-    /// holds hundreds of these until the watch catches up, and whole pods
-    /// (volumes, env, probes) are what made them the operator's peak.
-    pub fn record_pod(&mut self, mut pod: CachedPod, now: Instant) {
-        pod.trim();
+    /// patch. The caller trims it as the pod cache trims it: a burst of
+    /// admissions holds hundreds of these until the watch catches up.
+    pub fn record_pod(&mut self, pod: CachedPod, now: Instant) {
         let Some(key) = key_of(&pod) else { return };
         self.pods.insert(
             key,
@@ -417,29 +414,6 @@ mod tests {
     }
 
     #[test]
-    fn a_written_lease_is_kept_as_the_cache_keeps_it() {
-        let t0 = Instant::now();
-        let mut written = lease("a", "u", "11", "Admitted");
-        written.metadata.managed_fields = Some(vec![Default::default()]);
-        written.metadata.labels = Some([("team".to_owned(), "x".to_owned())].into());
-        written.metadata.annotations = Some([("note".to_owned(), "y".repeat(256 << 10))].into());
-        written.metadata.owner_references = Some(vec![Default::default()]);
-        let mut o = Overlay::default();
-        // Created: laid over a cache that does not have it yet.
-        o.record_lease(written, true, t0);
-        let merged = o.leases(vec![], t0);
-        let kept = &merged[0].metadata;
-        assert_eq!(
-            (&kept.managed_fields, &kept.labels, &kept.annotations),
-            (&None, &None, &None),
-            "what anyone may grow is not kept"
-        );
-        assert_eq!(kept.resource_version.as_deref(), Some("11"));
-        assert_eq!(kept.owner_references.as_ref().map(Vec::len), Some(1));
-        assert_eq!(phases(&merged), vec![("a".into(), "Some(Admitted)".into())]);
-    }
-
-    #[test]
     fn a_written_class_status_wins_until_the_cache_catches_up() {
         let class = |rv: &str, capacity: u32| -> GpuLeaseClass {
             serde_json::from_value(json!({
@@ -611,13 +585,9 @@ mod tests {
     }
 
     #[test]
-    fn written_pods_are_kept_trimmed_as_the_cache_keeps_them() {
+    fn a_written_pod_wins_over_the_lagging_cache_with_what_the_rules_read() {
         let written: CachedPod = serde_json::from_value(json!({
-            "metadata": {
-                "namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "8",
-                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
-                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z", "note": "x"}
-            },
+            "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": "8"},
             "spec": {
                 "volumes": [{"name": "data", "emptyDir": {}}],
                 "containers": [{
@@ -637,11 +607,7 @@ mod tests {
         let merged = o.pods(vec![Arc::new(cached)], Instant::now());
         assert_eq!(merged.len(), 1);
         let kept = &merged[0];
-        assert!(kept.metadata.managed_fields.is_none());
-        let annotations = kept.metadata.annotations.as_ref().expect("annotations");
-        assert!(
-            annotations.contains_key("gpupool.io/enqueued-at") && !annotations.contains_key("note")
-        );
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("8"));
         // What the rules read stays.
         let spec = kept.spec.as_ref().expect("spec");
         assert!(spec.containers[0].resources.is_some());
