@@ -671,3 +671,24 @@ fn reviews_are_answered_while_the_callers_runtime_is_stalled() {
         assert!(served.is_ok(), "{served:?}");
     });
 }
+
+/// A server that stops by panicking on its own runtime is an error the
+/// caller sees (the operator then exits 1), never a quiet end of reviews.
+#[tokio::test]
+async fn a_server_that_panics_on_its_own_runtime_is_an_error() {
+    let Parts { tls, handler, .. } = parts();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let served = tokio::time::timeout(
+        TIMEOUT,
+        server::serve_isolated(listener, tls, handler, async {
+            panic!("the shutdown signal failed");
+        }),
+    )
+    .await
+    .expect("the failed server returns");
+    let error = served.expect_err("a panicked server is an error");
+    assert!(
+        error.to_string().contains("panic"),
+        "the error says the server panicked: {error}"
+    );
+}
