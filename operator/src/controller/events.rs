@@ -4,10 +4,24 @@
 //! Events are published off the decision path by one task with a bounded
 //! queue: a slow or failing Events API never delays an admission, and when
 //! the queue is full the event is dropped and counted.
+//!
+//! The task writes `events.k8s.io/v1` Events itself rather than through
+//! kube's `Recorder`, which keeps every event it published in the last six
+//! minutes and scans them all on each publish: at 10,000 queued pods that
+//! was 30,000 kept events (a 6 MiB table) and a scan of all of them per
+//! event. Here an event that repeats one of the last [`RECENT`] (same
+//! object, reason and note, within [`SERIES_WINDOW`]) counts up that
+//! event's `series` instead of creating another object, so a pod that flaps
+//! does not fill its namespace with Events, and memory stays bounded.
 
+use std::collections::{HashMap, VecDeque};
+
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use crate::engine::ObjectKey;
@@ -15,6 +29,12 @@ use crate::metrics::Metrics;
 
 /// Events waiting to be published before new ones are dropped.
 const QUEUE: usize = 4096;
+
+/// Published events remembered for series, at most.
+pub const RECENT: usize = 1024;
+
+/// How long after it was first published an event may still be counted up.
+pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 
 /// What happened to a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +99,153 @@ struct Emit {
     warning: bool,
 }
 
+/// What makes two events the same occurrence, counted in one series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    namespace: Option<String>,
+    name: Option<String>,
+    uid: Option<String>,
+    reason: &'static str,
+    note: String,
+}
+
+impl SeriesKey {
+    fn of(e: &Emit) -> Self {
+        Self {
+            namespace: e.reference.namespace.clone(),
+            name: e.reference.name.clone(),
+            uid: e.reference.uid.clone(),
+            reason: e.reason,
+            note: e.note.clone(),
+        }
+    }
+}
+
+/// An Event object already written, which a repeat counts up.
+#[derive(Debug, Clone, PartialEq)]
+struct Published {
+    /// The Event's name.
+    name: String,
+    /// Occurrences so far (1 until the first repeat).
+    count: i32,
+}
+
+/// The last [`RECENT`] events published within [`SERIES_WINDOW`], by what
+/// they say. Each operation is O(1) amortized.
+#[derive(Debug, Default)]
+struct Recent {
+    by_key: HashMap<SeriesKey, Published>,
+    /// Keys in the order first published, with that time.
+    order: VecDeque<(SeriesKey, Timestamp)>,
+}
+
+impl Recent {
+    /// Forgets events first published before `now - SERIES_WINDOW`.
+    fn expire(&mut self, now: Timestamp) {
+        while let Some((key, at)) = self.order.front() {
+            if *at + SERIES_WINDOW > now {
+                break;
+            }
+            self.by_key.remove(key);
+            self.order.pop_front();
+        }
+    }
+
+    /// Counts one more occurrence of `key`, when it was published recently;
+    /// returns the Event to update.
+    fn repeat(&mut self, key: &SeriesKey) -> Option<&Published> {
+        let published = self.by_key.get_mut(key)?;
+        published.count = published.count.saturating_add(1);
+        Some(published)
+    }
+
+    /// Remembers a newly written Event, forgetting the oldest beyond [`RECENT`].
+    fn insert(&mut self, key: SeriesKey, name: String, now: Timestamp) {
+        if self
+            .by_key
+            .insert(key.clone(), Published { name, count: 1 })
+            .is_none()
+        {
+            self.order.push_back((key, now));
+        }
+        while self.order.len() > RECENT {
+            if let Some((old, _)) = self.order.pop_front() {
+                self.by_key.remove(&old);
+            }
+        }
+    }
+
+    fn forget(&mut self, key: &SeriesKey) {
+        self.by_key.remove(key);
+        self.order.retain(|(k, _)| k != key);
+    }
+}
+
+/// Writes Events as the operator's reporting controller and instance.
+struct Publisher {
+    client: Client,
+    controller: String,
+    instance: String,
+    recent: Recent,
+}
+
+impl Publisher {
+    async fn publish(&mut self, e: &Emit, now: Timestamp) -> Result<(), kube::Error> {
+        self.recent.expire(now);
+        let key = SeriesKey::of(e);
+        let namespace = e.reference.namespace.as_deref().unwrap_or("default");
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        if let Some(published) = self.recent.repeat(&key) {
+            let series = K8sEvent {
+                series: Some(EventSeries {
+                    count: published.count,
+                    last_observed_time: MicroTime(now),
+                }),
+                ..K8sEvent::default()
+            };
+            match api
+                .patch(
+                    &published.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&series),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // The Event expired or was deleted: write it anew.
+                Err(kube::Error::Api(s)) if s.code == 404 => self.recent.forget(&key),
+                Err(err) => return Err(err),
+            }
+        }
+        let event = self.event(e, now);
+        let name = event.metadata.name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), &event).await?;
+        self.recent.insert(key, name, now);
+        Ok(())
+    }
+
+    /// A new Event, named after its object and the time as kube names them.
+    fn event(&self, e: &Emit, now: Timestamp) -> K8sEvent {
+        let object = e.reference.name.as_deref().unwrap_or(&self.controller);
+        K8sEvent {
+            metadata: ObjectMeta {
+                namespace: e.reference.namespace.clone(),
+                name: Some(format!("{object}.{:x}", now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(e.reason.to_owned()),
+            reason: Some(e.reason.to_owned()),
+            note: Some(e.note.clone()),
+            regarding: Some(e.reference.clone()),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(if e.warning { "Warning" } else { "Normal" }.to_owned()),
+            ..K8sEvent::default()
+        }
+    }
+}
+
 /// Hands events to the publishing task.
 #[derive(Clone)]
 pub struct EventSink {
@@ -90,28 +257,16 @@ impl EventSink {
     /// Starts the publishing task (it ends when every sink is dropped).
     pub fn spawn(client: Client, instance: String, metrics: Metrics) -> Self {
         let (tx, mut rx) = mpsc::channel::<Emit>(QUEUE);
-        let recorder = Recorder::new(
+        let mut publisher = Publisher {
             client,
-            Reporter {
-                controller: gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned(),
-                instance: Some(instance),
-            },
-        );
+            controller: gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned(),
+            instance,
+            recent: Recent::default(),
+        };
         let task_metrics = metrics.clone();
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
-                let ev = Event {
-                    type_: if e.warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: e.reason.to_owned(),
-                    note: Some(e.note),
-                    action: e.reason.to_owned(),
-                    secondary: None,
-                };
-                if let Err(err) = recorder.publish(&ev, &e.reference).await {
+                if let Err(err) = publisher.publish(&e, Timestamp::now()).await {
                     task_metrics.error("publish_event");
                     tracing::warn!(object = %e.what, reason = e.reason, error = %err, "cannot publish event");
                 }
@@ -186,5 +341,67 @@ mod tests {
         let (r, n) = PodEvent::Preempted { by: "ns/p".into() }.reason_and_note();
         assert_eq!((r, n.contains("ns/p")), ("Preempted", true));
         assert_eq!(PodEvent::Released.reason_and_note().0, "Released");
+    }
+
+    fn key(name: &str, note: &str) -> SeriesKey {
+        SeriesKey {
+            namespace: Some("ml".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            reason: "Queued",
+            note: note.into(),
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).expect("time")
+    }
+
+    #[test]
+    fn a_repeat_within_the_window_counts_up_the_event_it_repeats() {
+        let mut recent = Recent::default();
+        assert!(recent.repeat(&key("a", "x")).is_none(), "nothing published");
+        recent.insert(key("a", "x"), "a.1".into(), at(0));
+        assert!(
+            recent.repeat(&key("a", "other note")).is_none(),
+            "another note is another event"
+        );
+        assert!(recent.repeat(&key("b", "x")).is_none(), "another pod");
+        let published = recent.repeat(&key("a", "x")).cloned();
+        assert_eq!(
+            published,
+            Some(Published {
+                name: "a.1".into(),
+                count: 2
+            })
+        );
+        assert_eq!(recent.repeat(&key("a", "x")).map(|p| p.count), Some(3));
+
+        // Six minutes after it was first published it is forgotten.
+        recent.expire(at(359));
+        assert!(recent.repeat(&key("a", "x")).is_some());
+        recent.expire(at(360));
+        assert!(recent.repeat(&key("a", "x")).is_none());
+        assert!(recent.by_key.is_empty() && recent.order.is_empty());
+    }
+
+    #[test]
+    fn at_most_recent_events_are_remembered_the_oldest_forgotten_first() {
+        let mut recent = Recent::default();
+        for i in 0..RECENT + 10 {
+            recent.insert(key(&format!("p{i}"), "x"), format!("p{i}.1"), at(0));
+        }
+        assert_eq!((recent.by_key.len(), recent.order.len()), (RECENT, RECENT));
+        assert!(recent.repeat(&key("p0", "x")).is_none(), "the oldest went");
+        assert!(recent.repeat(&key("p10", "x")).is_some());
+        let last = format!("p{}", RECENT + 9);
+        assert!(recent.repeat(&key(&last, "x")).is_some());
+
+        recent.forget(&key("p10", "x"));
+        assert!(recent.repeat(&key("p10", "x")).is_none());
+        assert_eq!(
+            (recent.by_key.len(), recent.order.len()),
+            (RECENT - 1, RECENT - 1)
+        );
     }
 }
