@@ -2,8 +2,6 @@
 //! `nodeSelector`, required node affinity and tolerations, as kube-scheduler
 //! reads them. Capacity is not checked here (see `capacity`).
 
-use std::collections::BTreeMap;
-
 use gpupool_api::names::LABEL_HOSTNAME;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -11,6 +9,7 @@ use super::model::{
     NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, PodInfo, SelectorOperator, Taint,
     TaintEffect, Toleration, TolerationOperator,
 };
+use crate::SmallMap;
 
 /// A class `nodeSelector` (a Kubernetes `LabelSelector`) checked once and
 /// ready to match nodes.
@@ -159,7 +158,7 @@ pub fn pod_fits_node(pod: &PodInfo, node: &NodeInfo) -> bool {
             .all(|t| pod.tolerations.iter().any(|tol| tolerates(tol, t)))
 }
 
-fn selector_matches(selector: &BTreeMap<String, String>, node: &NodeInfo) -> bool {
+fn selector_matches(selector: &SmallMap<String, String>, node: &NodeInfo) -> bool {
     selector
         .iter()
         .all(|(k, v)| node_label(node, k) == Some(v.as_str()))
@@ -235,7 +234,7 @@ mod tests {
 
     fn pod() -> PodInfo {
         PodInfo {
-            requests: BTreeMap::new(),
+            requests: SmallMap::new(),
             ..crate::fixtures::pod("p", 0, 0)
         }
     }

@@ -2,11 +2,10 @@
 //! (feature `fixtures`): one definition of a plain pod, node, class and
 //! lease, which each test adjusts with struct-update syntax.
 
-use std::collections::BTreeMap;
-
 use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role};
 use jiff::Timestamp;
 
+use crate::SmallMap;
 use crate::model::{ClassInfo, LeaseInfo, NodeInfo, ObjectKey, PodInfo, PodPhase, RoleLabel};
 
 /// The resource every fixture uses.
@@ -74,7 +73,7 @@ pub fn pod(name: &str, slots: u32, enqueued: i64) -> PodInfo {
         terminating: false,
         gated: true,
         node_name: None,
-        node_selector: BTreeMap::new(),
+        node_selector: SmallMap::new(),
         required_affinity: None,
         tolerations: vec![],
         unmanaged: false,

@@ -17,11 +17,13 @@ mod pass;
 mod preempt;
 mod queue;
 mod sequence;
+mod small_map;
 mod state;
 mod status;
 
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
+pub use small_map::SmallMap;
 pub use state::Engine;
 pub use status::QUEUE_HEAD;
 

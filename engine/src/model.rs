@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::SmallMap;
 use gpupool_api::{
     GpuLeaseClassSpec, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role,
 };
@@ -224,7 +225,7 @@ pub struct PodInfo {
     /// `gpupool.io/role` label.
     pub role: RoleLabel,
     /// Effective slots requested, per extended resource name (only non-zero entries).
-    pub requests: BTreeMap<String, u32>,
+    pub requests: SmallMap<String, u32>,
     /// `gpupool.io/enqueued-at`, when present and readable.
     pub enqueued_at: Option<Timestamp>,
     /// `metadata.creationTimestamp`.
@@ -238,7 +239,7 @@ pub struct PodInfo {
     /// `spec.nodeName`, once bound.
     pub node_name: Option<String>,
     /// `spec.nodeSelector` (the operator pins with `kubernetes.io/hostname`).
-    pub node_selector: BTreeMap<String, String>,
+    pub node_selector: SmallMap<String, String>,
     /// Required node affinity terms (ORed); `None` when the pod has none.
     pub required_affinity: Option<Vec<NodeSelectorTerm>>,
     /// Tolerations.

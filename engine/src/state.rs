@@ -10,11 +10,13 @@ use jiff::Timestamp;
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
 use super::pass::View;
 
-/// A pod and its lease as kept; an entry with neither is removed.
+/// A pod and its lease as kept; an entry with neither is removed. Boxed,
+/// so the map's nodes hold two pointers per key rather than both objects
+/// inline (~0.7 KiB, of which a node's unused slots kept a third idle).
 #[derive(Debug, Clone, Default)]
 struct Entry {
-    pod: Option<PodInfo>,
-    lease: Option<LeaseInfo>,
+    pod: Option<Box<PodInfo>>,
+    lease: Option<Box<LeaseInfo>>,
 }
 
 /// The cluster as the engine keeps it between passes: one entry per class
@@ -109,7 +111,7 @@ impl Engine {
             entries: self
                 .entries
                 .values()
-                .map(|e| (e.pod.as_ref(), e.lease.as_ref()))
+                .map(|e| (e.pod.as_deref(), e.lease.as_deref()))
                 .collect(),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
@@ -154,9 +156,24 @@ impl Engine {
 
     /// Adds or replaces the pod with that key.
     pub fn upsert_pod(&mut self, pod: PodInfo) {
-        let entry = self.entries.entry(pod.key.clone()).or_default();
-        self.pod_count += usize::from(entry.pod.is_none());
-        entry.pod = Some(pod);
+        match self.entries.get_mut(&pod.key) {
+            Some(Entry {
+                pod: Some(kept), ..
+            }) => **kept = pod,
+            Some(entry) => {
+                entry.pod = Some(Box::new(pod));
+                self.pod_count += 1;
+            }
+            None => {
+                let key = pod.key.clone();
+                let entry = Entry {
+                    pod: Some(Box::new(pod)),
+                    lease: None,
+                };
+                self.entries.insert(key, entry);
+                self.pod_count += 1;
+            }
+        }
     }
 
     /// Removes the pod `key`; returns what was kept.
@@ -167,14 +184,29 @@ impl Engine {
         if entry.lease.is_none() {
             self.entries.remove(key);
         }
-        Some(pod)
+        Some(*pod)
     }
 
     /// Adds or replaces the lease with that key.
     pub fn upsert_lease(&mut self, lease: LeaseInfo) {
-        let entry = self.entries.entry(lease.key.clone()).or_default();
-        self.lease_count += usize::from(entry.lease.is_none());
-        entry.lease = Some(lease);
+        match self.entries.get_mut(&lease.key) {
+            Some(Entry {
+                lease: Some(kept), ..
+            }) => **kept = lease,
+            Some(entry) => {
+                entry.lease = Some(Box::new(lease));
+                self.lease_count += 1;
+            }
+            None => {
+                let key = lease.key.clone();
+                let entry = Entry {
+                    pod: None,
+                    lease: Some(Box::new(lease)),
+                };
+                self.entries.insert(key, entry);
+                self.lease_count += 1;
+            }
+        }
     }
 
     /// Removes the lease `key`; returns what was kept.
@@ -185,7 +217,7 @@ impl Engine {
         if entry.pod.is_none() {
             self.entries.remove(key);
         }
-        Some(lease)
+        Some(*lease)
     }
 
     /// Records the API server's answer to the eviction of helper `key`:
@@ -227,22 +259,22 @@ impl Engine {
 
     /// The kept pod `key`.
     pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
-        self.entries.get(key)?.pod.as_ref()
+        self.entries.get(key)?.pod.as_deref()
     }
 
     /// The kept lease `key`.
     pub fn lease(&self, key: &ObjectKey) -> Option<&LeaseInfo> {
-        self.entries.get(key)?.lease.as_ref()
+        self.entries.get(key)?.lease.as_deref()
     }
 
     /// The kept pods, in key order.
     pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
-        self.entries.values().filter_map(|e| e.pod.as_ref())
+        self.entries.values().filter_map(|e| e.pod.as_deref())
     }
 
     /// The kept leases, in key order.
     pub fn leases(&self) -> impl Iterator<Item = &LeaseInfo> {
-        self.entries.values().filter_map(|e| e.lease.as_ref())
+        self.entries.values().filter_map(|e| e.lease.as_deref())
     }
 
     /// How many pods are kept.

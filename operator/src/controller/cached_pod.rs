@@ -15,6 +15,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use gpupool_engine::SmallMap;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
     Toleration,
@@ -51,9 +52,11 @@ pub struct CachedPodSpec {
     /// Set once the pod is bound.
     #[serde(default)]
     pub node_name: Option<String>,
-    /// The pod's own node selector (and the operator's pin).
-    #[serde(default)]
-    pub node_selector: Option<BTreeMap<String, String>>,
+    /// The pod's own node selector (and the operator's pin), as a short
+    /// sorted list rather than a map (a map costs a 0.5 KiB node even for
+    /// the one pin).
+    #[serde(default, deserialize_with = "string_map")]
+    pub node_selector: Option<SmallMap<String, String>>,
     /// Kept whole but boxed: most pods have none.
     #[serde(default)]
     pub affinity: Option<Box<Affinity>>,
@@ -109,6 +112,14 @@ impl CachedResources {
             ..ResourceRequirements::default()
         }
     }
+}
+
+/// A JSON map of strings (or null), kept short.
+fn string_map<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SmallMap<String, String>>, D::Error> {
+    let map: Option<BTreeMap<String, String>> = Option::deserialize(d)?;
+    Ok(map.map(SmallMap::from))
 }
 
 /// A JSON map of quantities (or null) as a list in key order.
@@ -179,7 +190,10 @@ impl CachedPod {
             metadata: self.metadata.clone(),
             spec: self.spec.as_ref().map(|s| PodSpec {
                 node_name: s.node_name.clone(),
-                node_selector: s.node_selector.clone(),
+                node_selector: s
+                    .node_selector
+                    .as_ref()
+                    .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
                 affinity: s.affinity.as_deref().cloned(),
                 tolerations: s.tolerations.clone(),
                 scheduling_gates: s.scheduling_gates.clone(),

@@ -217,14 +217,19 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         uid: meta.uid.clone().unwrap_or_default(),
         class_label: api_pod::class_label(pod).map(str::to_owned),
         role,
-        requests,
+        requests: requests.into(),
         enqueued_at,
         created_at: meta.creation_timestamp.as_ref().map_or(now, |t| t.0),
         phase,
         terminating: meta.deletion_timestamp.is_some(),
         gated,
         node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
-        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        node_selector: spec
+            .node_selector
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         required_affinity,
         tolerations,
         unmanaged: false,
@@ -272,6 +277,7 @@ fn requirements(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::SmallMap;
     use serde_json::json;
 
     fn resources() -> BTreeSet<String> {
@@ -323,7 +329,7 @@ mod tests {
         assert_eq!(info.role, RoleLabel::Valid(gpupool_api::Role::Helper));
         assert_eq!(
             info.requests,
-            BTreeMap::from([("gpupool/slot".to_owned(), 2)])
+            SmallMap::from([("gpupool/slot".to_owned(), 2)])
         );
         assert_eq!(
             info.enqueued_at.map(|t| t.as_microsecond()),
