@@ -820,8 +820,7 @@ impl Writer {
         // The enqueue stamp has microseconds; the lease's queuedAt only seconds.
         let queued_at = pod
             .as_ref()
-            .and_then(|p| p.metadata.annotations.as_ref())
-            .and_then(|a| a.get(ANNOTATION_ENQUEUED_AT))
+            .and_then(|p| p.annotation(ANNOTATION_ENQUEUED_AT))
             .and_then(|v| gpupool_api::time::parse_stamp(v).ok())
             .or_else(|| {
                 lease
@@ -1191,13 +1190,12 @@ mod tests {
         assert_eq!(kept.owner_references.as_ref().map(Vec::len), Some(1));
         assert_eq!(pod.metadata.managed_fields, None);
         assert_eq!(
-            pod.metadata.labels,
-            Some([("gpupool.io/role".to_owned(), "helper".to_owned())].into()),
+            pod.labels,
+            [("gpupool.io/role".to_owned(), "helper".to_owned())].into(),
             "only the operator's own labels"
         );
-        let annotations = pod.metadata.annotations.as_ref().expect("annotations");
         assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
+            pod.annotations.keys().collect::<Vec<_>>(),
             ["gpupool.io/enqueued-at"]
         );
         assert_eq!(class.metadata.managed_fields, None);

@@ -34,9 +34,17 @@ const OPERATOR_KEYS: &str = "gpupool.io/";
 /// whole pod it was read from.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPod {
-    /// Name, namespace, uid, resourceVersion, timestamps, and only the
-    /// `gpupool.io/` labels and annotations (see [`CachedPod::trim`]).
+    /// Name, namespace, uid, resourceVersion and timestamps. Once trimmed
+    /// it holds no labels or annotations: the operator's own are moved to
+    /// [`CachedPod::labels`] and [`CachedPod::annotations`].
     pub metadata: ObjectMeta,
+    /// The `gpupool.io/` labels, as a short sorted list (a map costs a
+    /// 0.5 KiB node even for one entry, and every queued pod has one).
+    #[serde(skip)]
+    pub labels: SmallMap<String, String>,
+    /// The `gpupool.io/` annotations (the enqueue stamp), likewise.
+    #[serde(skip)]
+    pub annotations: SmallMap<String, String>,
     /// The kept part of the spec.
     #[serde(default)]
     pub spec: Option<CachedPodSpec>,
@@ -164,17 +172,32 @@ impl Resource for CachedPod {
 }
 
 impl CachedPod {
-    /// Drops the metadata admission never reads: managed fields and every
-    /// label and annotation but the operator's own.
+    /// Drops the metadata admission never reads (managed fields, every
+    /// label and annotation but the operator's own) and moves the
+    /// operator's own labels and annotations out of `metadata`. Trimming
+    /// twice changes nothing.
     pub fn trim(&mut self) {
+        let ours = |map: BTreeMap<String, String>| -> SmallMap<String, String> {
+            map.into_iter()
+                .filter(|(k, _)| k.starts_with(OPERATOR_KEYS))
+                .collect()
+        };
         let meta = &mut self.metadata;
         meta.managed_fields = None;
-        for map in [meta.labels.as_mut(), meta.annotations.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            map.retain(|k, _| k.starts_with(OPERATOR_KEYS));
+        if let Some(labels) = meta.labels.take() {
+            self.labels = ours(labels);
         }
+        if let Some(annotations) = meta.annotations.take() {
+            self.annotations = ours(annotations);
+        }
+    }
+
+    /// The value of annotation `key`, trimmed or not.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations
+            .get(key)
+            .or_else(|| self.metadata.annotations.as_ref()?.get(key))
+            .map(String::as_str)
     }
 
     /// A [`Pod`] holding exactly the kept fields, for the rules that read
@@ -186,8 +209,18 @@ impl CachedPod {
             restart_policy: c.restart_policy.clone(),
             ..Container::default()
         };
+        let merged = |kept: &SmallMap<String, String>,
+                      untrimmed: &Option<BTreeMap<String, String>>| {
+            let mut map = untrimmed.clone().unwrap_or_default();
+            map.extend(kept.iter().map(|(k, v)| (k.clone(), v.clone())));
+            (!map.is_empty()).then_some(map)
+        };
         Pod {
-            metadata: self.metadata.clone(),
+            metadata: ObjectMeta {
+                labels: merged(&self.labels, &self.metadata.labels),
+                annotations: merged(&self.annotations, &self.metadata.annotations),
+                ..self.metadata.clone()
+            },
             spec: self.spec.as_ref().map(|s| PodSpec {
                 node_name: s.node_name.clone(),
                 node_selector: s
@@ -297,6 +330,21 @@ mod tests {
         assert!(pod["status"].get("conditions").is_none());
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["metadata"]["resourceVersion"], "42");
+
+        // The operator's own labels and annotations live outside `metadata`,
+        // and trimming again loses none of them.
+        assert_eq!(
+            (&cached.metadata.labels, &cached.metadata.annotations),
+            (&None, &None)
+        );
+        cached.trim();
+        assert_eq!(cached.labels.len(), 2);
+        assert_eq!(
+            cached.annotation("gpupool.io/enqueued-at"),
+            Some("2026-01-01T00:00:00.000001Z")
+        );
+        let untrimmed: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
+        assert_eq!(untrimmed.annotation("big"), Some("x"), "read untrimmed too");
     }
 
     #[test]
