@@ -19,6 +19,33 @@ struct Entry {
     lease: Option<Box<LeaseInfo>>,
 }
 
+/// Puts `value` in the slot of its key's entry that `slot` picks, replacing
+/// a kept object in place; true when the slot was empty.
+fn put<T>(
+    entries: &mut BTreeMap<ObjectKey, Entry>,
+    value: T,
+    key: fn(&T) -> &ObjectKey,
+    slot: fn(&mut Entry) -> &mut Option<Box<T>>,
+) -> bool {
+    if let Some(entry) = entries.get_mut(key(&value)) {
+        return match slot(entry) {
+            Some(kept) => {
+                **kept = value;
+                false
+            }
+            empty => {
+                *empty = Some(Box::new(value));
+                true
+            }
+        };
+    }
+    let mut entry = Entry::default();
+    let k = key(&value).clone();
+    *slot(&mut entry) = Some(Box::new(value));
+    entries.insert(k, entry);
+    true
+}
+
 /// The cluster as the engine keeps it between passes: one entry per class
 /// and node name and one per pod/lease key, each kept in order.
 ///
@@ -156,24 +183,8 @@ impl Engine {
 
     /// Adds or replaces the pod with that key.
     pub fn upsert_pod(&mut self, pod: PodInfo) {
-        match self.entries.get_mut(&pod.key) {
-            Some(Entry {
-                pod: Some(kept), ..
-            }) => **kept = pod,
-            Some(entry) => {
-                entry.pod = Some(Box::new(pod));
-                self.pod_count += 1;
-            }
-            None => {
-                let key = pod.key.clone();
-                let entry = Entry {
-                    pod: Some(Box::new(pod)),
-                    lease: None,
-                };
-                self.entries.insert(key, entry);
-                self.pod_count += 1;
-            }
-        }
+        let added = put(&mut self.entries, pod, |p| &p.key, |e| &mut e.pod);
+        self.pod_count += usize::from(added);
     }
 
     /// Removes the pod `key`; returns what was kept.
@@ -189,24 +200,8 @@ impl Engine {
 
     /// Adds or replaces the lease with that key.
     pub fn upsert_lease(&mut self, lease: LeaseInfo) {
-        match self.entries.get_mut(&lease.key) {
-            Some(Entry {
-                lease: Some(kept), ..
-            }) => **kept = lease,
-            Some(entry) => {
-                entry.lease = Some(Box::new(lease));
-                self.lease_count += 1;
-            }
-            None => {
-                let key = lease.key.clone();
-                let entry = Entry {
-                    pod: None,
-                    lease: Some(Box::new(lease)),
-                };
-                self.entries.insert(key, entry);
-                self.lease_count += 1;
-            }
-        }
+        let added = put(&mut self.entries, lease, |l| &l.key, |e| &mut e.lease);
+        self.lease_count += usize::from(added);
     }
 
     /// Removes the lease `key`; returns what was kept.
