@@ -1192,7 +1192,7 @@ mod tests {
         assert_eq!(
             pod.labels,
             [("gpupool.io/role".to_owned(), "helper".to_owned())].into(),
-            "only the operator's own labels"
+            "only the labels admission reads"
         );
         assert_eq!(
             pod.annotations.keys().collect::<Vec<_>>(),

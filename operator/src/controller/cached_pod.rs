@@ -15,6 +15,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, LABEL_CLASS, LABEL_ROLE};
 use gpupool_engine::SmallMap;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
@@ -25,9 +26,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
-/// The labels and annotations kept: the operator's own (role, class, the
-/// enqueue stamp).
-const OPERATOR_KEYS: &str = "gpupool.io/";
+/// The labels kept: the ones admission reads. Any other, even under
+/// `gpupool.io/`, is dropped, so what a pod's owner adds to their pod
+/// cannot grow the operator's cache.
+const KEPT_LABELS: [&str; 2] = [LABEL_CLASS, LABEL_ROLE];
+
+/// The annotations kept: the enqueue stamp.
+const KEPT_ANNOTATIONS: [&str; 1] = [ANNOTATION_ENQUEUED_AT];
 
 /// A pod trimmed to what admission reads. Guarantee: translating
 /// [`CachedPod::to_pod`] gives the same engine input as translating the
@@ -35,14 +40,14 @@ const OPERATOR_KEYS: &str = "gpupool.io/";
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPod {
     /// Name, namespace, uid, resourceVersion and timestamps. Once trimmed
-    /// it holds no labels or annotations: the operator's own are moved to
+    /// it holds no labels or annotations: the ones admission reads are moved to
     /// [`CachedPod::labels`] and [`CachedPod::annotations`].
     pub metadata: ObjectMeta,
-    /// The `gpupool.io/` labels, as a short sorted list (a map costs a
+    /// The class and role labels, as a short sorted list (a map costs a
     /// 0.5 KiB node even for one entry, and every queued pod has one).
     #[serde(skip)]
     pub labels: SmallMap<String, String>,
-    /// The `gpupool.io/` annotations (the enqueue stamp), likewise.
+    /// The enqueue stamp annotation, likewise.
     #[serde(skip)]
     pub annotations: SmallMap<String, String>,
     /// The kept part of the spec.
@@ -173,22 +178,21 @@ impl Resource for CachedPod {
 
 impl CachedPod {
     /// Drops the metadata admission never reads (managed fields, every
-    /// label and annotation but the operator's own) and moves the
-    /// operator's own labels and annotations out of `metadata`. Trimming
-    /// twice changes nothing.
+    /// label and annotation but the few it reads) and moves those out of
+    /// `metadata`. Trimming twice changes nothing.
     pub fn trim(&mut self) {
-        let ours = |map: BTreeMap<String, String>| -> SmallMap<String, String> {
+        let kept = |map: BTreeMap<String, String>, keys: &[&str]| -> SmallMap<String, String> {
             map.into_iter()
-                .filter(|(k, _)| k.starts_with(OPERATOR_KEYS))
+                .filter(|(k, _)| keys.contains(&k.as_str()))
                 .collect()
         };
         let meta = &mut self.metadata;
         meta.managed_fields = None;
         if let Some(labels) = meta.labels.take() {
-            self.labels = ours(labels);
+            self.labels = kept(labels, &KEPT_LABELS);
         }
         if let Some(annotations) = meta.annotations.take() {
-            self.annotations = ours(annotations);
+            self.annotations = kept(annotations, &KEPT_ANNOTATIONS);
         }
     }
 
@@ -259,8 +263,10 @@ mod tests {
             "metadata": {
                 "namespace": "ml", "name": "p", "uid": "u-1", "resourceVersion": "42",
                 "creationTimestamp": "2026-01-01T00:00:00Z",
-                "labels": {"gpupool.io/role": "helper", "gpupool.io/class": "fast", "app": "x"},
-                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z", "big": "x"},
+                "labels": {"gpupool.io/role": "helper", "gpupool.io/class": "fast", "app": "x",
+                           "gpupool.io/mine": "y"},
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:00.000001Z", "big": "x",
+                                "gpupool.io/notes": "a tenant's own"},
                 "managedFields": [{"manager": "kubectl", "operation": "Update"}]
             },
             "spec": {
@@ -331,7 +337,7 @@ mod tests {
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["metadata"]["resourceVersion"], "42");
 
-        // The operator's own labels and annotations live outside `metadata`,
+        // The labels and annotations admission reads live outside `metadata`,
         // and trimming again loses none of them.
         assert_eq!(
             (&cached.metadata.labels, &cached.metadata.annotations),
