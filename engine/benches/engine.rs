@@ -9,6 +9,8 @@
 //! (e) `kept_engine_after_pod_finished`: (b) on the engine's kept state: the
 //!     pod's removal fed to it, then its pass (the pod is put back after
 //!     each iteration, which is measured with it).
+//! (f) `..._default_tolerations`: (e) with the progress limit, every pod
+//!     carrying the two tolerations a real API server adds to each pod.
 
 use std::hint::black_box;
 
@@ -31,8 +33,9 @@ fn pod(name: &str, role: Role, slots: u32, enq: i64) -> PodInfo {
     }
 }
 
-/// The settled cluster: statuses as the engine itself would write them.
-fn cluster() -> Snapshot {
+/// The settled cluster: statuses as the engine itself would write them;
+/// with `tolerations`, every pod carries the API server's default ones.
+fn cluster(tolerations: bool) -> Snapshot {
     let nodes: Vec<NodeInfo> = (0..NODES)
         .map(|i| {
             let name = format!("node-{i:04}");
@@ -95,6 +98,11 @@ fn cluster() -> Snapshot {
         ));
         pods.push(p);
     }
+    if tolerations {
+        for p in &mut pods {
+            p.tolerations = fixtures::default_tolerations();
+        }
+    }
     let mut s = Snapshot {
         now: at(100_000),
         classes: vec![fixtures::class("default")],
@@ -128,7 +136,7 @@ fn settle(s: &mut Snapshot) {
 }
 
 fn bench(c: &mut Criterion) {
-    let settled = cluster();
+    let settled = cluster(false);
     let mut g = c.benchmark_group("engine");
     g.sample_size(30);
     g.bench_function("full_pass", |b| b.iter(|| decide(black_box(&settled))));
@@ -159,9 +167,9 @@ fn bench(c: &mut Criterion) {
     // One pod's removal decided on the kept state, then put back for the
     // next iteration.
     let decide_without = |engine: &mut Engine| {
-        engine.remove_pod(&gone);
+        let finished = engine.remove_pod(&gone);
         let plan = engine.decide();
-        if let Some(pod) = finished.clone() {
+        if let Some(pod) = finished {
             engine.upsert_pod(pod);
         }
         plan
@@ -177,6 +185,15 @@ fn bench(c: &mut Criterion) {
     g.bench_function("kept_engine_after_pod_finished_progress_limit_200", |b| {
         b.iter(|| decide_without(&mut limited))
     });
+
+    // (f) As on a real cluster, where every pod tolerates not-ready and
+    // unreachable nodes.
+    let mut tolerant = Engine::from_snapshot(&cluster(true));
+    tolerant.set_progress_limit(Some(200));
+    g.bench_function(
+        "kept_engine_after_pod_finished_progress_limit_200_default_tolerations",
+        |b| b.iter(|| decide_without(&mut tolerant)),
+    );
 
     let mut unsorted = settled.clone();
     // A fixed permutation: interleave from both ends.

@@ -126,7 +126,14 @@ pub fn pinned_node(pod: &PodInfo) -> Option<&str> {
 /// True when the pod restricts its nodes beyond what its class does (so the
 /// class's precomputed node list cannot be used as is).
 pub fn has_own_constraints(pod: &PodInfo) -> bool {
-    !pod.node_selector.is_empty() || pod.required_affinity.is_some() || !pod.tolerations.is_empty()
+    narrows_nodes(pod) || !pod.tolerations.is_empty()
+}
+
+/// True when the pod keeps itself off some nodes a plain pod may use: it
+/// has a `nodeSelector` or a required node affinity. (Tolerations only ever
+/// let a pod onto more nodes.)
+pub fn narrows_nodes(pod: &PodInfo) -> bool {
+    !pod.node_selector.is_empty() || pod.required_affinity.is_some()
 }
 
 /// True when the node takes no new pods unless they tolerate something:

@@ -6,7 +6,10 @@ use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role
 use jiff::Timestamp;
 
 use crate::SmallMap;
-use crate::model::{ClassInfo, LeaseInfo, NodeInfo, ObjectKey, PodInfo, PodPhase, RoleLabel};
+use crate::model::{
+    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, PodInfo, PodPhase, RoleLabel, TaintEffect,
+    Toleration, TolerationOperator,
+};
 
 /// The resource every fixture uses.
 pub const RESOURCE: &str = gpupool_api::names::DEFAULT_RESOURCE_NAME;
@@ -78,6 +81,23 @@ pub fn pod(name: &str, slots: u32, enqueued: i64) -> PodInfo {
         tolerations: vec![],
         unmanaged: false,
     }
+}
+
+/// The tolerations a real API server's DefaultTolerationSeconds plugin adds
+/// to every pod: a not-ready or unreachable node is tolerated (`NoExecute`).
+pub fn default_tolerations() -> Vec<Toleration> {
+    [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ]
+    .into_iter()
+    .map(|key| Toleration {
+        key: Some(key.to_owned()),
+        operator: TolerationOperator::Exists,
+        value: None,
+        effect: Some(TaintEffect::NoExecute),
+    })
+    .collect()
 }
 
 /// [`pod`] with the helper role.

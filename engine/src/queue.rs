@@ -126,7 +126,7 @@ impl Pass<'_> {
                 }
                 let slots = self.tickets[t].slots;
                 match self.tickets[t].pod {
-                    Some(pod) if fit::has_own_constraints(pod) => {
+                    Some(pod) if class.pod_has_own_nodes(pod, &self.nodes) => {
                         let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
                         for &node in &class.nodes {
                             if self.nodes.alloc(class.res, node) >= slots
@@ -172,7 +172,7 @@ impl Pass<'_> {
     fn eligible(&self, c: usize, t: usize) -> Eligible {
         let class = &self.classes.list[c];
         match self.tickets[t].pod {
-            Some(pod) if fit::has_own_constraints(pod) => Eligible::Own(
+            Some(pod) if class.pod_has_own_nodes(pod, &self.nodes) => Eligible::Own(
                 class
                     .nodes
                     .iter()
@@ -496,4 +496,184 @@ fn admit<'a>(
         node: name.to_owned(),
         slots: ticket.slots,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fixtures::{class, default_tolerations, node, pod};
+    use crate::model::{
+        NodeInfo, PodInfo, Snapshot, Taint, TaintEffect, Toleration, TolerationOperator,
+    };
+    use crate::pass::View;
+
+    const TAINT_KEYS: [&str; 3] = [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "gpu.example/maintenance",
+    ];
+
+    fn taint() -> impl Strategy<Value = Taint> {
+        (0..TAINT_KEYS.len(), 0..3u8).prop_map(|(k, e)| Taint {
+            key: TAINT_KEYS[k].to_owned(),
+            value: None,
+            effect: match e {
+                0 => TaintEffect::NoSchedule,
+                1 => TaintEffect::PreferNoSchedule,
+                _ => TaintEffect::NoExecute,
+            },
+        })
+    }
+
+    fn toleration() -> impl Strategy<Value = Toleration> {
+        (
+            prop::option::of(0..TAINT_KEYS.len()),
+            prop::option::of(0..2u8),
+        )
+            .prop_map(|(k, e)| Toleration {
+                key: k.map(|k| TAINT_KEYS[k].to_owned()),
+                operator: TolerationOperator::Exists,
+                value: None,
+                effect: e.map(|e| {
+                    if e == 0 {
+                        TaintEffect::NoSchedule
+                    } else {
+                        TaintEffect::NoExecute
+                    }
+                }),
+            })
+    }
+
+    /// Nodes `n-0`… with random taints, cordons and a `zone` label.
+    fn nodes() -> impl Strategy<Value = Vec<NodeInfo>> {
+        prop::collection::vec(
+            (
+                prop::collection::vec(taint(), 0..3),
+                prop::bool::weighted(0.15),
+                0..2u8,
+            ),
+            1..8,
+        )
+        .prop_map(|specs| {
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (taints, cordoned, zone))| NodeInfo {
+                    taints,
+                    unschedulable: cordoned,
+                    labels: [("zone".to_owned(), format!("z{zone}"))].into(),
+                    ..node(&format!("n-{i}"), 4)
+                })
+                .collect()
+        })
+    }
+
+    /// Pods with the API server's default tolerations, more tolerations, a
+    /// zone selector, or nothing of their own.
+    fn pods() -> impl Strategy<Value = Vec<PodInfo>> {
+        prop::collection::vec(
+            (
+                prop::bool::ANY,
+                prop::collection::vec(toleration(), 0..3),
+                prop::option::of(0..2u8),
+            ),
+            1..6,
+        )
+        .prop_map(|specs| {
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (defaults, extra, zone))| {
+                    let mut p = pod(&format!("p-{i}"), 1, i as i64);
+                    if defaults {
+                        p.tolerations = default_tolerations();
+                    }
+                    p.tolerations.extend(extra);
+                    if let Some(z) = zone {
+                        p.node_selector = [("zone".to_owned(), format!("z{z}"))].into();
+                    }
+                    p
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        /// Whichever way a pod's nodes are found (the class's plain list or
+        /// its own filtered one), they are the class nodes it fits.
+        #[test]
+        fn a_pods_nodes_are_the_class_nodes_it_fits(nodes in nodes(), pods in pods()) {
+            let snapshot = Snapshot {
+                classes: vec![class("default")],
+                nodes,
+                pods,
+                ..Snapshot::default()
+            };
+            let mut pass = Pass::index(View::of(&snapshot));
+            pass.join();
+            let class = &pass.classes.list[0];
+            for t in 0..pass.tickets.len() {
+                let Some(pod) = pass.tickets[t].pod else { continue };
+                let fitting: Vec<u32> = class
+                    .nodes
+                    .iter()
+                    .copied()
+                    .filter(|&n| fit::pod_fits_node(pod, pass.nodes.list[n as usize]))
+                    .collect();
+                let found = match pass.eligible(0, t) {
+                    Eligible::Plain => class.plain_nodes.clone(),
+                    Eligible::Own(list) => list,
+                };
+                prop_assert_eq!(found, fitting, "pod {}", pod.key);
+            }
+        }
+    }
+
+    #[test]
+    fn default_tolerations_keep_a_pod_on_the_plain_list() {
+        let tainted = NodeInfo {
+            taints: vec![Taint {
+                key: "gpu.example/maintenance".into(),
+                value: None,
+                effect: TaintEffect::NoSchedule,
+            }],
+            ..node("n-1", 4)
+        };
+        let not_ready = NodeInfo {
+            taints: vec![Taint {
+                key: "node.kubernetes.io/not-ready".into(),
+                value: None,
+                effect: TaintEffect::NoExecute,
+            }],
+            ..node("n-2", 4)
+        };
+        let mut with_defaults = pod("a", 1, 0);
+        with_defaults.tolerations = default_tolerations();
+        let snapshot = Snapshot {
+            classes: vec![class("default")],
+            nodes: vec![node("n-0", 4), tainted.clone()],
+            pods: vec![with_defaults.clone()],
+            ..Snapshot::default()
+        };
+        let mut pass = Pass::index(View::of(&snapshot));
+        pass.join();
+        assert!(
+            matches!(pass.eligible(0, 0), Eligible::Plain),
+            "a taint it does not tolerate leaves it where plain pods go"
+        );
+
+        // A guarded node it does tolerate gives it a list of its own.
+        let snapshot = Snapshot {
+            nodes: vec![node("n-0", 4), tainted, not_ready],
+            ..snapshot
+        };
+        let mut pass = Pass::index(View::of(&snapshot));
+        pass.join();
+        match pass.eligible(0, 0) {
+            Eligible::Own(list) => assert_eq!(list, vec![0, 2], "n-0 and the not-ready n-2"),
+            Eligible::Plain => panic!("the tolerated not-ready node must be offered"),
+        }
+    }
 }
