@@ -2,8 +2,10 @@
 //! beyond gpupool's own CRD structs, so the decision logic can be driven by
 //! tests and benchmarks without a cluster.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use crate::SmallMap;
 use gpupool_api::{
@@ -29,6 +31,59 @@ impl ObjectKey {
         }
     }
 }
+
+/// The two parts of an [`ObjectKey`], borrowed: a map keyed by
+/// `ObjectKey` is probed with `&("ns", "name") as &dyn KeyParts` without
+/// building a key (two strings) per probe. Hashes and compares as the
+/// `ObjectKey` with the same parts does.
+pub trait KeyParts {
+    /// The namespace.
+    fn namespace(&self) -> &str;
+    /// The name.
+    fn name(&self) -> &str;
+}
+
+impl KeyParts for ObjectKey {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl KeyParts for (&str, &str) {
+    fn namespace(&self) -> &str {
+        self.0
+    }
+
+    fn name(&self) -> &str {
+        self.1
+    }
+}
+
+impl<'a> Borrow<dyn KeyParts + 'a> for ObjectKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
+// As the derived `Hash` of `ObjectKey` does: namespace, then name.
+impl Hash for dyn KeyParts + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.namespace().hash(state);
+        self.name().hash(state);
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.namespace() == other.namespace() && self.name() == other.name()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -382,4 +437,39 @@ pub struct Eviction {
     pub for_primary: ObjectKey,
     /// Grace period from the class.
     pub grace_period_seconds: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    #[test]
+    fn borrowed_parts_find_what_the_key_finds() {
+        let map: HashMap<ObjectKey, u32> = [
+            (ObjectKey::new("team", "a"), 1),
+            (ObjectKey::new("team", "ab"), 2),
+            (ObjectKey::new("", "a"), 3),
+        ]
+        .into();
+        let probe = |ns, name| map.get(&(ns, name) as &dyn KeyParts).copied();
+        assert_eq!(probe("team", "a"), Some(1));
+        assert_eq!(probe("team", "ab"), Some(2));
+        assert_eq!(probe("", "a"), Some(3));
+        // The boundary between the parts counts: "team"+"a" is not "tea"+"ma".
+        assert_eq!(probe("tea", "ma"), None);
+        assert_eq!(probe("team", "b"), None);
+
+        let hasher = map.hasher();
+        let key = ObjectKey::new("team", "a");
+        assert_eq!(
+            hasher.hash_one(&key),
+            hasher.hash_one(&("team", "a") as &dyn KeyParts),
+            "a key and its parts hash alike"
+        );
+        let set: HashSet<ObjectKey> = [key].into();
+        assert!(set.contains(&("team", "a") as &dyn KeyParts));
+    }
 }

@@ -17,6 +17,7 @@ use gpupool_api::{GpuLease, GpuLeaseClass};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
+use super::addr_hash::AddrMap;
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
 use super::overlay::Overlay;
@@ -46,7 +47,7 @@ pub enum Change<Q, V> {
 /// The objects of one kind the engine was last fed, by `Arc` address, and
 /// which address each engine key came from.
 pub struct Mirror<K, Q> {
-    by_ptr: HashMap<usize, Seen<K, Q>>,
+    by_ptr: AddrMap<Seen<K, Q>>,
     ptr_of: HashMap<Q, usize>,
     mark: u64,
 }
@@ -54,7 +55,7 @@ pub struct Mirror<K, Q> {
 impl<K, Q> Default for Mirror<K, Q> {
     fn default() -> Self {
         Self {
-            by_ptr: HashMap::new(),
+            by_ptr: AddrMap::default(),
             ptr_of: HashMap::new(),
             mark: 0,
         }
@@ -230,13 +231,16 @@ impl Kept {
 
         let pod_objs = overlay.pods(caches.pods.state(), at);
         let mut lease_objs = overlay.leases(caches.leases.state(), at);
-        {
-            let pod_uids = pod_objs
-                .iter()
-                .filter_map(|p| p.metadata.uid.as_deref())
-                .collect();
-            overlay.hold_vanished(&mut lease_objs, &pod_uids, at);
-        }
+        overlay.hold_vanished(
+            &mut lease_objs,
+            || {
+                pod_objs
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.as_deref())
+                    .collect()
+            },
+            at,
+        );
         overlay.lay_assumed(&mut lease_objs);
         leases.sync(
             lease_objs,

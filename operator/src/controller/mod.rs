@@ -9,6 +9,7 @@
 //! the leader passes; losing leadership aborts the pass and every write in
 //! flight.
 
+pub mod addr_hash;
 pub mod apply;
 pub mod cached_pod;
 pub mod caches;

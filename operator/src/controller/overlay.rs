@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use kube::Resource;
 
+use super::addr_hash::AddrSet;
 use super::cached_pod::CachedPod;
-use crate::engine::ObjectKey;
+use crate::engine::{KeyParts, ObjectKey};
 
 /// How long a lease the controller created may be missing from the cache
 /// before the overlay forgets it (it was deleted before the watch showed it).
@@ -52,7 +53,8 @@ pub struct Overlay {
     classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
     /// Leases as writes still in flight will leave them.
     assumed: HashMap<ObjectKey, Arc<GpuLease>>,
-    last_leases: HashMap<ObjectKey, Arc<GpuLease>>,
+    /// The leases the cache showed at the last pass.
+    last_leases: Vec<Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
 }
 
@@ -72,9 +74,17 @@ pub fn is_at_least(cached: Option<&str>, written: Option<&str>) -> bool {
 }
 
 fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
-    Some(ObjectKey::new(
-        obj.meta().namespace.clone().unwrap_or_default(),
-        obj.meta().name.clone()?,
+    let (namespace, name) = parts_of(obj)?;
+    Some(ObjectKey::new(namespace, name))
+}
+
+/// An object's namespace and name, borrowed: a pass probes the overlay's
+/// maps once per cached object, and building a key for each would allocate
+/// two strings per object per pass.
+fn parts_of<K: Resource>(obj: &K) -> Option<(&str, &str)> {
+    Some((
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref()?,
     ))
 }
 
@@ -94,17 +104,18 @@ fn merge<K: Resource>(
     let mut seen_tombstones = HashSet::new();
     let mut out = Vec::with_capacity(cached.len() + written.len());
     for obj in cached {
-        let Some(key) = key_of(obj.as_ref()) else {
+        let Some(parts) = parts_of(obj.as_ref()) else {
             out.push(obj);
             continue;
         };
-        if let Some(gone) = tombstones.get(&key)
+        let probe: &dyn KeyParts = &parts;
+        if let Some((key, gone)) = tombstones.get_key_value(probe)
             && obj.meta().uid.as_deref() == Some(gone.uid.as_str())
         {
-            seen_tombstones.insert(key);
+            seen_tombstones.insert(key.clone());
             continue;
         }
-        if let Some(w) = written.get(&key) {
+        if let Some((key, w)) = written.get_key_value(probe) {
             let same_object = obj.meta().uid == w.object.meta().uid;
             if same_object
                 && !is_at_least(
@@ -112,11 +123,11 @@ fn merge<K: Resource>(
                     w.object.meta().resource_version.as_deref(),
                 )
             {
-                seen_written.insert(key);
+                seen_written.insert(key.clone());
                 out.push(w.object.clone());
                 continue;
             }
-            caught_up.insert(key);
+            caught_up.insert(key.clone());
         }
         out.push(obj);
     }
@@ -204,11 +215,11 @@ impl Overlay {
         }
         let mut laid = HashSet::new();
         for lease in leases.iter_mut() {
-            if let Some(key) = key_of(lease.as_ref())
-                && let Some(assumed) = self.assumed.get(&key)
+            if let Some(parts) = parts_of(lease.as_ref())
+                && let Some((key, assumed)) = self.assumed.get_key_value(&parts as &dyn KeyParts)
             {
-                *lease = assumed.clone();
                 laid.insert(key);
+                *lease = assumed.clone();
             }
         }
         leases.extend(
@@ -266,14 +277,14 @@ impl Overlay {
         if !self.evicted.is_empty() {
             let mut still_pending = HashSet::new();
             for p in &pods {
-                let Some(key) = key_of(p.as_ref()) else {
+                let Some(parts) = parts_of(p.as_ref()) else {
                     continue;
                 };
-                if let Some(gone) = self.evicted.get(&key)
+                if let Some((key, gone)) = self.evicted.get_key_value(&parts as &dyn KeyParts)
                     && p.meta().uid.as_deref() == Some(gone.uid.as_str())
                     && p.meta().deletion_timestamp.is_none()
                 {
-                    still_pending.insert(key);
+                    still_pending.insert(key.clone());
                 }
             }
             self.evicted.retain(|key, gone| {
@@ -290,32 +301,48 @@ impl Overlay {
     /// `leases`, so a departing pod is never taken for a new one without a
     /// lease; and a lease deleted while its pod lives is recreated from it
     /// (see [`Overlay::is_missing`]), keeping its sequence.
-    pub fn hold_vanished(
+    ///
+    /// `cached_pod_uids` is called only when some lease is held or has just
+    /// vanished: most passes have neither, and need no set of every pod.
+    pub fn hold_vanished<'p>(
         &mut self,
         leases: &mut Vec<Arc<GpuLease>>,
-        cached_pod_uids: &HashSet<&str>,
+        cached_pod_uids: impl FnOnce() -> HashSet<&'p str>,
         now: Instant,
     ) {
-        let present: HashSet<ObjectKey> =
-            leases.iter().filter_map(|l| key_of(l.as_ref())).collect();
-        let pod_cached = |l: &GpuLease| cached_pod_uids.contains(l.spec.pod_uid.as_str());
-        self.vanished.retain(|key, (lease, at)| {
-            !present.contains(key) && pod_cached(lease) && now.duration_since(*at) < VANISHED_TTL
-        });
-        for (key, lease) in self.last_leases.drain() {
-            if !present.contains(&key)
-                && !self.deleted_leases.contains_key(&key)
-                && !self.vanished.contains_key(&key)
-                && pod_cached(&lease)
-            {
-                self.vanished.insert(key, (lease, now));
+        // What the cache showed last pass, by address: a lease the watch did
+        // not replace since is the same `Arc` again, and needs no key.
+        let shown: AddrSet<GpuLease> = leases.iter().map(Arc::as_ptr).collect();
+        let last = std::mem::take(&mut self.last_leases);
+        let replaced: Vec<Arc<GpuLease>> = last
+            .into_iter()
+            .filter(|l| !shown.contains(&Arc::as_ptr(l)))
+            .collect();
+        if !self.vanished.is_empty() || !replaced.is_empty() {
+            let present: HashSet<(&str, &str)> =
+                leases.iter().filter_map(|l| parts_of(l.as_ref())).collect();
+            let is_present =
+                |key: &ObjectKey| present.contains(&(key.namespace.as_str(), key.name.as_str()));
+            let pod_uids = cached_pod_uids();
+            let pod_cached = |l: &GpuLease| pod_uids.contains(l.spec.pod_uid.as_str());
+            self.vanished.retain(|key, (lease, at)| {
+                !is_present(key) && pod_cached(lease) && now.duration_since(*at) < VANISHED_TTL
+            });
+            for lease in replaced {
+                let Some(key) = key_of(lease.as_ref()) else {
+                    continue;
+                };
+                if !is_present(&key)
+                    && !self.deleted_leases.contains_key(&key)
+                    && !self.vanished.contains_key(&key)
+                    && pod_cached(&lease)
+                {
+                    self.vanished.insert(key, (lease, now));
+                }
             }
         }
         // Only what the cache showed: a held lease must not be held again.
-        self.last_leases = leases
-            .iter()
-            .filter_map(|l| Some((key_of(l.as_ref())?, l.clone())))
-            .collect();
+        self.last_leases = leases.clone();
         leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
     }
 
@@ -521,29 +548,46 @@ mod tests {
         let mut o = Overlay::default();
         let pods = HashSet::from(["p"]);
         let mut leases = vec![Arc::new(lease("a", "u", "1", "Preempting"))];
-        o.hold_vanished(&mut leases, &pods, t0);
+        o.hold_vanished(&mut leases, || pods.clone(), t0);
         assert_eq!(leases.len(), 1);
         // The lease watch drops it; the pod (uid "p") is still cached.
         let mut leases = vec![];
-        o.hold_vanished(&mut leases, &pods, t0);
+        o.hold_vanished(&mut leases, || pods.clone(), t0);
         assert_eq!(
             phases(&leases),
             vec![("a".into(), "Some(Preempting)".into())]
         );
         // The pod leaves the cache: so does the held lease.
         let mut leases = vec![];
-        o.hold_vanished(&mut leases, &HashSet::new(), t0);
+        o.hold_vanished(&mut leases, HashSet::new, t0);
         assert!(leases.is_empty());
         assert!(o.is_empty());
         // Held at most VANISHED_TTL when the pod stays.
         let mut leases = vec![Arc::new(lease("b", "v", "1", "Bound"))];
-        o.hold_vanished(&mut leases, &pods, t0);
+        o.hold_vanished(&mut leases, || pods.clone(), t0);
         let mut leases = vec![];
-        o.hold_vanished(&mut leases, &pods, t0);
+        o.hold_vanished(&mut leases, || pods.clone(), t0);
         assert_eq!(leases.len(), 1);
         let mut leases = vec![];
-        o.hold_vanished(&mut leases, &pods, t0 + VANISHED_TTL);
+        o.hold_vanished(&mut leases, || pods.clone(), t0 + VANISHED_TTL);
         assert!(leases.is_empty());
+    }
+
+    #[test]
+    fn an_unchanged_or_replaced_lease_is_never_held() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        let first = Arc::new(lease("a", "u", "1", "Queued"));
+        let mut leases = vec![first.clone()];
+        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
+        // The same object again: no set of pods is built for it.
+        let mut leases = vec![first];
+        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
+        // The watch replaced it with a newer version: still one lease.
+        let mut leases = vec![Arc::new(lease("a", "u", "2", "Admitted"))];
+        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        assert_eq!(phases(&leases), vec![("a".into(), "Some(Admitted)".into())]);
+        assert!(o.is_empty(), "nothing held");
     }
 
     #[test]
