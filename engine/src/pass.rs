@@ -76,6 +76,10 @@ pub(crate) struct Ticket<'a> {
     /// admission that never reached its pod went back to the queue): its
     /// admission time is this pass's.
     pub admitted_now: bool,
+    /// The pod may use other nodes of its class than the plain ones (see
+    /// `ClassView::pod_has_own_nodes`): decided once, while the pod is at
+    /// hand, rather than re-read from it by every step that places it.
+    pub own_nodes: bool,
 }
 
 /// A pod that still runs or may run (it holds its slots until it is gone).
@@ -164,15 +168,23 @@ impl<'a> Pass<'a> {
                 });
             }
             (pod, Some(l)) => {
-                let t = self.existing(l, pod, resolved, pod_counted);
+                let mut t = self.existing(l, pod, resolved, pod_counted);
+                self.mark_own_nodes(&mut t);
                 self.tickets.push(t);
             }
             (Some(p), None) if is_live(p) => {
-                if let Some(t) = self.fresh(p, resolved, pod_counted) {
+                if let Some(mut t) = self.fresh(p, resolved, pod_counted) {
+                    self.mark_own_nodes(&mut t);
                     self.tickets.push(t);
                 }
             }
             _ => {}
+        }
+    }
+
+    fn mark_own_nodes(&self, t: &mut Ticket<'a>) {
+        if let (Some(pod), Some(c)) = (t.pod, t.class) {
+            t.own_nodes = self.classes.list[c].pod_has_own_nodes(pod, &self.nodes);
         }
     }
 
@@ -229,6 +241,7 @@ impl<'a> Pass<'a> {
             serves: None,
             redrive: false,
             admitted_now: false,
+            own_nodes: false,
         }
     }
 

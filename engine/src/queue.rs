@@ -126,7 +126,7 @@ impl Pass<'_> {
                 }
                 let slots = self.tickets[t].slots;
                 match self.tickets[t].pod {
-                    Some(pod) if class.pod_has_own_nodes(pod, &self.nodes) => {
+                    Some(pod) if self.tickets[t].own_nodes => {
                         let marks = wanted[c].get_or_insert_with(|| vec![false; n]);
                         for &node in &class.nodes {
                             if self.nodes.alloc(class.res, node) >= slots
@@ -169,10 +169,12 @@ impl Pass<'_> {
             .collect()
     }
 
+    /// The nodes of class `c`, its own class, that ticket `t` may be placed on.
     fn eligible(&self, c: usize, t: usize) -> Eligible {
         let class = &self.classes.list[c];
+        debug_assert_eq!(self.tickets[t].class, Some(c), "placed in its own class");
         match self.tickets[t].pod {
-            Some(pod) if class.pod_has_own_nodes(pod, &self.nodes) => Eligible::Own(
+            Some(pod) if self.tickets[t].own_nodes => Eligible::Own(
                 class
                     .nodes
                     .iter()
