@@ -302,38 +302,42 @@ impl Overlay {
     /// lease; and a lease deleted while its pod lives is recreated from it
     /// (see [`Overlay::is_missing`]), keeping its sequence.
     ///
-    /// `cached_pod_uids` is called only when some lease is held or has just
-    /// vanished: most passes have neither, and need no set of every pod.
+    /// Only what changed since the last pass is looked at, by address: an
+    /// object the cache still shows is the same `Arc` again. A key the
+    /// cache shows now but did not show as this object last pass is among
+    /// the newly shown ones, so a newer version of a lease is never taken
+    /// for a vanished one. `cached_pod_uids` is called only when a lease is
+    /// held or has just gone.
     pub fn hold_vanished<'p>(
         &mut self,
         leases: &mut Vec<Arc<GpuLease>>,
         cached_pod_uids: impl FnOnce() -> HashSet<&'p str>,
         now: Instant,
     ) {
-        // What the cache showed last pass, by address: a lease the watch did
-        // not replace since is the same `Arc` again, and needs no key.
-        let shown: AddrSet<GpuLease> = leases.iter().map(Arc::as_ptr).collect();
         let last = std::mem::take(&mut self.last_leases);
-        let replaced: Vec<Arc<GpuLease>> = last
+        let shown_before: AddrSet<GpuLease> = last.iter().map(Arc::as_ptr).collect();
+        let shown: AddrSet<GpuLease> = leases.iter().map(Arc::as_ptr).collect();
+        let newly_shown: HashSet<(&str, &str)> = leases
+            .iter()
+            .filter(|l| !shown_before.contains(&Arc::as_ptr(l)))
+            .filter_map(|l| parts_of(l.as_ref()))
+            .collect();
+        let is_present =
+            |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_str(), key.name.as_str()));
+        let gone: Vec<(ObjectKey, Arc<GpuLease>)> = last
             .into_iter()
             .filter(|l| !shown.contains(&Arc::as_ptr(l)))
+            .filter_map(|l| Some((key_of(l.as_ref())?, l)))
+            .filter(|(key, _)| !is_present(key))
             .collect();
-        if !self.vanished.is_empty() || !replaced.is_empty() {
-            let present: HashSet<(&str, &str)> =
-                leases.iter().filter_map(|l| parts_of(l.as_ref())).collect();
-            let is_present =
-                |key: &ObjectKey| present.contains(&(key.namespace.as_str(), key.name.as_str()));
+        if !self.vanished.is_empty() || !gone.is_empty() {
             let pod_uids = cached_pod_uids();
             let pod_cached = |l: &GpuLease| pod_uids.contains(l.spec.pod_uid.as_str());
             self.vanished.retain(|key, (lease, at)| {
                 !is_present(key) && pod_cached(lease) && now.duration_since(*at) < VANISHED_TTL
             });
-            for lease in replaced {
-                let Some(key) = key_of(lease.as_ref()) else {
-                    continue;
-                };
-                if !is_present(&key)
-                    && !self.deleted_leases.contains_key(&key)
+            for (key, lease) in gone {
+                if !self.deleted_leases.contains_key(&key)
                     && !self.vanished.contains_key(&key)
                     && pod_cached(&lease)
                 {
@@ -583,10 +587,39 @@ mod tests {
         // The same object again: no set of pods is built for it.
         let mut leases = vec![first];
         o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
-        // The watch replaced it with a newer version: still one lease.
+        // The watch replaced it with a newer version: still one lease, and
+        // still no set of pods.
         let mut leases = vec![Arc::new(lease("a", "u", "2", "Admitted"))];
-        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        o.hold_vanished(&mut leases, || panic!("a newer version"), t0);
         assert_eq!(phases(&leases), vec![("a".into(), "Some(Admitted)".into())]);
+        assert!(o.is_empty(), "nothing held");
+
+        // It vanishes while its pod stays: held, beside another lease's
+        // newer version.
+        let b1 = Arc::new(lease("b", "v", "3", "Queued"));
+        let mut leases = vec![leases[0].clone(), b1];
+        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
+        let mut leases = vec![Arc::new(lease("b", "v", "4", "Admitted"))];
+        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        assert_eq!(
+            phases(&leases),
+            vec![
+                ("a".into(), "Some(Admitted)".into()),
+                ("b".into(), "Some(Admitted)".into())
+            ]
+        );
+        assert_eq!(o.len(), 1, "a is held");
+        // The watch shows it again (a newer version): no longer held.
+        let b = leases[0].clone();
+        let mut leases = vec![b, Arc::new(lease("a", "u", "5", "Bound"))];
+        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        assert_eq!(
+            phases(&leases),
+            vec![
+                ("a".into(), "Some(Bound)".into()),
+                ("b".into(), "Some(Admitted)".into())
+            ]
+        );
         assert!(o.is_empty(), "nothing held");
     }
 
