@@ -635,22 +635,20 @@ mod tests {
 
     #[test]
     fn default_tolerations_keep_a_pod_on_the_plain_list() {
-        let tainted = NodeInfo {
+        let tainted = |name: &str, key: &str, effect| NodeInfo {
             taints: vec![Taint {
-                key: "gpu.example/maintenance".into(),
+                key: key.into(),
                 value: None,
-                effect: TaintEffect::NoSchedule,
+                effect,
             }],
-            ..node("n-1", 4)
+            ..node(name, 4)
         };
-        let not_ready = NodeInfo {
-            taints: vec![Taint {
-                key: "node.kubernetes.io/not-ready".into(),
-                value: None,
-                effect: TaintEffect::NoExecute,
-            }],
-            ..node("n-2", 4)
-        };
+        let not_ready = tainted(
+            "n-2",
+            "node.kubernetes.io/not-ready",
+            TaintEffect::NoExecute,
+        );
+        let tainted = tainted("n-1", "gpu.example/maintenance", TaintEffect::NoSchedule);
         let mut with_defaults = pod("a", 1, 0);
         with_defaults.tolerations = default_tolerations();
         let snapshot = Snapshot {
