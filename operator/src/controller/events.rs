@@ -29,6 +29,8 @@ use crate::metrics::Metrics;
 
 /// Events waiting to be published before new ones are dropped.
 const QUEUE: usize = 4096;
+/// Urgent events (see [`PodEvent::is_urgent`]) waiting before new ones are dropped.
+const URGENT_QUEUE: usize = 256;
 
 /// Published events remembered for series, at most.
 pub const RECENT: usize = 1024;
@@ -84,6 +86,13 @@ impl PodEvent {
     /// `Warning` for what the pod's owner must act on, `Normal` otherwise.
     pub fn is_warning(&self) -> bool {
         matches!(self, PodEvent::Rejected { .. })
+    }
+
+    /// Published ahead of the queue: the one event that says why a helper
+    /// vanished must not wait seconds behind a burst of Queued and
+    /// Released events, in which an operator that dies loses it.
+    pub fn is_urgent(&self) -> bool {
+        matches!(self, PodEvent::Preempted { .. })
     }
 }
 
@@ -250,6 +259,7 @@ impl Publisher {
 #[derive(Clone)]
 pub struct EventSink {
     tx: mpsc::Sender<Emit>,
+    urgent: mpsc::Sender<Emit>,
     metrics: Metrics,
 }
 
@@ -257,6 +267,7 @@ impl EventSink {
     /// Starts the publishing task (it ends when every sink is dropped).
     pub fn spawn(client: Client, instance: String, metrics: Metrics) -> Self {
         let (tx, mut rx) = mpsc::channel::<Emit>(QUEUE);
+        let (urgent, mut urgent_rx) = mpsc::channel::<Emit>(URGENT_QUEUE);
         let mut publisher = Publisher {
             client,
             controller: gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned(),
@@ -265,33 +276,52 @@ impl EventSink {
         };
         let task_metrics = metrics.clone();
         tokio::spawn(async move {
-            while let Some(e) = rx.recv().await {
+            loop {
+                let e = tokio::select! {
+                    biased;
+                    Some(e) = urgent_rx.recv() => e,
+                    Some(e) = rx.recv() => e,
+                    else => break,
+                };
                 if let Err(err) = publisher.publish(&e, Timestamp::now()).await {
                     task_metrics.error("publish_event");
                     tracing::warn!(object = %e.what, reason = e.reason, error = %err, "cannot publish event");
                 }
             }
         });
-        Self { tx, metrics }
+        Self {
+            tx,
+            urgent,
+            metrics,
+        }
     }
 
     /// Queues an event about a pod; drops (and counts) it when the queue is full.
     pub fn emit(&self, pod: &ObjectKey, uid: &str, event: PodEvent) {
         let (reason, note) = event.reason_and_note();
-        self.send(Emit {
-            reference: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(pod.namespace.clone()),
-                name: Some(pod.name.clone()),
-                uid: Some(uid.to_owned()),
-                ..Default::default()
+        let queue = if event.is_urgent() {
+            &self.urgent
+        } else {
+            &self.tx
+        };
+        Self::send_to(
+            queue,
+            &self.metrics,
+            Emit {
+                reference: ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: Some(pod.namespace.clone()),
+                    name: Some(pod.name.clone()),
+                    uid: Some(uid.to_owned()),
+                    ..Default::default()
+                },
+                what: pod.to_string(),
+                reason,
+                note,
+                warning: event.is_warning(),
             },
-            what: pod.to_string(),
-            reason,
-            note,
-            warning: event.is_warning(),
-        });
+        );
     }
 
     /// Queues a Warning `Invalid` event on class `class` saying why it
@@ -317,8 +347,12 @@ impl EventSink {
     }
 
     fn send(&self, e: Emit) {
-        if self.tx.try_send(e).is_err() {
-            self.metrics.events_dropped.inc();
+        Self::send_to(&self.tx, &self.metrics, e);
+    }
+
+    fn send_to(queue: &mpsc::Sender<Emit>, metrics: &Metrics, e: Emit) {
+        if queue.try_send(e).is_err() {
+            metrics.events_dropped.inc();
         }
     }
 }
@@ -326,6 +360,18 @@ impl EventSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_preemptions_go_ahead_of_the_queue() {
+        assert!(PodEvent::Preempted { by: "ns/p".into() }.is_urgent());
+        assert!(!PodEvent::Queued { position: Some(1) }.is_urgent());
+        assert!(
+            !PodEvent::Admitted {
+                node: "node-1".into()
+            }
+            .is_urgent()
+        );
+    }
 
     #[test]
     fn notes_say_what_happened() {
