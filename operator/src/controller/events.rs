@@ -359,6 +359,11 @@ impl EventSink {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt as _;
+    use tokio::sync::Notify;
+
     use super::*;
 
     #[test]
@@ -387,6 +392,83 @@ mod tests {
         let (r, n) = PodEvent::Preempted { by: "ns/p".into() }.reason_and_note();
         assert_eq!((r, n.contains("ns/p")), ("Preempted", true));
         assert_eq!(PodEvent::Released.reason_and_note().0, "Released");
+    }
+
+    /// A client whose API server answers every write by echoing its body
+    /// and holds the first write until `open` is notified.
+    struct HeldBackApi {
+        client: Client,
+        /// Each write's `reason`, in arrival order.
+        seen: Arc<Mutex<Vec<String>>>,
+        open: Arc<Notify>,
+        /// One message per write as it arrives.
+        arrivals: mpsc::UnboundedReceiver<()>,
+    }
+
+    fn held_back_api() -> HeldBackApi {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let open = Arc::new(Notify::new());
+        let (arrived, arrivals) = mpsc::unbounded_channel();
+        let (s, o) = (seen.clone(), open.clone());
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (seen, open, arrived) = (s.clone(), o.clone(), arrived.clone());
+            async move {
+                let body = request.into_body().collect().await?.to_bytes();
+                let event: K8sEvent = serde_json::from_slice(&body)?;
+                let first = {
+                    let mut seen = seen.lock().expect("not poisoned");
+                    seen.push(event.reason.clone().unwrap_or_default());
+                    seen.len() == 1
+                };
+                let _ = arrived.send(());
+                if first {
+                    open.notified().await;
+                }
+                let response = http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(body))?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+            }
+        });
+        HeldBackApi {
+            client: Client::new(service, "default"),
+            seen,
+            open,
+            arrivals,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_preemption_is_published_before_events_queued_ahead_of_it() {
+        let HeldBackApi {
+            client,
+            seen,
+            open,
+            mut arrivals,
+        } = held_back_api();
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let sink = EventSink::spawn(client, "test".into(), metrics);
+        let pod = |name: &str| ObjectKey::new("ml", name);
+        sink.emit(&pod("a"), "uid-a", PodEvent::Queued { position: Some(1) });
+        // The publisher is now stuck on the first write, as it would be on
+        // a slow API server, with a burst queued behind it.
+        arrivals.recv().await.expect("first write");
+        sink.emit(&pod("b"), "uid-b", PodEvent::Released);
+        sink.emit(&pod("c"), "uid-c", PodEvent::Queued { position: Some(2) });
+        sink.emit(
+            &pod("w"),
+            "uid-w",
+            PodEvent::Preempted { by: "ml/a".into() },
+        );
+        open.notify_one();
+        for _ in 0..3 {
+            arrivals.recv().await.expect("every event is written");
+        }
+        assert_eq!(
+            *seen.lock().expect("not poisoned"),
+            ["Queued", "Preempted", "Released", "Queued"]
+        );
     }
 
     fn key(name: &str, note: &str) -> SeriesKey {
