@@ -14,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, LABEL_CLASS, LABEL_ROLE};
 use gpupool_engine::SmallMap;
@@ -73,9 +74,10 @@ pub struct CachedPodSpec {
     /// Kept whole but boxed: most pods have none.
     #[serde(default)]
     pub affinity: Option<Box<Affinity>>,
-    /// Taints the pod tolerates.
-    #[serde(default)]
-    pub tolerations: Option<Vec<Toleration>>,
+    /// Taints the pod tolerates; the list nearly every pod carries (see
+    /// [`DEFAULT_TOLERATIONS`]) is shared rather than copied.
+    #[serde(default, deserialize_with = "shared_tolerations")]
+    pub tolerations: Option<Arc<[Toleration]>>,
     /// Where the admission gate is.
     #[serde(default)]
     pub scheduling_gates: Option<Vec<PodSchedulingGate>>,
@@ -135,6 +137,41 @@ fn string_map<'de, D: Deserializer<'de>>(
     Ok(map.map(SmallMap::from))
 }
 
+/// The two tolerations the API server's DefaultTolerationSeconds admission
+/// plugin gives every pod that names neither: a not-ready or unreachable
+/// node is tolerated for 300 s. Kept once, shared by every pod whose list
+/// is exactly this, instead of seven allocations per pod.
+pub static DEFAULT_TOLERATIONS: LazyLock<Arc<[Toleration]>> = LazyLock::new(|| {
+    [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ]
+    .into_iter()
+    .map(|key| Toleration {
+        key: Some(key.to_owned()),
+        operator: Some("Exists".to_owned()),
+        effect: Some("NoExecute".to_owned()),
+        toleration_seconds: Some(300),
+        value: None,
+    })
+    .collect()
+});
+
+/// A pod's tolerations (or null), sharing [`DEFAULT_TOLERATIONS`] when
+/// the list is exactly that.
+fn shared_tolerations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Arc<[Toleration]>>, D::Error> {
+    let list: Option<Vec<Toleration>> = Option::deserialize(d)?;
+    Ok(list.map(|list| {
+        if list[..] == DEFAULT_TOLERATIONS[..] {
+            DEFAULT_TOLERATIONS.clone()
+        } else {
+            list.into()
+        }
+    }))
+}
+
 /// A JSON map of quantities (or null) as a list in key order.
 fn quantity_list<'de, D: Deserializer<'de>>(d: D) -> Result<Box<[(String, Quantity)]>, D::Error> {
     let map: Option<BTreeMap<String, Quantity>> = Option::deserialize(d)?;
@@ -188,6 +225,8 @@ impl CachedPod {
         };
         let meta = &mut self.metadata;
         meta.managed_fields = None;
+        // A Job's or ReplicaSet's pods name their owner; nothing here reads it.
+        meta.owner_references = None;
         if let Some(labels) = meta.labels.take() {
             self.labels = kept(labels, &KEPT_LABELS);
         }
@@ -232,7 +271,7 @@ impl CachedPod {
                     .as_ref()
                     .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
                 affinity: s.affinity.as_deref().cloned(),
-                tolerations: s.tolerations.clone(),
+                tolerations: s.tolerations.as_deref().map(<[Toleration]>::to_vec),
                 scheduling_gates: s.scheduling_gates.clone(),
                 containers: s.containers.iter().map(container).collect(),
                 init_containers: s
@@ -351,6 +390,72 @@ mod tests {
         );
         let untrimmed: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
         assert_eq!(untrimmed.annotation("big"), Some("x"), "read untrimmed too");
+    }
+
+    fn with_tolerations(tolerations: serde_json::Value) -> CachedPod {
+        let mut pod = whole_pod();
+        pod["spec"]["tolerations"] = tolerations;
+        serde_json::from_value(pod).expect("cached pod")
+    }
+
+    fn default_pair(seconds: i64) -> serde_json::Value {
+        json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+             "effect": "NoExecute", "tolerationSeconds": seconds},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+             "effect": "NoExecute", "tolerationSeconds": seconds},
+        ])
+    }
+
+    fn tolerations(pod: &CachedPod) -> &Arc<[Toleration]> {
+        let spec = pod.spec.as_ref().expect("spec");
+        spec.tolerations.as_ref().expect("tolerations")
+    }
+
+    #[test]
+    fn pods_with_the_default_tolerations_share_one_list() {
+        let (a, b) = (
+            with_tolerations(default_pair(300)),
+            with_tolerations(default_pair(300)),
+        );
+        assert!(Arc::ptr_eq(tolerations(&a), tolerations(&b)));
+        assert!(Arc::ptr_eq(tolerations(&a), &DEFAULT_TOLERATIONS));
+        let whole: Pod = serde_json::from_value(json!({"spec": {
+            "containers": [], "tolerations": default_pair(300)}}))
+        .expect("pod");
+        let spec = whole.spec.expect("spec");
+        assert_eq!(a.to_pod().spec.expect("spec").tolerations, spec.tolerations);
+
+        // Any other list is the pod's own, exactly as sent.
+        for other in [
+            default_pair(600),
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                    "effect": "NoExecute", "tolerationSeconds": 300}]),
+            json!([{"key": "gpu", "operator": "Exists"}]),
+            json!([]),
+        ] {
+            let pod = with_tolerations(other.clone());
+            assert!(!Arc::ptr_eq(tolerations(&pod), &DEFAULT_TOLERATIONS));
+            let back = serde_json::to_value(pod.to_pod()).expect("serializes");
+            assert_eq!(back["spec"]["tolerations"], other);
+        }
+        assert!(
+            with_tolerations(json!(null))
+                .spec
+                .expect("spec")
+                .tolerations
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn owner_references_are_not_kept() {
+        let mut pod = whole_pod();
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
+            "name": "train", "uid": "j-1", "controller": true}]);
+        let mut cached: CachedPod = serde_json::from_value(pod).expect("cached pod");
+        cached.trim();
+        assert_eq!(cached.metadata.owner_references, None);
     }
 
     #[test]

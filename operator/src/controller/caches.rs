@@ -298,14 +298,17 @@ fn trim_node(node: &mut Node) {
 }
 
 /// What the operator keeps of a lease, in its cache and of the leases its
-/// writes return: no managedFields, labels or annotations. Nothing it
-/// decides reads them, and they are the part of a lease anyone with access
-/// to it may grow (an annotation may hold 256 KiB), so 10,000 leases cannot
-/// be made to cost more than their spec and status.
+/// writes return: no managedFields, labels, annotations or owner
+/// references. Nothing it decides reads them (its writes are patches, so
+/// the server's copy keeps them), and labels and annotations are the part
+/// of a lease anyone with access to it may grow (an annotation may hold
+/// 256 KiB), so 10,000 leases cannot be made to cost more than their spec
+/// and status.
 pub(crate) fn trim_lease(lease: &mut GpuLease) {
     lease.metadata.managed_fields = None;
     lease.metadata.labels = None;
     lease.metadata.annotations = None;
+    lease.metadata.owner_references = None;
 }
 
 #[cfg(test)]
