@@ -36,6 +36,7 @@ use super::scheduler::RunningScheduler;
 use crate::control_plane::{
     self, ControlPlane, ControlPlaneConfig, ControlPlaneError, client_from_kubeconfig, rbac,
 };
+use crate::ports;
 use gpupool_sim_apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
 };
@@ -290,20 +291,12 @@ fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterErro
     move |source| ClusterError::Api { what, source }
 }
 
-/// A free TCP port on 127.0.0.1 (free now; the child binds it a moment later).
-fn free_port() -> Result<u16, ClusterError> {
-    let listener =
-        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|source| ClusterError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| ClusterError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })
+/// `N` distinct free TCP ports on 127.0.0.1 (see [`ports::free_ports`]).
+fn free_ports<const N: usize>() -> Result<[u16; N], ClusterError> {
+    ports::free_ports().map_err(|source| ClusterError::Io {
+        path: PathBuf::from("127.0.0.1:0"),
+        source,
+    })
 }
 
 /// A run directory no other cluster uses: `gpupool-sim-<pid>-<n>-<stamp>`
@@ -662,7 +655,7 @@ impl SimCluster {
         if let Some(mut old) = self.nodes[i].plugin.take() {
             old.stop(Duration::from_secs(5)).await?;
         }
-        let metrics_port = free_port()?;
+        let [metrics_port] = free_ports()?;
         let n = &self.nodes[i];
         let seen = n.kubelet.registrations();
         let spec = ProcessSpec {
@@ -761,7 +754,7 @@ impl SimCluster {
             old.process.stop(Duration::from_secs(5)).await?;
         }
         self.update_webhook_backends();
-        let (webhook_port, metrics_port) = (free_port()?, free_port()?);
+        let [webhook_port, metrics_port] = free_ports()?;
         let (name, election) = if replicas == 1 {
             ("operator".to_owned(), vec!["--leader-elect=false".into()])
         } else {

@@ -23,6 +23,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::cluster::processes::{ChildProcess, ProcessError, ProcessSpec};
+use crate::ports;
 use certs::{Ca, CertError, CertPair, Credentials};
 
 /// The environment variable naming the assets directory (the envtest
@@ -138,13 +139,9 @@ pub struct ControlPlane {
     processes: Vec<ChildProcess>,
 }
 
-/// A free TCP port on 127.0.0.1 (free now; the child binds it a moment later).
-fn free_port() -> Result<u16, ControlPlaneError> {
-    let addr = Path::new("127.0.0.1:0");
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(io_error(addr))
+/// `N` distinct free TCP ports on 127.0.0.1 (see [`ports::free_ports`]).
+fn free_ports<const N: usize>() -> Result<[u16; N], ControlPlaneError> {
+    ports::free_ports().map_err(io_error(Path::new("127.0.0.1:0")))
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), ControlPlaneError> {
@@ -193,7 +190,7 @@ impl ControlPlane {
         }
         let p = |name: &str| pki.join(name).into_os_string();
 
-        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let [etcd_port, peer_port, api_port] = free_ports()?;
         let url = format!("https://127.0.0.1:{api_port}");
         let mut plane = ControlPlane {
             admin_kubeconfig: dir.join("admin.kubeconfig"),
@@ -304,7 +301,7 @@ impl ControlPlane {
         if config.controller_manager {
             let kc = dir.join("controller-manager.kubeconfig");
             plane.write_cert_kubeconfig(&kc, "system:kube-controller-manager", &[])?;
-            let port = free_port()?;
+            let [port] = free_ports()?;
             let spec = ProcessSpec {
                 name: "kube-controller-manager".into(),
                 program: config.assets.join(KUBE_CONTROLLER_MANAGER),
@@ -342,7 +339,7 @@ impl ControlPlane {
         if config.scheduler {
             let kc = dir.join("scheduler.kubeconfig");
             plane.write_cert_kubeconfig(&kc, "system:kube-scheduler", &[])?;
-            let port = free_port()?;
+            let [port] = free_ports()?;
             let spec = ProcessSpec {
                 name: "kube-scheduler".into(),
                 program: config.assets.join(KUBE_SCHEDULER),
