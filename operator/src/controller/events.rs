@@ -304,9 +304,8 @@ impl EventSink {
         } else {
             &self.tx
         };
-        Self::send_to(
+        self.send(
             queue,
-            &self.metrics,
             Emit {
                 reference: ObjectReference {
                     api_version: Some("v1".into()),
@@ -327,32 +326,32 @@ impl EventSink {
     /// Queues a Warning `Invalid` event on class `class` saying why it
     /// cannot admit anything.
     pub fn emit_class_invalid(&self, class: &str, uid: Option<String>, why: String) {
-        self.send(Emit {
-            reference: ObjectReference {
-                api_version: Some(format!(
-                    "{}/{}",
-                    gpupool_api::names::GROUP,
-                    gpupool_api::names::VERSION
-                )),
-                kind: Some("GpuLeaseClass".into()),
-                name: Some(class.to_owned()),
-                uid,
-                ..Default::default()
+        self.send(
+            &self.tx,
+            Emit {
+                reference: ObjectReference {
+                    api_version: Some(format!(
+                        "{}/{}",
+                        gpupool_api::names::GROUP,
+                        gpupool_api::names::VERSION
+                    )),
+                    kind: Some("GpuLeaseClass".into()),
+                    name: Some(class.to_owned()),
+                    uid,
+                    ..Default::default()
+                },
+                what: class.to_owned(),
+                reason: "Invalid",
+                note: why,
+                warning: true,
             },
-            what: class.to_owned(),
-            reason: "Invalid",
-            note: why,
-            warning: true,
-        });
+        );
     }
 
-    fn send(&self, e: Emit) {
-        Self::send_to(&self.tx, &self.metrics, e);
-    }
-
-    fn send_to(queue: &mpsc::Sender<Emit>, metrics: &Metrics, e: Emit) {
+    /// Queues `e` on `queue`; drops (and counts) it when that queue is full.
+    fn send(&self, queue: &mpsc::Sender<Emit>, e: Emit) {
         if queue.try_send(e).is_err() {
-            metrics.events_dropped.inc();
+            self.metrics.events_dropped.inc();
         }
     }
 }
@@ -468,6 +467,35 @@ mod tests {
         assert_eq!(
             *seen.lock().expect("not poisoned"),
             ["Queued", "Preempted", "Released", "Queued"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_urgent_lane_drops_and_counts_what_it_cannot_hold() {
+        let HeldBackApi {
+            client,
+            mut arrivals,
+            ..
+        } = held_back_api();
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let sink = EventSink::spawn(client, "test".into(), metrics.clone());
+        let pod = ObjectKey::new("ml", "a");
+        sink.emit(&pod, "uid-a", PodEvent::Queued { position: Some(1) });
+        arrivals.recv().await.expect("first write");
+        for i in 0..=URGENT_QUEUE {
+            let by = format!("ml/p{i}");
+            sink.emit(&pod, "uid-a", PodEvent::Preempted { by });
+        }
+        assert_eq!(
+            metrics.events_dropped.get(),
+            1,
+            "one more than the lane holds"
+        );
+        sink.emit(&pod, "uid-a", PodEvent::Released);
+        assert_eq!(
+            metrics.events_dropped.get(),
+            1,
+            "the main queue still takes events"
         );
     }
 

@@ -17,7 +17,7 @@ use gpupool_api::{GpuLease, GpuLeaseClass};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use super::addr_hash::AddrMap;
+use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
 use super::overlay::Overlay;
@@ -81,7 +81,7 @@ impl<K, Q: Hash + Eq + Clone> Mirror<K, Q> {
         self.mark += 1;
         let mark = self.mark;
         for obj in objs {
-            let ptr = Arc::as_ptr(&obj) as usize;
+            let ptr = addr(&obj);
             if let Some(seen) = self.by_ptr.get_mut(&ptr)
                 && seen.key.as_ref().is_none_or(|k| flag(k) == seen.flag)
             {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use kube::Resource;
 
-use super::addr_hash::AddrSet;
+use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
 use crate::engine::{KeyParts, ObjectKey};
 
@@ -53,8 +53,9 @@ pub struct Overlay {
     classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
     /// Leases as writes still in flight will leave them.
     assumed: HashMap<ObjectKey, Arc<GpuLease>>,
-    /// The leases the cache showed at the last pass.
-    last_leases: Vec<Arc<GpuLease>>,
+    /// The leases the cache showed at the last pass, by address; holding
+    /// them keeps their addresses from going to other leases.
+    last_leases: AddrMap<Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
 }
 
@@ -315,19 +316,18 @@ impl Overlay {
         now: Instant,
     ) {
         let last = std::mem::take(&mut self.last_leases);
-        let shown_before: AddrSet<GpuLease> = last.iter().map(Arc::as_ptr).collect();
-        let shown: AddrSet<GpuLease> = leases.iter().map(Arc::as_ptr).collect();
+        let shown: AddrMap<Arc<GpuLease>> = leases.iter().map(|l| (addr(l), l.clone())).collect();
         let newly_shown: HashSet<(&str, &str)> = leases
             .iter()
-            .filter(|l| !shown_before.contains(&Arc::as_ptr(l)))
+            .filter(|l| !last.contains_key(&addr(l)))
             .filter_map(|l| parts_of(l.as_ref()))
             .collect();
         let is_present =
             |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_str(), key.name.as_str()));
         let gone: Vec<(ObjectKey, Arc<GpuLease>)> = last
             .into_iter()
-            .filter(|l| !shown.contains(&Arc::as_ptr(l)))
-            .filter_map(|l| Some((key_of(l.as_ref())?, l)))
+            .filter(|(ptr, _)| !shown.contains_key(ptr))
+            .filter_map(|(_, l)| Some((key_of(l.as_ref())?, l)))
             .filter(|(key, _)| !is_present(key))
             .collect();
         if !self.vanished.is_empty() || !gone.is_empty() {
@@ -346,7 +346,7 @@ impl Overlay {
             }
         }
         // Only what the cache showed: a held lease must not be held again.
-        self.last_leases = leases.clone();
+        self.last_leases = shown;
         leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
     }
 
