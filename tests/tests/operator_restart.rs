@@ -153,17 +153,26 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
     // Pod name → whether it is a helper (helpers may be evicted, and an
     // evicted pod is deleted together with its lease).
     let mut names: BTreeMap<String, bool> = BTreeMap::new();
+    let mut runs = Vec::new();
     for i in 0..PODS {
         let name = format!("w{i:03}");
         let secs = 0.2 + (rng.below(8) as f64) / 10.0;
         let helper = rng.below(5) == 0;
-        let spec = if helper {
-            PodSpec::helper(&name, 1)
-        } else {
-            PodSpec::primary(&name, 1)
-        };
-        sim.pod(spec.runs(secs)).await;
+        runs.push((name.clone(), secs));
         names.insert(name, helper);
+    }
+    // Created a few at a time, so that most of the run is still ahead when
+    // the disturbances start, however slow the machine.
+    for chunk in runs.chunks(8) {
+        futures::future::join_all(chunk.iter().map(|(name, secs)| {
+            let spec = if names[name] {
+                PodSpec::helper(name, 1)
+            } else {
+                PodSpec::primary(name, 1)
+            };
+            sim.pod(spec.runs(*secs))
+        }))
+        .await;
     }
 
     // Only the in-memory API server injects faults; the kill runs need none.
@@ -188,16 +197,23 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
     // Kills, or watch drops under Chaos::ApiFaults.
     let mut kills = 0;
     let mut next_kill = Instant::now() + Duration::from_millis(300 + rng.below(1500));
+    // A disturbance is also due whenever the run passes one of these counts
+    // of released leases, so that a fast machine cannot finish the run
+    // before the disturbances the test is about have happened.
+    let mut milestones: Option<Vec<usize>> = None;
     loop {
         check_now(&sim).await;
         let leases = list_leases(&sim).await;
         let existing = existing_pods(&sim).await;
-        let done = existing.iter().all(|n| leases.contains_key(n))
-            && leases.values().all(|l| {
+        let released = leases
+            .values()
+            .filter(|l| {
                 l.status
                     .as_ref()
                     .is_some_and(|s| s.phase == LeasePhase::Released)
-            });
+            })
+            .count();
+        let done = existing.iter().all(|n| leases.contains_key(n)) && released == leases.len();
         if done {
             break;
         }
@@ -231,10 +247,13 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
                 stuck.join("\n")
             );
         }
-        if Instant::now() >= next_kill {
+        let milestones =
+            milestones.get_or_insert_with(|| progress_milestones(&mut rng, chaos, released));
+        let milestone_passed = milestones.get(kills).is_some_and(|m| released >= *m);
+        if Instant::now() >= next_kill || milestone_passed {
             next_kill = Instant::now() + Duration::from_millis(300 + rng.below(2000));
             match chaos {
-                Chaos::KillOperator if kills < 6 => {
+                Chaos::KillOperator if kills < disturbances(chaos) => {
                     sim.cluster
                         .kill_operator()
                         .await
@@ -246,7 +265,7 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
                         .await
                         .expect("the operator restarts");
                 }
-                Chaos::KillLeader if kills < 3 => {
+                Chaos::KillLeader if kills < disturbances(chaos) => {
                     // Only a leader that has been elected can be killed;
                     // until the follower takes over there is none.
                     let leader = read("read the leader", || sim.cluster.operator_leader()).await;
@@ -274,6 +293,7 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    eprintln!("seed {seed}: {kills} disturbances ({chaos:?})");
     assert!(
         kills >= 3,
         "seed {seed}: the run ended after only {kills} disturbances"
@@ -382,6 +402,26 @@ async fn chaos_run(seed: u64, chaos: Chaos) {
         "seed {seed}: one lease per pod that still exists"
     );
     sim.stop().await;
+}
+
+/// How many disturbances a run of this kind makes.
+fn disturbances(chaos: Chaos) -> usize {
+    match chaos {
+        Chaos::KillOperator => 6,
+        Chaos::KillLeader => 3,
+        Chaos::ApiFaults => 6,
+    }
+}
+
+/// Counts of released leases, rising, at which the next disturbance is due
+/// at the latest: one per disturbance, spread with a seeded jitter over the
+/// first 80% of what is left of the run once `released` leases are done.
+fn progress_milestones(rng: &mut Rng, chaos: Chaos, released: usize) -> Vec<usize> {
+    let n = disturbances(chaos);
+    let step = (PODS.saturating_sub(released) * 8 / 10 / n).max(1);
+    (0..n)
+        .map(|k| released + step * k + rng.below(step as u64) as usize)
+        .collect()
 }
 
 /// Names of the pods that exist now.
