@@ -11,6 +11,8 @@
 //!     each iteration, which is measured with it).
 //! (f) `..._default_tolerations`: (e) with the progress limit, every pod
 //!     carrying the two tolerations a real API server adds to each pod.
+//! (g) `..._10000_finished`: (e) with the progress limit on a cluster that
+//!     also keeps 10,000 finished pods and their Released leases.
 
 use std::hint::black_box;
 
@@ -193,6 +195,37 @@ fn bench(c: &mut Criterion) {
     g.bench_function(
         "kept_engine_after_pod_finished_progress_limit_200_default_tolerations",
         |b| b.iter(|| decide_without(&mut tolerant)),
+    );
+
+    // (g) (e) on a cluster that also keeps 10,000 finished pods with their
+    // Released leases, as a cluster does whose Jobs leave their pods.
+    let mut history = limited.clone();
+    for i in 0..QUEUED {
+        let mut p = pod(&format!("done-{i:05}"), Role::Primary, 1, i as i64);
+        p.gated = false;
+        p.phase = PodPhase::Succeeded;
+        p.node_name = Some(format!("node-{:04}", i % NODES));
+        history.upsert_lease(fixtures::lease(
+            &p,
+            "default",
+            Some(GpuLeaseStatus {
+                phase: LeasePhase::Released,
+                // Above the rest; a pass does not compare them.
+                sequence: Some((2 * QUEUED + i) as u64),
+                message: Some("released".into()),
+                ..GpuLeaseStatus::default()
+            }),
+        ));
+        history.upsert_pod(p);
+    }
+    let mut plain = limited.clone();
+    assert!(
+        decide_without(&mut history) == decide_without(&mut plain),
+        "finished pods change nothing"
+    );
+    g.bench_function(
+        "kept_engine_after_pod_finished_progress_limit_200_10000_finished",
+        |b| b.iter(|| decide_without(&mut history)),
     );
 
     let mut unsorted = settled.clone();

@@ -143,13 +143,7 @@ impl<'a> Pass<'a> {
     }
 
     fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
-        let resolved = pod.map(|p| {
-            if p.unmanaged {
-                PodClass::Unmanaged
-            } else {
-                self.classes.resolve_pod(p, &self.resources)
-            }
-        });
+        let resolved = pod.map(|p| self.resolve(p));
         let managed_pod = pod.filter(|_| !matches!(resolved, Some(PodClass::Unmanaged) | None));
         // A gated pod the operator manages holds nothing until its lease is
         // admitted; everything else holds what it requests where it is bound
@@ -179,6 +173,14 @@ impl<'a> Pass<'a> {
                 }
             }
             _ => {}
+        }
+    }
+
+    fn resolve(&self, pod: &'a PodInfo) -> PodClass<'a> {
+        if pod.unmanaged {
+            PodClass::Unmanaged
+        } else {
+            self.classes.resolve_pod(pod, &self.resources)
         }
     }
 
@@ -497,6 +499,17 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The class a retired lease `ns/name` has: the one the ticket a pass
+    /// over it would build says.
+    pub fn retired_class(&self, key: &str) -> Option<usize> {
+        let (ns, name) = key.split_once('/')?;
+        let entry = self.view.retired?.get(&ObjectKey::new(ns, name))?;
+        let lease = entry.lease.as_deref()?;
+        let pod = entry.pod.as_deref();
+        let resolved = pod.map(|p| self.resolve(p));
+        self.existing(lease, pod, resolved, false).class
+    }
+
     /// Index of the ticket for `ns/name`.
     pub fn find_ticket(&self, key: &str) -> Option<usize> {
         let (ns, name) = key.split_once('/')?;
@@ -530,6 +543,11 @@ pub(crate) struct View<'a> {
     pub nodes: Vec<&'a NodeInfo>,
     /// Pods and leases joined by key, in key order.
     pub entries: Vec<Entry<'a>>,
+    /// Entries the kept state set apart as retired (see
+    /// [`crate::Engine`]): no ticket is built for them.
+    pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
+    /// The highest sequence a retired lease carries.
+    pub retired_highest: Option<u64>,
     pub blocked_evictions: &'a BTreeSet<ObjectKey>,
     pub progress_limit: Option<usize>,
 }
@@ -546,6 +564,8 @@ impl<'a> View<'a> {
             classes: sorted_unique(&snapshot.classes, |c| c.name.as_str()),
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             entries: pair_by_key(&pods, &leases),
+            retired: None,
+            retired_highest: None,
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }

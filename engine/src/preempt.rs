@@ -222,9 +222,10 @@ impl<'a> Pass<'a> {
             return self.classes.list[c].info.spec.helpers.grace_period_seconds;
         }
         let primary_class = match t.preempted_by {
-            Some(PreemptedBy::Persisted(k)) => {
-                self.find_ticket(k).and_then(|p| self.tickets[p].class)
-            }
+            Some(PreemptedBy::Persisted(k)) => match self.find_ticket(k) {
+                Some(p) => self.tickets[p].class,
+                None => self.retired_class(k),
+            },
             Some(PreemptedBy::Primary(k)) => self
                 .find_ticket(&k.to_string())
                 .and_then(|p| self.tickets[p].class),

@@ -7,47 +7,70 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
+use gpupool_api::LeasePhase;
+
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
-use super::pass::View;
+use super::pass::{View, is_live};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
 /// inline (~0.7 KiB, of which a node's unused slots kept a third idle).
 #[derive(Debug, Clone, Default)]
-struct Entry {
-    pod: Option<Box<PodInfo>>,
-    lease: Option<Box<LeaseInfo>>,
+pub(crate) struct Entry {
+    pub pod: Option<Box<PodInfo>>,
+    pub lease: Option<Box<LeaseInfo>>,
 }
 
-/// Puts `value` in the slot of its key's entry that `slot` picks, replacing
-/// a kept object in place; true when the slot was empty.
-fn put<T>(
-    entries: &mut BTreeMap<ObjectKey, Entry>,
-    value: T,
-    key: fn(&T) -> &ObjectKey,
-    slot: fn(&mut Entry) -> &mut Option<Box<T>>,
-) -> bool {
-    if let Some(entry) = entries.get_mut(key(&value)) {
-        return match slot(entry) {
-            Some(kept) => {
-                **kept = value;
-                false
-            }
-            empty => {
-                *empty = Some(Box::new(value));
-                true
-            }
-        };
+impl Entry {
+    fn is_empty(&self) -> bool {
+        self.pod.is_none() && self.lease.is_none()
     }
-    let mut entry = Entry::default();
-    let k = key(&value).clone();
-    *slot(&mut entry) = Some(Box::new(value));
-    entries.insert(k, entry);
-    true
+
+    /// `Some(sequence)` when no pass can act on this entry until it changes:
+    /// a lease persisted as Released (not for a preemption, whose freed
+    /// slots may still be held for a primary) with no pod or its own pod
+    /// finished, or a finished pod without a lease. A pass over such an
+    /// entry counts no capacity, queues nothing and writes nothing; what it
+    /// reads of it, the lease's sequence and (for a helper preempted for
+    /// it) the class, the kept state answers without visiting it.
+    fn retirement(&self) -> Option<Option<u64>> {
+        let finished = |p: &PodInfo| !is_live(p);
+        let Some(lease) = self.lease.as_deref() else {
+            return self.pod.as_deref().filter(|p| finished(p)).map(|_| None);
+        };
+        let status = lease.status.as_ref()?;
+        let settled = !lease.missing
+            && status.phase == LeasePhase::Released
+            && status.preempted_by.is_none()
+            && self
+                .pod
+                .as_deref()
+                .is_none_or(|p| finished(p) && p.uid == lease.spec.pod_uid);
+        settled.then_some(status.sequence)
+    }
+}
+
+/// Puts `value` in `slot`, replacing a kept object in place; true when
+/// the slot was empty.
+fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
+    match slot {
+        Some(kept) => {
+            **kept = value;
+            false
+        }
+        empty => {
+            *empty = Some(Box::new(value));
+            true
+        }
+    }
 }
 
 /// The cluster as the engine keeps it between passes: one entry per class
 /// and node name and one per pod/lease key, each kept in order.
+///
+/// Entries no pass can act on (finished pods and their Released leases,
+/// see [`Entry::retirement`]) are kept apart, so a pass costs what is live
+/// and queued, not every pod that ever ran and is not yet deleted.
 ///
 /// Guarantee: after any sequence of updates, [`Engine::decide`] returns the
 /// same plan as [`crate::decide`] on [`Engine::to_snapshot`].
@@ -59,6 +82,11 @@ pub struct Engine {
     /// Each pod with its lease, by their shared key: a pass walks them
     /// already paired.
     entries: BTreeMap<ObjectKey, Entry>,
+    /// Retired entries, by key; never in `entries` at the same time.
+    retired: BTreeMap<ObjectKey, Entry>,
+    /// The sequences of retired leases, each with how many carry it: new
+    /// sequences go above every one any lease carries.
+    retired_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
     blocked_evictions: BTreeSet<ObjectKey>,
@@ -140,6 +168,8 @@ impl Engine {
                 .values()
                 .map(|e| (e.pod.as_deref(), e.lease.as_deref()))
                 .collect(),
+            retired: Some(&self.retired),
+            retired_highest: self.retired_sequences.keys().next_back().copied(),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -183,36 +213,83 @@ impl Engine {
 
     /// Adds or replaces the pod with that key.
     pub fn upsert_pod(&mut self, pod: PodInfo) {
-        let added = put(&mut self.entries, pod, |p| &p.key, |e| &mut e.pod);
+        let key = pod.key.clone();
+        let added = self.update(&key, |e| replace(&mut e.pod, pod));
         self.pod_count += usize::from(added);
     }
 
     /// Removes the pod `key`; returns what was kept.
     pub fn remove_pod(&mut self, key: &ObjectKey) -> Option<PodInfo> {
-        let entry = self.entries.get_mut(key)?;
-        let pod = entry.pod.take()?;
+        let pod = self.update(key, |e| e.pod.take())?;
         self.pod_count -= 1;
-        if entry.lease.is_none() {
-            self.entries.remove(key);
-        }
         Some(*pod)
     }
 
     /// Adds or replaces the lease with that key.
     pub fn upsert_lease(&mut self, lease: LeaseInfo) {
-        let added = put(&mut self.entries, lease, |l| &l.key, |e| &mut e.lease);
+        let key = lease.key.clone();
+        let added = self.update(&key, |e| replace(&mut e.lease, lease));
         self.lease_count += usize::from(added);
     }
 
     /// Removes the lease `key`; returns what was kept.
     pub fn remove_lease(&mut self, key: &ObjectKey) -> Option<LeaseInfo> {
-        let entry = self.entries.get_mut(key)?;
-        let lease = entry.lease.take()?;
+        let lease = self.update(key, |e| e.lease.take())?;
         self.lease_count -= 1;
-        if entry.pod.is_none() {
-            self.entries.remove(key);
-        }
         Some(*lease)
+    }
+
+    /// Applies `change` to the entry `key` (an empty one if none is kept),
+    /// then keeps the entry where it now belongs: live, retired, or gone
+    /// when it holds neither pod nor lease.
+    fn update<R>(&mut self, key: &ObjectKey, change: impl FnOnce(&mut Entry) -> R) -> R {
+        if let Some(entry) = self.entries.get_mut(key) {
+            let out = change(entry);
+            if entry.is_empty() {
+                self.entries.remove(key);
+            } else if entry.retirement().is_some()
+                && let Some(entry) = self.entries.remove(key)
+            {
+                self.retire(key.clone(), entry);
+            }
+            return out;
+        }
+        let mut entry = match self.retired.remove(key) {
+            Some(entry) => {
+                self.forget_sequence(&entry);
+                entry
+            }
+            None => Entry::default(),
+        };
+        let out = change(&mut entry);
+        if entry.is_empty() {
+            return out;
+        }
+        if entry.retirement().is_some() {
+            self.retire(key.clone(), entry);
+        } else {
+            self.entries.insert(key.clone(), entry);
+        }
+        out
+    }
+
+    fn retire(&mut self, key: ObjectKey, entry: Entry) {
+        if let Some(Some(seq)) = entry.retirement() {
+            *self.retired_sequences.entry(seq).or_default() += 1;
+        }
+        self.retired.insert(key, entry);
+    }
+
+    fn forget_sequence(&mut self, entry: &Entry) {
+        let Some(Some(seq)) = entry.retirement() else {
+            return;
+        };
+        if let Some(n) = self.retired_sequences.get_mut(&seq) {
+            *n -= 1;
+            if *n == 0 {
+                self.retired_sequences.remove(&seq);
+            }
+        }
     }
 
     /// Records the API server's answer to the eviction of helper `key`:
@@ -252,24 +329,51 @@ impl Engine {
         &self.nodes
     }
 
+    fn entry(&self, key: &ObjectKey) -> Option<&Entry> {
+        self.entries.get(key).or_else(|| self.retired.get(key))
+    }
+
+    /// Every entry, live and retired, in key order.
+    fn all_entries(&self) -> impl Iterator<Item = &Entry> {
+        let mut live = self.entries.iter().peekable();
+        let mut retired = self.retired.iter().peekable();
+        std::iter::from_fn(move || {
+            let take_live = match (live.peek(), retired.peek()) {
+                (Some((a, _)), Some((b, _))) => a < b,
+                (a, _) => a.is_some(),
+            };
+            let next = if take_live {
+                live.next()
+            } else {
+                retired.next()
+            };
+            next.map(|(_, e)| e)
+        })
+    }
+
     /// The kept pod `key`.
     pub fn pod(&self, key: &ObjectKey) -> Option<&PodInfo> {
-        self.entries.get(key)?.pod.as_deref()
+        self.entry(key)?.pod.as_deref()
     }
 
     /// The kept lease `key`.
     pub fn lease(&self, key: &ObjectKey) -> Option<&LeaseInfo> {
-        self.entries.get(key)?.lease.as_deref()
+        self.entry(key)?.lease.as_deref()
     }
 
     /// The kept pods, in key order.
     pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
-        self.entries.values().filter_map(|e| e.pod.as_deref())
+        self.all_entries().filter_map(|e| e.pod.as_deref())
     }
 
     /// The kept leases, in key order.
     pub fn leases(&self) -> impl Iterator<Item = &LeaseInfo> {
-        self.entries.values().filter_map(|e| e.lease.as_deref())
+        self.all_entries().filter_map(|e| e.lease.as_deref())
+    }
+
+    /// How many entries a pass skips as retired (see [`Engine`]).
+    pub fn retired_count(&self) -> usize {
+        self.retired.len()
     }
 
     /// How many pods are kept.
@@ -286,7 +390,159 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{key, lease, pod};
+    use crate::fixtures::{self, at, key, lease, pod};
+    use crate::model::{PodPhase, RoleLabel};
+    use gpupool_api::{GpuLeaseStatus, Role};
+
+    fn released(sequence: u64) -> Option<GpuLeaseStatus> {
+        Some(GpuLeaseStatus {
+            phase: LeasePhase::Released,
+            sequence: Some(sequence),
+            message: Some("released".into()),
+            ..GpuLeaseStatus::default()
+        })
+    }
+
+    fn finished(name: &str) -> PodInfo {
+        PodInfo {
+            phase: PodPhase::Succeeded,
+            gated: false,
+            node_name: Some("n1".into()),
+            ..pod(name, 1, 0)
+        }
+    }
+
+    /// The kept engine decides as a pass over its own snapshot does.
+    fn assert_decides_as_a_full_pass(engine: &Engine) -> Plan {
+        let plan = engine.decide();
+        assert_eq!(plan, crate::decide(&engine.to_snapshot()));
+        plan
+    }
+
+    #[test]
+    fn finished_pods_and_released_leases_are_retired_until_they_change() {
+        let mut engine = Engine::new();
+        engine.set_now(at(100));
+        engine.upsert_class(fixtures::class("default"));
+        engine.upsert_node(fixtures::node("n1", 1));
+        let done = finished("done");
+        engine.upsert_pod(done.clone());
+        engine.upsert_lease(lease(&done, "default", released(7)));
+        // A finished pod whose lease is gone.
+        engine.upsert_pod(finished("orphan"));
+        assert_eq!(engine.retired_count(), 2);
+        assert_eq!((engine.pod_count(), engine.lease_count()), (2, 1));
+        assert!(engine.entries.is_empty(), "a pass visits neither");
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert!(plan.create_leases.is_empty() && plan.delete_leases.is_empty());
+        assert!(plan.all_lease_statuses().next().is_none() && plan.admissions.is_empty());
+
+        // A new pod's sequence goes above the retired lease's.
+        engine.upsert_pod(pod("new", 1, 50));
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.create_leases.len(), 1);
+        assert_eq!(plan.create_leases[0].status.sequence, Some(8));
+
+        // Released for a preemption, the lease may still hold slots back
+        // for its primary: the pass visits it again.
+        let mut preempted = lease(&done, "default", released(7));
+        if let Some(st) = preempted.status.as_mut() {
+            st.preempted_by = Some("team/new".into());
+        }
+        engine.upsert_lease(preempted);
+        assert_eq!(engine.retired_count(), 1);
+        assert_decides_as_a_full_pass(&engine);
+        engine.upsert_lease(lease(&done, "default", released(7)));
+        assert_eq!(engine.retired_count(), 2);
+
+        // A pod replaced under the same name is live again.
+        engine.upsert_pod(PodInfo {
+            uid: "uid-done-2".into(),
+            ..pod("done", 1, 60)
+        });
+        assert_eq!(engine.retired_count(), 1);
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.delete_leases.len(), 1, "the old lease goes first");
+
+        // Removing what is kept removes retired entries too.
+        assert!(engine.remove_pod(&key("orphan")).is_some());
+        assert!(engine.remove_lease(&key("done")).is_some());
+        assert!(engine.remove_pod(&key("done")).is_some());
+        assert_eq!(engine.retired_count(), 0);
+        assert!(engine.retired_sequences.is_empty());
+        assert_eq!(
+            engine
+                .pods()
+                .map(|p| p.key.name.as_str())
+                .collect::<Vec<_>>(),
+            ["new"]
+        );
+        assert_decides_as_a_full_pass(&engine);
+    }
+
+    #[test]
+    fn the_highest_sequence_is_kept_while_any_retired_lease_carries_it() {
+        let mut engine = Engine::new();
+        engine.upsert_class(fixtures::class("default"));
+        for (name, seq) in [("a", 5), ("b", 9), ("c", 9)] {
+            let p = finished(name);
+            engine.upsert_lease(lease(&p, "default", released(seq)));
+            engine.upsert_pod(p);
+        }
+        engine.upsert_pod(pod("new", 1, 50));
+        let next = |engine: &Engine| {
+            assert_decides_as_a_full_pass(engine).create_leases[0]
+                .status
+                .sequence
+        };
+        assert_eq!(next(&engine), Some(10));
+        engine.remove_lease(&key("b"));
+        assert_eq!(next(&engine), Some(10), "c still carries 9");
+        engine.remove_lease(&key("c"));
+        assert_eq!(next(&engine), Some(6));
+    }
+
+    #[test]
+    fn a_helper_preempted_for_a_finished_primary_is_evicted_with_its_class_grace() {
+        let mut engine = Engine::new();
+        engine.set_now(at(100));
+        let mut gpu = fixtures::class("gpu");
+        gpu.spec.helpers.grace_period_seconds = 7;
+        engine.upsert_class(gpu);
+        engine.upsert_node(fixtures::node("n1", 1));
+        // The primary the helper was evicted for has finished.
+        let primary = PodInfo {
+            class_label: Some("gpu".into()),
+            ..finished("p")
+        };
+        engine.upsert_lease(lease(&primary, "gpu", released(2)));
+        engine.upsert_pod(primary);
+        // The helper's own class is gone; its eviction is still asked for.
+        let helper = PodInfo {
+            role: RoleLabel::Valid(Role::Helper),
+            class_label: Some("gone".into()),
+            phase: PodPhase::Running,
+            gated: false,
+            node_name: Some("n1".into()),
+            ..pod("h", 1, 1)
+        };
+        engine.upsert_lease(lease(
+            &helper,
+            "gone",
+            Some(GpuLeaseStatus {
+                phase: LeasePhase::Preempting,
+                sequence: Some(1),
+                node: Some("n1".into()),
+                preempted_by: Some("team/p".into()),
+                ..GpuLeaseStatus::default()
+            }),
+        ));
+        engine.upsert_pod(helper);
+        assert_eq!(engine.retired_count(), 1, "the primary is retired");
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.evictions.len(), 1);
+        assert_eq!(plan.evictions[0].grace_period_seconds, 7);
+    }
 
     #[test]
     fn a_pod_and_its_lease_share_one_entry_that_goes_with_the_last_of_them() {

@@ -216,6 +216,7 @@ async fn pass(
     tracing::debug!(
         pods = input.engine.pod_count(),
         leases = input.engine.lease_count(),
+        retired = input.engine.retired_count(),
         creates = plan.create_leases.len(),
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),
