@@ -26,17 +26,21 @@ impl Entry {
         self.pod.is_none() && self.lease.is_none()
     }
 
-    /// `Some(sequence)` when no pass can act on this entry until it changes:
-    /// a lease persisted as Released (not for a preemption, whose freed
-    /// slots may still be held for a primary) with no pod or its own pod
-    /// finished, or a finished pod without a lease. A pass over such an
-    /// entry counts no capacity, queues nothing and writes nothing; what it
-    /// reads of it, the lease's sequence and (for a helper preempted for
-    /// it) the class, the kept state answers without visiting it.
-    fn retirement(&self) -> Option<Option<u64>> {
+    /// `Some` when no pass can act on this entry until it changes: a lease
+    /// persisted as Released (not for a preemption, whose freed slots may
+    /// still be held for a primary) with no pod or its own pod finished, or
+    /// a finished pod without a lease. A pass over such an entry counts no
+    /// capacity, queues nothing and writes nothing; what it reads of it,
+    /// the lease's sequence and (for a helper preempted for it) the class,
+    /// the kept state answers without visiting it.
+    fn retirement(&self) -> Option<Retired> {
         let finished = |p: &PodInfo| !is_live(p);
         let Some(lease) = self.lease.as_deref() else {
-            return self.pod.as_deref().filter(|p| finished(p)).map(|_| None);
+            return self
+                .pod
+                .as_deref()
+                .filter(|p| finished(p))
+                .map(|_| Retired { sequence: None });
         };
         let status = lease.status.as_ref()?;
         let settled = !lease.missing
@@ -46,8 +50,16 @@ impl Entry {
                 .pod
                 .as_deref()
                 .is_none_or(|p| finished(p) && p.uid == lease.spec.pod_uid);
-        settled.then_some(status.sequence)
+        settled.then_some(Retired {
+            sequence: status.sequence,
+        })
     }
+}
+
+/// What a retired entry still tells a pass.
+struct Retired {
+    /// The sequence its lease carries: new ones go above it.
+    sequence: Option<u64>,
 }
 
 /// Puts `value` in `slot`, replacing a kept object in place; true when
@@ -274,14 +286,14 @@ impl Engine {
     }
 
     fn retire(&mut self, key: ObjectKey, entry: Entry) {
-        if let Some(Some(seq)) = entry.retirement() {
+        if let Some(seq) = entry.retirement().and_then(|r| r.sequence) {
             *self.retired_sequences.entry(seq).or_default() += 1;
         }
         self.retired.insert(key, entry);
     }
 
     fn forget_sequence(&mut self, entry: &Entry) {
-        let Some(Some(seq)) = entry.retirement() else {
+        let Some(seq) = entry.retirement().and_then(|r| r.sequence) else {
             return;
         };
         if let Some(n) = self.retired_sequences.get_mut(&seq) {
