@@ -87,6 +87,28 @@ pub(crate) fn is_live(pod: &PodInfo) -> bool {
     !matches!(pod.phase, PodPhase::Succeeded | PodPhase::Failed)
 }
 
+/// True when a pass can do nothing with this pod and lease until one of
+/// them changes: a lease persisted as Released (not for a preemption, whose
+/// freed slots may still be held for a primary) with no pod or its own pod
+/// finished, or a finished pod without a lease. [`Pass::visit`] builds no
+/// ticket for such a pair, or one that is Released with nothing to write:
+/// it counts no capacity, queues nothing and writes nothing. What a pass
+/// reads of it, the lease's sequence and (for a helper preempted for it)
+/// the class, the kept state answers without visiting it.
+pub(crate) fn is_inert(pod: Option<&PodInfo>, lease: Option<&LeaseInfo>) -> bool {
+    let finished = pod.is_some_and(|p| !is_live(p));
+    let Some(lease) = lease else {
+        return finished;
+    };
+    let Some(status) = lease.status.as_ref() else {
+        return false;
+    };
+    !lease.missing
+        && status.phase == LeasePhase::Released
+        && status.preempted_by.is_none()
+        && pod.is_none_or(|p| !is_live(p) && p.uid == lease.spec.pod_uid)
+}
+
 /// The state of one decision pass.
 pub(crate) struct Pass<'a> {
     pub now: Timestamp,

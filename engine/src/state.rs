@@ -7,10 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
-use gpupool_api::LeasePhase;
-
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
-use super::pass::{View, is_live};
+use super::pass::{self, View};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
@@ -26,40 +24,16 @@ impl Entry {
         self.pod.is_none() && self.lease.is_none()
     }
 
-    /// `Some` when no pass can act on this entry until it changes: a lease
-    /// persisted as Released (not for a preemption, whose freed slots may
-    /// still be held for a primary) with no pod or its own pod finished, or
-    /// a finished pod without a lease. A pass over such an entry counts no
-    /// capacity, queues nothing and writes nothing; what it reads of it,
-    /// the lease's sequence and (for a helper preempted for it) the class,
-    /// the kept state answers without visiting it.
-    fn retirement(&self) -> Option<Retired> {
-        let finished = |p: &PodInfo| !is_live(p);
-        let Some(lease) = self.lease.as_deref() else {
-            return self
-                .pod
-                .as_deref()
-                .filter(|p| finished(p))
-                .map(|_| Retired { sequence: None });
-        };
-        let status = lease.status.as_ref()?;
-        let settled = !lease.missing
-            && status.phase == LeasePhase::Released
-            && status.preempted_by.is_none()
-            && self
-                .pod
-                .as_deref()
-                .is_none_or(|p| finished(p) && p.uid == lease.spec.pod_uid);
-        settled.then_some(Retired {
-            sequence: status.sequence,
-        })
+    /// True when no pass can act on this entry until it changes (see
+    /// [`pass::is_inert`]).
+    fn is_retired(&self) -> bool {
+        pass::is_inert(self.pod.as_deref(), self.lease.as_deref())
     }
-}
 
-/// What a retired entry still tells a pass.
-struct Retired {
-    /// The sequence its lease carries: new ones go above it.
-    sequence: Option<u64>,
+    /// The sequence a retired entry's lease carries: new ones go above it.
+    fn sequence(&self) -> Option<u64> {
+        self.lease.as_ref()?.status.as_ref()?.sequence
+    }
 }
 
 /// Puts `value` in `slot`, replacing a kept object in place; true when
@@ -81,8 +55,8 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// and node name and one per pod/lease key, each kept in order.
 ///
 /// Entries no pass can act on (finished pods and their Released leases,
-/// see [`Entry::retirement`]) are kept apart, so a pass costs what is live
-/// and queued, not every pod that ever ran and is not yet deleted.
+/// unless released for a preemption) are kept apart, so a pass costs what
+/// is live and queued, not every pod that ever ran and is not yet deleted.
 ///
 /// Guarantee: after any sequence of updates, [`Engine::decide`] returns the
 /// same plan as [`crate::decide`] on [`Engine::to_snapshot`].
@@ -259,7 +233,7 @@ impl Engine {
             let out = change(entry);
             if entry.is_empty() {
                 self.entries.remove(key);
-            } else if entry.retirement().is_some()
+            } else if entry.is_retired()
                 && let Some(entry) = self.entries.remove(key)
             {
                 self.retire(key.clone(), entry);
@@ -277,7 +251,7 @@ impl Engine {
         if entry.is_empty() {
             return out;
         }
-        if entry.retirement().is_some() {
+        if entry.is_retired() {
             self.retire(key.clone(), entry);
         } else {
             self.entries.insert(key.clone(), entry);
@@ -286,14 +260,14 @@ impl Engine {
     }
 
     fn retire(&mut self, key: ObjectKey, entry: Entry) {
-        if let Some(seq) = entry.retirement().and_then(|r| r.sequence) {
+        if let Some(seq) = entry.sequence() {
             *self.retired_sequences.entry(seq).or_default() += 1;
         }
         self.retired.insert(key, entry);
     }
 
     fn forget_sequence(&mut self, entry: &Entry) {
-        let Some(seq) = entry.retirement().and_then(|r| r.sequence) else {
+        let Some(seq) = entry.sequence() else {
             return;
         };
         if let Some(n) = self.retired_sequences.get_mut(&seq) {
@@ -404,7 +378,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{self, at, key, lease, pod};
     use crate::model::{PodPhase, RoleLabel};
-    use gpupool_api::{GpuLeaseStatus, Role};
+    use gpupool_api::{GpuLeaseStatus, LeasePhase, Role};
 
     fn released(sequence: u64) -> Option<GpuLeaseStatus> {
         Some(GpuLeaseStatus {
