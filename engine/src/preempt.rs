@@ -204,6 +204,9 @@ impl<'a> Pass<'a> {
                 for_primary: primary_key.clone(),
                 grace_period_seconds: grace,
             });
+            // The lease may not show an earlier, refused eviction (its
+            // status write was lost), yet the refusal still stands.
+            self.note_blocked_eviction(h);
         }
         let mut victims: Vec<usize> = terminating
             .get(&node)
@@ -268,12 +271,7 @@ impl<'a> Pass<'a> {
         }
         for (i, for_primary) in retries {
             let grace_period_seconds = self.grace_of(&self.tickets[i]);
-            if self.view.blocked_evictions.contains(self.tickets[i].key) {
-                let t = &mut self.tickets[i];
-                t.message = Message::EvictionBlocked(t.preempted_by);
-                let at = self.now.checked_add(EVICTION_RETRY).ok();
-                self.wake_at(at);
-            }
+            self.note_blocked_eviction(i);
             let t = &self.tickets[i];
             self.plan.evictions.push(Eviction {
                 key: t.key.clone(),
@@ -282,6 +280,19 @@ impl<'a> Pass<'a> {
                 grace_period_seconds,
             });
         }
+    }
+
+    /// When a PodDisruptionBudget refused the last eviction of helper `i`,
+    /// its lease says so and the pass asks to run again
+    /// [`EVICTION_RETRY`] later.
+    fn note_blocked_eviction(&mut self, i: usize) {
+        if !self.view.blocked_evictions.contains(self.tickets[i].key) {
+            return;
+        }
+        let t = &mut self.tickets[i];
+        t.message = Message::EvictionBlocked(t.preempted_by);
+        let at = self.now.checked_add(EVICTION_RETRY).ok();
+        self.wake_at(at);
     }
 
     /// Asks for a pass at `at` unless one is due earlier.

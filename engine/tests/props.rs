@@ -1145,3 +1145,59 @@ proptest! {
         }
     }
 }
+
+/// A helper's eviction is refused by a PodDisruptionBudget, and the write
+/// that marked its lease Preempting is lost with the tail of the plan: the
+/// next pass preempts it afresh, and its lease must still say the eviction
+/// is blocked and a retry must be due. Found by `decisions_are_deterministic`.
+#[test]
+fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
+    let class = |evict| ClassCfg {
+        strict: false,
+        spread: false,
+        admit_while_queued: false,
+        evict,
+        min_runtime: 0,
+    };
+    let pass = |cut| Event::Pass {
+        cut,
+        statuses_first: false,
+    };
+    let add = |name, helper, slots| Event::AddPod {
+        name,
+        class: 0,
+        helper,
+        slots,
+        ungated: false,
+    };
+    let sc = Scenario {
+        classes: vec![class(true), class(false)],
+        nodes: vec![(1, false), (2, false)],
+        events: vec![
+            add(0, true, 2),
+            Event::Pdb { refuses: true },
+            pass(None),
+            pass(None),
+            add(1, false, 2),
+            pass(None),
+            // Keeps the eviction (refused) and loses the Preempting status.
+            pass(Some(1)),
+            pass(None),
+        ],
+    };
+    let mut w = World::new(&sc);
+    if let Err(e) = run_events(&mut w, &sc) {
+        panic!("{e}");
+    }
+    let p0 = ObjectKey::new("team", "p0");
+    assert!(
+        w.s.blocked_evictions.contains(&p0),
+        "the eviction was refused"
+    );
+    let lease =
+        w.s.leases
+            .iter()
+            .find(|l| l.key == p0)
+            .and_then(|l| l.status.as_ref());
+    assert_eq!(lease.map(|s| s.phase), Some(LeasePhase::Preempting));
+}
