@@ -8,7 +8,7 @@
 //! 16,000 pods and leases, a pass after one event translates one object
 //! instead of all of them, and the engine never re-sorts its input.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
+use super::key_hash::HashMap;
 use super::overlay::Overlay;
 use super::translate;
 use crate::engine::{Engine, Eviction, ObjectKey};
@@ -56,7 +57,7 @@ impl<K, Q> Default for Mirror<K, Q> {
     fn default() -> Self {
         Self {
             by_ptr: AddrMap::default(),
-            ptr_of: HashMap::new(),
+            ptr_of: HashMap::default(),
             mark: 0,
         }
     }

@@ -16,6 +16,7 @@ pub mod caches;
 pub mod error;
 pub mod events;
 pub mod kept;
+pub mod key_hash;
 pub mod overlay;
 pub mod patch;
 pub mod progress;

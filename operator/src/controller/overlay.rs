@@ -7,7 +7,6 @@
 //! shows that object at a resourceVersion at least as new (or the object was
 //! replaced or deleted).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,7 @@ use kube::Resource;
 
 use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
+use super::key_hash::{HashMap, HashSet};
 use crate::engine::{KeyParts, ObjectKey};
 
 /// How long a lease the controller created may be missing from the cache
@@ -95,14 +95,14 @@ fn merge<K: Resource>(
     tombstones: Option<&mut HashMap<ObjectKey, Gone>>,
     now: Instant,
 ) -> Vec<Arc<K>> {
-    let mut empty = HashMap::new();
+    let mut empty = HashMap::default();
     let tombstones = tombstones.unwrap_or(&mut empty);
     if written.is_empty() && tombstones.is_empty() {
         return cached;
     }
-    let mut seen_written = HashSet::new();
-    let mut caught_up = HashSet::new();
-    let mut seen_tombstones = HashSet::new();
+    let mut seen_written = HashSet::default();
+    let mut caught_up = HashSet::default();
+    let mut seen_tombstones = HashSet::default();
     let mut out = Vec::with_capacity(cached.len() + written.len());
     for obj in cached {
         let Some(parts) = parts_of(obj.as_ref()) else {
@@ -214,7 +214,7 @@ impl Overlay {
         if self.assumed.is_empty() {
             return;
         }
-        let mut laid = HashSet::new();
+        let mut laid = HashSet::default();
         for lease in leases.iter_mut() {
             if let Some(parts) = parts_of(lease.as_ref())
                 && let Some((key, assumed)) = self.assumed.get_key_value(&parts as &dyn KeyParts)
@@ -276,7 +276,7 @@ impl Overlay {
     pub fn pods(&mut self, cached: Vec<Arc<CachedPod>>, now: Instant) -> Vec<Arc<CachedPod>> {
         let pods = merge(cached, &mut self.pods, None, now);
         if !self.evicted.is_empty() {
-            let mut still_pending = HashSet::new();
+            let mut still_pending = HashSet::default();
             for p in &pods {
                 let Some(parts) = parts_of(p.as_ref()) else {
                     continue;
@@ -392,6 +392,10 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod_uids<const N: usize>(uids: [&str; N]) -> HashSet<&str> {
+        uids.into_iter().collect()
+    }
     use serde_json::json;
 
     fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> GpuLease {
@@ -550,7 +554,7 @@ mod tests {
     fn a_lease_gone_before_its_pod_is_held_until_the_pod_goes() {
         let t0 = Instant::now();
         let mut o = Overlay::default();
-        let pods = HashSet::from(["p"]);
+        let pods = pod_uids(["p"]);
         let mut leases = vec![Arc::new(lease("a", "u", "1", "Preempting"))];
         o.hold_vanished(&mut leases, || pods.clone(), t0);
         assert_eq!(leases.len(), 1);
@@ -563,7 +567,7 @@ mod tests {
         );
         // The pod leaves the cache: so does the held lease.
         let mut leases = vec![];
-        o.hold_vanished(&mut leases, HashSet::new, t0);
+        o.hold_vanished(&mut leases, HashSet::default, t0);
         assert!(leases.is_empty());
         assert!(o.is_empty());
         // Held at most VANISHED_TTL when the pod stays.
@@ -600,7 +604,7 @@ mod tests {
         let mut leases = vec![leases[0].clone(), b1];
         o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
         let mut leases = vec![Arc::new(lease("b", "v", "4", "Admitted"))];
-        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        o.hold_vanished(&mut leases, || pod_uids(["p"]), t0);
         assert_eq!(
             phases(&leases),
             vec![
@@ -612,7 +616,7 @@ mod tests {
         // The watch shows it again (a newer version): no longer held.
         let b = leases[0].clone();
         let mut leases = vec![b, Arc::new(lease("a", "u", "5", "Bound"))];
-        o.hold_vanished(&mut leases, || HashSet::from(["p"]), t0);
+        o.hold_vanished(&mut leases, || pod_uids(["p"]), t0);
         assert_eq!(
             phases(&leases),
             vec![
