@@ -15,7 +15,7 @@ use kube::Resource;
 
 use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
-use super::key_hash::{HashMap, HashSet};
+use super::key_hash::{HashMap, HashSet, KeyHashes, parts_of};
 use crate::engine::{KeyParts, ObjectKey};
 
 /// How long a lease the controller created may be missing from the cache
@@ -57,6 +57,9 @@ pub struct Overlay {
     /// them keeps their addresses from going to other leases.
     last_leases: AddrMap<Arc<GpuLease>>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
+    pod_keys: KeyHashes<CachedPod>,
+    lease_keys: KeyHashes<GpuLease>,
+    class_keys: KeyHashes<GpuLeaseClass>,
 }
 
 /// True when `cached` is at least as new as `written`. resourceVersions are
@@ -79,33 +82,37 @@ fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
     Some(ObjectKey::new(namespace, name))
 }
 
-/// An object's namespace and name, borrowed: a pass probes the overlay's
-/// maps once per cached object, and building a key for each would allocate
-/// two strings per object per pass.
-fn parts_of<K: Resource>(obj: &K) -> Option<(&str, &str)> {
-    Some((
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref()?,
-    ))
-}
-
+/// `cached` with `written` laid over it and `tombstones` taken out; an
+/// object is read only when its key hash is one of theirs (see
+/// [`KeyHashes`]).
 fn merge<K: Resource>(
     cached: Vec<Arc<K>>,
+    hashes: &mut KeyHashes<K>,
     written: &mut HashMap<ObjectKey, Written<K>>,
     tombstones: Option<&mut HashMap<ObjectKey, Gone>>,
     now: Instant,
 ) -> Vec<Arc<K>> {
+    hashes.next_pass();
     let mut empty = HashMap::default();
     let tombstones = tombstones.unwrap_or(&mut empty);
     if written.is_empty() && tombstones.is_empty() {
+        // Asked all the same, so the memo keeps what the cache holds.
+        for obj in &cached {
+            hashes.of(obj);
+        }
         return cached;
     }
+    let wanted = hashes.of_keys(written.keys().chain(tombstones.keys()));
     let mut seen_written = HashSet::default();
     let mut caught_up = HashSet::default();
     let mut seen_tombstones = HashSet::default();
     let mut out = Vec::with_capacity(cached.len() + written.len());
     for obj in cached {
-        let Some(parts) = parts_of(obj.as_ref()) else {
+        let parts = hashes
+            .of(&obj)
+            .filter(|h| wanted.contains(h))
+            .and_then(|_| parts_of(obj.as_ref()));
+        let Some(parts) = parts else {
             out.push(obj);
             continue;
         };
@@ -191,7 +198,7 @@ impl Overlay {
         cached: Vec<Arc<GpuLeaseClass>>,
         now: Instant,
     ) -> Vec<Arc<GpuLeaseClass>> {
-        merge(cached, &mut self.classes, None, now)
+        merge(cached, &mut self.class_keys, &mut self.classes, None, now)
     }
 
     /// Lays `lease` over the caches as a write still in flight will leave
@@ -210,13 +217,18 @@ impl Overlay {
     /// Replaces or adds, in `leases`, the leases that writes in flight will
     /// leave. Applied after [`Overlay::hold_vanished`], so an assumed lease is
     /// never taken for one the API server showed.
-    pub fn lay_assumed(&self, leases: &mut Vec<Arc<GpuLease>>) {
+    pub fn lay_assumed(&mut self, leases: &mut Vec<Arc<GpuLease>>) {
         if self.assumed.is_empty() {
             return;
         }
+        let wanted = self.lease_keys.of_keys(self.assumed.keys());
         let mut laid = HashSet::default();
         for lease in leases.iter_mut() {
-            if let Some(parts) = parts_of(lease.as_ref())
+            if self
+                .lease_keys
+                .of(lease)
+                .is_some_and(|h| wanted.contains(&h))
+                && let Some(parts) = parts_of(lease.as_ref())
                 && let Some((key, assumed)) = self.assumed.get_key_value(&parts as &dyn KeyParts)
             {
                 laid.insert(key);
@@ -266,6 +278,7 @@ impl Overlay {
     pub fn leases(&mut self, cached: Vec<Arc<GpuLease>>, now: Instant) -> Vec<Arc<GpuLease>> {
         merge(
             cached,
+            &mut self.lease_keys,
             &mut self.leases,
             Some(&mut self.deleted_leases),
             now,
@@ -274,11 +287,17 @@ impl Overlay {
 
     /// The cached pods with the controller's newer writes laid over them.
     pub fn pods(&mut self, cached: Vec<Arc<CachedPod>>, now: Instant) -> Vec<Arc<CachedPod>> {
-        let pods = merge(cached, &mut self.pods, None, now);
+        let pods = merge(cached, &mut self.pod_keys, &mut self.pods, None, now);
         if !self.evicted.is_empty() {
+            let wanted = self.pod_keys.of_keys(self.evicted.keys());
             let mut still_pending = HashSet::default();
             for p in &pods {
-                let Some(parts) = parts_of(p.as_ref()) else {
+                let parts = self
+                    .pod_keys
+                    .of(p)
+                    .filter(|h| wanted.contains(h))
+                    .and_then(|_| parts_of(p.as_ref()));
+                let Some(parts) = parts else {
                     continue;
                 };
                 if let Some((key, gone)) = self.evicted.get_key_value(&parts as &dyn KeyParts)
@@ -392,11 +411,11 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn pod_uids<const N: usize>(uids: [&str; N]) -> HashSet<&str> {
         uids.into_iter().collect()
     }
-    use serde_json::json;
 
     fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> GpuLease {
         serde_json::from_value(json!({
@@ -446,6 +465,42 @@ mod tests {
         let merged = o.leases(fresh, t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Bound)".into())]);
         assert!(o.is_empty(), "caught up: forgotten");
+    }
+
+    /// Objects are read once and known by address after that: a write
+    /// recorded after its lease was already seen, and unchanged, by
+    /// earlier passes is laid over it all the same, and so are a deletion
+    /// and an assumed write.
+    #[test]
+    fn a_write_to_an_object_earlier_passes_saw_unchanged_is_laid_over_it() {
+        let t0 = Instant::now();
+        let mut o = Overlay::default();
+        let cached: Vec<Arc<GpuLease>> = ["a", "b", "c"]
+            .into_iter()
+            .map(|n| Arc::new(lease(n, n, "10", "Queued")))
+            .collect();
+        for _ in 0..3 {
+            assert_eq!(o.leases(cached.clone(), t0).len(), 3);
+        }
+        o.record_lease(lease("b", "b", "11", "Admitted"), false, t0);
+        o.record_lease_deleted(ObjectKey::new("ns", "c"), "c".into(), t0);
+        let mut merged = o.leases(cached.clone(), t0);
+        assert_eq!(
+            phases(&merged),
+            vec![
+                ("a".into(), "Some(Queued)".into()),
+                ("b".into(), "Some(Admitted)".into())
+            ]
+        );
+        o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "a", "10", "Admitted"));
+        o.lay_assumed(&mut merged);
+        assert_eq!(
+            phases(&merged),
+            vec![
+                ("a".into(), "Some(Admitted)".into()),
+                ("b".into(), "Some(Admitted)".into())
+            ]
+        );
     }
 
     #[test]
