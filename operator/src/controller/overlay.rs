@@ -7,6 +7,7 @@
 //! shows that object at a resourceVersion at least as new (or the object was
 //! replaced or deleted).
 
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,13 @@ struct Written<K> {
     at: Instant,
 }
 
+/// A lease the cache showed, and the last pass it showed it.
+#[derive(Debug)]
+struct Shown {
+    lease: Arc<GpuLease>,
+    pass: u64,
+}
+
 #[derive(Debug)]
 struct Gone {
     uid: String,
@@ -55,7 +63,9 @@ pub struct Overlay {
     assumed: HashMap<ObjectKey, Arc<GpuLease>>,
     /// The leases the cache showed at the last pass, by address; holding
     /// them keeps their addresses from going to other leases.
-    last_leases: AddrMap<Arc<GpuLease>>,
+    last_leases: AddrMap<Shown>,
+    /// Counts [`Overlay::hold_vanished`] calls; marks what each one saw.
+    shown_pass: u64,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
     pod_keys: KeyHashes<CachedPod>,
     lease_keys: KeyHashes<GpuLease>,
@@ -334,19 +344,29 @@ impl Overlay {
         cached_pod_uids: impl FnOnce() -> HashSet<&'p str>,
         now: Instant,
     ) {
-        let last = std::mem::take(&mut self.last_leases);
-        let shown: AddrMap<Arc<GpuLease>> = leases.iter().map(|l| (addr(l), l.clone())).collect();
-        let newly_shown: HashSet<(&str, &str)> = leases
-            .iter()
-            .filter(|l| !last.contains_key(&addr(l)))
-            .filter_map(|l| parts_of(l.as_ref()))
-            .collect();
+        // The map of what the cache showed is kept from pass to pass, not
+        // rebuilt: a lease shown again is only marked.
+        self.shown_pass += 1;
+        let pass = self.shown_pass;
+        let mut newly_shown: HashSet<(&str, &str)> = HashSet::default();
+        for l in leases.iter() {
+            match self.last_leases.entry(addr(l)) {
+                Entry::Occupied(mut shown) => shown.get_mut().pass = pass,
+                Entry::Vacant(slot) => {
+                    newly_shown.extend(parts_of(l.as_ref()));
+                    slot.insert(Shown {
+                        lease: l.clone(),
+                        pass,
+                    });
+                }
+            }
+        }
         let is_present =
             |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_str(), key.name.as_str()));
-        let gone: Vec<(ObjectKey, Arc<GpuLease>)> = last
-            .into_iter()
-            .filter(|(ptr, _)| !shown.contains_key(ptr))
-            .filter_map(|(_, l)| Some((key_of(l.as_ref())?, l)))
+        let gone: Vec<(ObjectKey, Arc<GpuLease>)> = self
+            .last_leases
+            .extract_if(|_, shown| shown.pass != pass)
+            .filter_map(|(_, shown)| Some((key_of(shown.lease.as_ref())?, shown.lease)))
             .filter(|(key, _)| !is_present(key))
             .collect();
         if !self.vanished.is_empty() || !gone.is_empty() {
@@ -364,8 +384,8 @@ impl Overlay {
                 }
             }
         }
-        // Only what the cache showed: a held lease must not be held again.
-        self.last_leases = shown;
+        // Added after the marking, which counts only what the cache showed:
+        // a held lease must not be taken as shown, nor held again.
         leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
     }
 
