@@ -5,6 +5,7 @@
 //! over the table.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
@@ -49,6 +50,85 @@ pub fn addr<K>(obj: &Arc<K>) -> usize {
 /// A map keyed by object address.
 pub type AddrMap<V> = HashMap<usize, V, BuildAddrHasher>;
 
+struct Marked<K, V> {
+    obj: Arc<K>,
+    value: V,
+    pass: u64,
+}
+
+/// The objects passes saw, by the address of their `Arc`, each with a value
+/// made the first time its `Arc` was seen and the pass that last saw it.
+/// Each `Arc` is held, so its address cannot go to another object while it
+/// is kept.
+pub struct ByAddress<K, V> {
+    seen: AddrMap<Marked<K, V>>,
+    pass: u64,
+}
+
+impl<K, V> Default for ByAddress<K, V> {
+    fn default() -> Self {
+        Self {
+            seen: AddrMap::default(),
+            pass: 0,
+        }
+    }
+}
+
+impl<K, V> std::fmt::Debug for ByAddress<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByAddress")
+            .field("objects", &self.seen.len())
+            .field("pass", &self.pass)
+            .finish()
+    }
+}
+
+impl<K, V> ByAddress<K, V> {
+    /// Starts a pass.
+    pub fn next_pass(&mut self) {
+        self.pass += 1;
+    }
+
+    /// Marks `obj` seen by this pass and returns its value (`value(obj)`
+    /// when its `Arc` is new) and whether it was new.
+    pub fn see(&mut self, obj: &Arc<K>, value: impl FnOnce(&K) -> V) -> (&V, bool) {
+        let pass = self.pass;
+        match self.seen.entry(addr(obj)) {
+            Entry::Occupied(kept) => {
+                let kept = kept.into_mut();
+                kept.pass = pass;
+                (&kept.value, false)
+            }
+            Entry::Vacant(slot) => {
+                let kept = slot.insert(Marked {
+                    obj: obj.clone(),
+                    value: value(obj),
+                    pass,
+                });
+                (&kept.value, true)
+            }
+        }
+    }
+
+    /// Takes out every object this pass has not seen, handing each to `gone`.
+    pub fn sweep(&mut self, mut gone: impl FnMut(Arc<K>, V)) {
+        let pass = self.pass;
+        for (_, kept) in self.seen.extract_if(|_, kept| kept.pass != pass) {
+            gone(kept.obj, kept.value);
+        }
+    }
+
+    /// Objects kept.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// True when nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -71,6 +151,29 @@ mod tests {
         assert!(top.len() > 100, "top bits used: {}", top.len());
         let distinct: HashSet<u64> = hashes.iter().copied().collect();
         assert_eq!(distinct.len(), hashes.len(), "no two addresses collide");
+    }
+
+    #[test]
+    fn objects_a_pass_did_not_see_are_swept_and_released() {
+        let (a, b) = (Arc::new(1u32), Arc::new(2u32));
+        let mut seen = ByAddress::default();
+        seen.next_pass();
+        assert_eq!(seen.see(&a, |v| v * 10), (&10, true));
+        assert_eq!(seen.see(&b, |v| v * 10), (&20, true));
+        assert_eq!(seen.see(&a, |_| unreachable!("made once")), (&10, false));
+        assert_eq!(Arc::strong_count(&b), 2, "held while kept");
+        seen.sweep(|_, _| panic!("both seen this pass"));
+        seen.next_pass();
+        seen.see(&a, |_| unreachable!("made once"));
+        let mut gone = Vec::new();
+        seen.sweep(|obj, value| gone.push((*obj, value)));
+        assert_eq!(gone, [(2, 20)]);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(Arc::strong_count(&b), 1, "released");
+        seen.next_pass();
+        seen.sweep(|_, _| {});
+        assert!(seen.is_empty());
+        assert_eq!(Arc::strong_count(&a), 1);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use kube::Resource;
 
-use super::addr_hash::{AddrMap, addr};
+use super::addr_hash::ByAddress;
 use crate::engine::{KeyParts, ObjectKey};
 
 /// A `HashMap` hashed with foldhash.
@@ -37,16 +37,6 @@ pub fn parts_of<K: Resource>(obj: &K) -> Option<(&str, &str)> {
     ))
 }
 
-struct Memo<K> {
-    /// Held so that the address cannot go to another object while the
-    /// memo is kept.
-    _obj: Arc<K>,
-    /// The key's hash; `None` for an object without a name.
-    hash: Option<u64>,
-    /// The last pass that asked.
-    pass: u64,
-}
-
 /// The key hash of each object a pass looked at, by the address of its
 /// `Arc`: the same until the cache replaces the object.
 ///
@@ -54,28 +44,19 @@ struct Memo<K> {
 /// gives for the object's key, whenever it was first asked; objects no
 /// pass has asked about since the pass before are forgotten (and released)
 /// by [`KeyHashes::next_pass`].
+#[derive(Debug)]
 pub struct KeyHashes<K> {
     state: foldhash::fast::RandomState,
-    seen: AddrMap<Memo<K>>,
-    pass: u64,
+    /// Each object's key hash; `None` for an object without a name.
+    seen: ByAddress<K, Option<u64>>,
 }
 
 impl<K> Default for KeyHashes<K> {
     fn default() -> Self {
         Self {
             state: foldhash::fast::RandomState::default(),
-            seen: AddrMap::default(),
-            pass: 0,
+            seen: ByAddress::default(),
         }
-    }
-}
-
-impl<K> std::fmt::Debug for KeyHashes<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyHashes")
-            .field("objects", &self.seen.len())
-            .field("pass", &self.pass)
-            .finish()
     }
 }
 
@@ -83,29 +64,20 @@ impl<K: Resource> KeyHashes<K> {
     /// Starts a pass: forgets the objects the previous pass did not ask
     /// about (the cache no longer holds them).
     pub fn next_pass(&mut self) {
-        let last = self.pass;
-        self.seen.retain(|_, m| m.pass == last);
-        self.pass += 1;
+        self.seen.sweep(|_, _| {});
+        self.seen.next_pass();
     }
 
     /// The hash of `obj`'s key (`None` when it has no name), reading the
     /// object only the first time its `Arc` is seen.
     pub fn of(&mut self, obj: &Arc<K>) -> Option<u64> {
-        let pass = self.pass;
-        if let Some(m) = self.seen.get_mut(&addr(obj)) {
-            m.pass = pass;
-            return m.hash;
-        }
-        let hash = parts_of(obj.as_ref()).map(|p| self.state.hash_one(&p as &dyn KeyParts));
-        self.seen.insert(
-            addr(obj),
-            Memo {
-                _obj: obj.clone(),
-                hash,
-                pass,
-            },
-        );
-        hash
+        let state = &self.state;
+        *self
+            .seen
+            .see(obj, |o| {
+                parts_of(o).map(|p| state.hash_one(&p as &dyn KeyParts))
+            })
+            .0
     }
 
     /// The hash [`KeyHashes::of`] gives an object with key `key`.

@@ -7,14 +7,13 @@
 //! shows that object at a resourceVersion at least as new (or the object was
 //! replaced or deleted).
 
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use kube::Resource;
 
-use super::addr_hash::{AddrMap, addr};
+use super::addr_hash::ByAddress;
 use super::cached_pod::CachedPod;
 use super::key_hash::{HashMap, HashSet, KeyHashes, parts_of};
 use crate::engine::{KeyParts, ObjectKey};
@@ -38,13 +37,6 @@ struct Written<K> {
     at: Instant,
 }
 
-/// A lease the cache showed, and the last pass it showed it.
-#[derive(Debug)]
-struct Shown {
-    lease: Arc<GpuLease>,
-    pass: u64,
-}
-
 #[derive(Debug)]
 struct Gone {
     uid: String,
@@ -63,9 +55,7 @@ pub struct Overlay {
     assumed: HashMap<ObjectKey, Arc<GpuLease>>,
     /// The leases the cache showed at the last pass, by address; holding
     /// them keeps their addresses from going to other leases.
-    last_leases: AddrMap<Shown>,
-    /// Counts [`Overlay::hold_vanished`] calls; marks what each one saw.
-    shown_pass: u64,
+    last_leases: ByAddress<GpuLease, ()>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
     pod_keys: KeyHashes<CachedPod>,
     lease_keys: KeyHashes<GpuLease>,
@@ -344,31 +334,25 @@ impl Overlay {
         cached_pod_uids: impl FnOnce() -> HashSet<&'p str>,
         now: Instant,
     ) {
-        // The map of what the cache showed is kept from pass to pass, not
-        // rebuilt: a lease shown again is only marked.
-        self.shown_pass += 1;
-        let pass = self.shown_pass;
+        // What the cache showed is kept from pass to pass, not rebuilt: a
+        // lease shown again is only marked.
+        self.last_leases.next_pass();
         let mut newly_shown: HashSet<(&str, &str)> = HashSet::default();
         for l in leases.iter() {
-            match self.last_leases.entry(addr(l)) {
-                Entry::Occupied(mut shown) => shown.get_mut().pass = pass,
-                Entry::Vacant(slot) => {
-                    newly_shown.extend(parts_of(l.as_ref()));
-                    slot.insert(Shown {
-                        lease: l.clone(),
-                        pass,
-                    });
-                }
+            if self.last_leases.see(l, |_| ()).1 {
+                newly_shown.extend(parts_of(l.as_ref()));
             }
         }
         let is_present =
             |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_str(), key.name.as_str()));
-        let gone: Vec<(ObjectKey, Arc<GpuLease>)> = self
-            .last_leases
-            .extract_if(|_, shown| shown.pass != pass)
-            .filter_map(|(_, shown)| Some((key_of(shown.lease.as_ref())?, shown.lease)))
-            .filter(|(key, _)| !is_present(key))
-            .collect();
+        let mut gone: Vec<(ObjectKey, Arc<GpuLease>)> = Vec::new();
+        self.last_leases.sweep(|lease, ()| {
+            if let Some(key) = key_of(lease.as_ref())
+                && !is_present(&key)
+            {
+                gone.push((key, lease));
+            }
+        });
         if !self.vanished.is_empty() || !gone.is_empty() {
             let pod_uids = cached_pod_uids();
             let pod_cached = |l: &GpuLease| pod_uids.contains(l.spec.pod_uid.as_str());
