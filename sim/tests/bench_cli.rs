@@ -92,6 +92,14 @@ async fn a_small_bench_reports_every_figure() {
             .is_some_and(|ms| ms > 0.0),
         "{figures}"
     );
+    // And of its webhook: every pod create and every ungate patch was a
+    // review it answered.
+    assert!(
+        figures["webhookReviewMs"]["count"]
+            .as_u64()
+            .is_some_and(|n| n >= 12),
+        "{figures}"
+    );
     // 4 slots, 12 pods: the burst fills the slots, the other 8 follow as
     // slots free up, each one a slot-free → ungate sample.
     assert_eq!(figures["burstAdmissions"], 4, "{figures}");
