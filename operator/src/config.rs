@@ -93,6 +93,13 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_STATUS_WRITES_PER_SECOND", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub status_writes_per_second: u32,
 
+    /// Worker threads of the operator's runtime (watches, writes, the
+    /// decision loop; the webhook serves on threads of its own). Each
+    /// thread that allocates gets a malloc arena of its own, so threads
+    /// beyond what the one decision loop can use cost memory, not speed.
+    #[arg(long, env = "GPUPOOL_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub worker_threads: u16,
+
     /// Identity of this replica in leader election (defaults to POD_NAME, else
     /// the host name and process id).
     #[arg(long, env = "GPUPOOL_IDENTITY")]
@@ -154,6 +161,8 @@ pub struct Config {
     pub resync: Duration,
     /// Budget of the progress writer.
     pub status_writes_per_second: u32,
+    /// Worker threads of the operator's runtime.
+    pub worker_threads: usize,
     /// Leader-election identity.
     pub identity: String,
     /// ClusterRole owning the webhook configurations, if any.
@@ -197,6 +206,7 @@ impl Args {
             device_plugin_users: non_empty(self.device_plugin_user),
             resync: Duration::from_secs(self.resync_seconds),
             status_writes_per_second: self.status_writes_per_second,
+            worker_threads: usize::from(self.worker_threads),
             identity,
             webhook_owner_cluster_role: self.webhook_owner_cluster_role,
         })

@@ -41,7 +41,11 @@ fn main() -> ExitCode {
         // files get plain text, and NO_COLOR is honoured.
         .with_ansi(colour_on_stderr())
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gpupool-operator: cannot start the async runtime: {e}");

@@ -62,6 +62,15 @@ fn bad_flags_exit_2_naming_the_flag() {
             ],
             "--metrics-port",
         ),
+        (
+            &[
+                "--webhook-url",
+                "https://127.0.0.1",
+                "--worker-threads",
+                "0",
+            ],
+            "--worker-threads",
+        ),
         (&["--no-such-flag"], "--no-such-flag"),
     ];
     for (args, flag) in cases {
@@ -117,6 +126,7 @@ fn help_exits_0() {
         "--webhook-bind-address",
         "--device-plugin-user",
         "--status-writes-per-second",
+        "--worker-threads",
     ] {
         assert!(stdout.contains(flag), "help lists {flag}");
     }
