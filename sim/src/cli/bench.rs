@@ -358,6 +358,8 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "writesPerAdmissionByRoute": writes_by_route,
         "operatorPasses": passes.as_ref().map(HistogramFigures::to_json),
         "webhookReviewMs": reviews.as_ref().map(HistogramFigures::to_json),
+        "operatorApiErrors": counter_by_label(&operator_metrics, "gpupool_operator_api_errors_total"),
+        "progressWrites": counter_by_label(&operator_metrics, "gpupool_operator_progress_writes_total"),
         "peakLeases": peak_leases,
         "rssPerLeaseKiB": rss_per_lease_kib,
         "apiServerRawPatchesPerSecond": raw.per_second,
@@ -544,6 +546,29 @@ impl HistogramFigures {
     }
 }
 
+/// A labelled counter of the operator's, by the value of its one label:
+/// `{"lease_conflict": 12, ...}` for
+/// `gpupool_operator_api_errors_total{error="lease_conflict"} 12`.
+fn counter_by_label(text: &str, metric: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(metric).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once(' ') else {
+            continue;
+        };
+        let label = labels
+            .trim_end_matches('}')
+            .split_once('=')
+            .map(|(_, v)| v.trim_matches('"').to_owned());
+        if let (Some(label), Ok(value)) = (label, value.parse::<f64>()) {
+            *counts.entry(label).or_default() += value as u64;
+        }
+    }
+    counts
+}
+
 /// The number of GpuLeases in the bench namespace (0 when listing fails:
 /// a missed sample only lowers the peak's resolution).
 async fn count_leases(leases: &Api<GpuLease>) -> usize {
@@ -614,6 +639,26 @@ gpupool_operator_reconcile_duration_seconds_count 5
         assert!((figures.mean_ms() - 4.0).abs() < 1e-9);
         // 90 of 100 within 1 ms, all within 100 ms.
         assert_eq!(figures.p99_bound_ms, Some(100.0));
+    }
+
+    #[test]
+    fn labelled_counters_are_read_by_their_label() {
+        let text = "\
+# TYPE gpupool_operator_api_errors counter
+gpupool_operator_api_errors_total{error=\"lease_conflict\"} 12
+gpupool_operator_api_errors_total{error=\"admit_pod\"} 1
+gpupool_operator_api_errors_created{error=\"admit_pod\"} 1700000000.0
+gpupool_operator_progress_writes_total{result=\"written\"} 40
+";
+        let errors = counter_by_label(text, "gpupool_operator_api_errors_total");
+        assert_eq!(
+            errors,
+            BTreeMap::from([
+                ("admit_pod".to_owned(), 1),
+                ("lease_conflict".to_owned(), 12)
+            ])
+        );
+        assert!(counter_by_label(text, "gpupool_operator_events_dropped_total").is_empty());
     }
 
     #[test]
