@@ -767,7 +767,12 @@ impl Writer {
     }
 
     /// Writes `status` over `lease` (see [`status_to_write`]). The patch
-    /// body is built when the write starts.
+    /// body is built when the write starts. When the write conflicts only
+    /// because the progress writer moved the lease's position or message
+    /// since the pass read it (it writes the front of the queue first, the
+    /// very leases about to be admitted), the status is written once more
+    /// over the lease as it is now: a conflict of that kind would otherwise
+    /// hold back every later admission of the role for a whole pass.
     fn status_chain(&self, key: ObjectKey, status: GpuLeaseStatus, lease: Arc<GpuLease>) -> Chain {
         let api = self.leases(&key.namespace);
         let events = self.events.clone();
@@ -782,11 +787,28 @@ impl Writer {
                 && was != Some(LeasePhase::Rejected))
             .then(|| status.message.clone().unwrap_or_default());
             let pod_uid = lease.spec.pod_uid.clone();
-            drop(lease);
-            match api
+            let mut written = api
                 .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
-                .await
-            {
+                .await;
+            if matches!(&written, Err(e) if api_status(e) == Some(409)) {
+                written = match api.get_status(&key.name).await {
+                    Ok(fresh) if patch::only_progress_changed(&lease, &fresh) => {
+                        tracing::debug!(lease = %key, phase = ?status.phase, "only its position or message moved; writing over it");
+                        let body = patch::lease_status_patch(
+                            fresh.status.as_ref(),
+                            &status,
+                            fresh.metadata.resource_version.as_deref(),
+                        );
+                        api.patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
+                            .await
+                    }
+                    // Changed in earnest, or unreadable: the conflict
+                    // stands, and a later pass decides on the new state.
+                    _ => written,
+                };
+            }
+            drop(lease);
+            match written {
                 Ok(l) => {
                     if released {
                         tracing::info!(lease = %key, "released");
@@ -1053,7 +1075,10 @@ mod tests {
     /// background chains they write themselves.
     fn offline_applier() -> Applier {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
-        let client = Client::try_from(config).expect("client");
+        applier_for(Client::try_from(config).expect("client"))
+    }
+
+    fn applier_for(client: Client) -> Applier {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Metrics::register(&mut registry);
         let events = EventSink::spawn(client.clone(), "test".into(), metrics.clone());
@@ -1246,6 +1271,137 @@ mod tests {
         assert!(!applier.busy(&key));
         assert!(overlay.is_empty());
         assert!(applier.try_landed().is_none());
+    }
+
+    /// A simulated API server with the CRDs and namespace `ns`, and a
+    /// client of it.
+    async fn api_server() -> (gpupool_sim_apiserver::RunningApiServer, Client) {
+        let server = gpupool_sim_apiserver::ApiServer::start(
+            gpupool_sim_apiserver::ApiServerConfig::default(),
+        )
+        .await
+        .expect("API server starts");
+        let crd = std::fs::read_to_string(format!(
+            "{}/../crds/gpuleases.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("CRD file");
+        server
+            .create_crds_from_yaml(&crd)
+            .await
+            .expect("CRD applies");
+        let client = server.client().await.expect("client");
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "ns"}}))
+                .expect("namespace");
+        Api::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+        (server, client)
+    }
+
+    /// Creates lease `name` Queued at `position` and returns it as read back.
+    async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> GpuLease {
+        let mut new = lease(name, "", LeasePhase::Queued);
+        new.metadata.uid = None;
+        new.metadata.resource_version = None;
+        let created = api
+            .create(&PostParams::default(), &new)
+            .await
+            .expect("lease created");
+        let status = GpuLeaseStatus {
+            phase: LeasePhase::Queued,
+            sequence: Some(7),
+            position: Some(position),
+            ..Default::default()
+        };
+        let body =
+            patch::lease_status_patch(None, &status, created.metadata.resource_version.as_deref());
+        api.patch_status(name, &patch_params(), &Patch::Merge(&body))
+            .await
+            .expect("status written")
+    }
+
+    fn admitted() -> GpuLeaseStatus {
+        GpuLeaseStatus {
+            phase: LeasePhase::Admitted,
+            sequence: Some(7),
+            node: Some("node-1".into()),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_admission_is_written_over_a_position_the_progress_writer_moved() {
+        let (_server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let seen = queued_lease(&api, "a", 3).await;
+        // The progress writer moves it to the front after the pass read it.
+        let moved = GpuLeaseStatus {
+            position: Some(1),
+            message: Some("first in line".into()),
+            ..seen.status.clone().expect("status")
+        };
+        let body = patch::lease_status_patch(
+            seen.status.as_ref(),
+            &moved,
+            seen.metadata.resource_version.as_deref(),
+        );
+        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
+            .await
+            .expect("progress write");
+
+        let applier = applier_for(client);
+        let (done, errors) = applier
+            .writer
+            .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
+            .await;
+        assert!(errors.is_empty(), "{errors:?}");
+        let now = api.get("a").await.expect("lease");
+        let status = now.status.expect("status");
+        assert_eq!(status.phase, LeasePhase::Admitted);
+        assert_eq!(status.node.as_deref(), Some("node-1"));
+        assert_eq!(status.position, None, "the admission's status, not a mix");
+        assert_eq!(status.message, None);
+        assert!(matches!(done.as_slice(), [Done::Lease { .. }]));
+    }
+
+    #[tokio::test]
+    async fn an_admission_over_a_lease_changed_in_earnest_stays_a_conflict() {
+        let (_server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let seen = queued_lease(&api, "a", 3).await;
+        // Another writer (a replica that led before) admitted it elsewhere.
+        let elsewhere = GpuLeaseStatus {
+            node: Some("node-2".into()),
+            ..admitted()
+        };
+        let body = patch::lease_status_patch(
+            seen.status.as_ref(),
+            &elsewhere,
+            seen.metadata.resource_version.as_deref(),
+        );
+        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
+            .await
+            .expect("the other write");
+
+        let applier = applier_for(client);
+        let (done, errors) = applier
+            .writer
+            .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
+            .await;
+        assert!(done.is_empty());
+        assert!(
+            matches!(errors.as_slice(), [Error::LeaseConflict { .. }]),
+            "{errors:?}"
+        );
+        let now = api.get("a").await.expect("lease");
+        assert_eq!(
+            now.status.and_then(|s| s.node).as_deref(),
+            Some("node-2"),
+            "the other write stands"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! is unit-tested.
 
 use gpupool_api::names::{LABEL_HOSTNAME, SCHEDULING_GATE};
-use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
+use gpupool_api::{GpuLease, GpuLeaseClassStatus, GpuLeaseStatus};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
@@ -107,6 +107,30 @@ pub fn lease_status_differs(old: Option<&GpuLeaseStatus>, new: &GpuLeaseStatus) 
     a != b
 }
 
+/// True when `fresh` is `seen` with nothing changed but the fields the
+/// progress writer writes (position and message), so a status decided on
+/// `seen` may be written over `fresh` instead: the pass decided from the
+/// lease's identity, spec, phase and sequence, and none of them moved.
+/// A change anywhere else (another replica's phase, the device plugin's
+/// GPUs or `boundAt`, a new lease of the same name) keeps the conflict.
+pub fn only_progress_changed(seen: &GpuLease, fresh: &GpuLease) -> bool {
+    if seen.metadata.uid != fresh.metadata.uid || seen.spec != fresh.spec {
+        return false;
+    }
+    match (&seen.status, &fresh.status) {
+        (Some(seen), Some(fresh)) => {
+            let fresh = GpuLeaseStatus {
+                position: seen.position,
+                message: seen.message.clone(),
+                ..fresh.clone()
+            };
+            *seen == fresh
+        }
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 /// A merge patch replacing a class's status (lists are replaced whole by merge patches).
 pub fn class_status_patch(new: &GpuLeaseClassStatus) -> Value {
     json!({"status": new})
@@ -122,7 +146,65 @@ fn to_object<T: serde::Serialize>(v: &T) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpupool_api::{LeaseGpu, LeasePhase};
+    use gpupool_api::{GpuLeaseSpec, LeaseGpu, LeasePhase, Role};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn queued_lease() -> GpuLease {
+        let mut lease = GpuLease::new(
+            "a",
+            GpuLeaseSpec {
+                class_name: "default".into(),
+                pod_name: "a".into(),
+                pod_uid: "p".into(),
+                role: Role::Primary,
+                slots: 1,
+            },
+        );
+        lease.metadata.uid = Some("u".into());
+        lease.status = Some(GpuLeaseStatus {
+            phase: LeasePhase::Queued,
+            sequence: Some(7),
+            position: Some(3),
+            message: Some("waiting".into()),
+            ..Default::default()
+        });
+        lease
+    }
+
+    #[test]
+    fn only_a_moved_position_or_message_lets_a_status_be_written_over_the_new_lease() {
+        let seen = queued_lease();
+        let with = |change: &dyn Fn(&mut GpuLease)| {
+            let mut fresh = seen.clone();
+            change(&mut fresh);
+            only_progress_changed(&seen, &fresh)
+        };
+        fn status(lease: &mut GpuLease) -> &mut GpuLeaseStatus {
+            lease.status.as_mut().expect("status")
+        }
+        assert!(with(&|_| {}));
+        assert!(with(&|l| {
+            status(l).position = Some(1);
+            status(l).message = None;
+        }));
+        // Anything else the pass decided from, or another writer's field.
+        assert!(!with(&|l| status(l).phase = LeasePhase::Admitted));
+        assert!(!with(&|l| status(l).sequence = Some(8)));
+        assert!(!with(&|l| status(l).node = Some("node-1".into())));
+        assert!(!with(
+            &|l| status(l).bound_at = Some(Time(jiff::Timestamp::UNIX_EPOCH))
+        ));
+        assert!(!with(&|l| status(l).gpus = vec![LeaseGpu {
+            index: 0,
+            uuid: "GPU-0".into(),
+            product: None,
+        }]));
+        assert!(!with(
+            &|l| l.metadata.uid = Some("a new lease of the same name".into())
+        ));
+        assert!(!with(&|l| l.spec.slots = 2));
+        assert!(!with(&|l| l.status = None));
+    }
 
     fn pod(value: Value) -> Pod {
         serde_json::from_value(value).expect("pod")
