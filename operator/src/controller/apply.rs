@@ -1323,6 +1323,26 @@ mod tests {
             .expect("status written")
     }
 
+    /// Another writer's `status` over the lease as the pass read it.
+    async fn written_behind(api: &Api<GpuLease>, seen: &GpuLease, status: &GpuLeaseStatus) {
+        let body = patch::lease_status_patch(
+            seen.status.as_ref(),
+            status,
+            seen.metadata.resource_version.as_deref(),
+        );
+        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
+            .await
+            .expect("the other write");
+    }
+
+    /// The pass's admission of lease `a`, decided on `seen`.
+    async fn admit_over(client: Client, seen: GpuLease) -> (Vec<Done>, Vec<Error>) {
+        applier_for(client)
+            .writer
+            .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
+            .await
+    }
+
     fn admitted() -> GpuLeaseStatus {
         GpuLeaseStatus {
             phase: LeasePhase::Admitted,
@@ -1343,20 +1363,9 @@ mod tests {
             message: Some("first in line".into()),
             ..seen.status.clone().expect("status")
         };
-        let body = patch::lease_status_patch(
-            seen.status.as_ref(),
-            &moved,
-            seen.metadata.resource_version.as_deref(),
-        );
-        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
-            .await
-            .expect("progress write");
+        written_behind(&api, &seen, &moved).await;
 
-        let applier = applier_for(client);
-        let (done, errors) = applier
-            .writer
-            .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
-            .await;
+        let (done, errors) = admit_over(client, seen).await;
         assert!(errors.is_empty(), "{errors:?}");
         let now = api.get("a").await.expect("lease");
         let status = now.status.expect("status");
@@ -1377,20 +1386,9 @@ mod tests {
             node: Some("node-2".into()),
             ..admitted()
         };
-        let body = patch::lease_status_patch(
-            seen.status.as_ref(),
-            &elsewhere,
-            seen.metadata.resource_version.as_deref(),
-        );
-        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
-            .await
-            .expect("the other write");
+        written_behind(&api, &seen, &elsewhere).await;
 
-        let applier = applier_for(client);
-        let (done, errors) = applier
-            .writer
-            .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
-            .await;
+        let (done, errors) = admit_over(client, seen).await;
         assert!(done.is_empty());
         assert!(
             matches!(errors.as_slice(), [Error::LeaseConflict { .. }]),
