@@ -1,6 +1,8 @@
 //! The queue step (DESIGN §5.3–§5.4): primaries in sequence order, then
 //! helpers in theirs, each placed on one node that fits.
 
+use std::collections::BTreeMap;
+
 use gpupool_api::{LeasePhase, Ordering, Placement, Role};
 
 use super::capacity::Nodes;
@@ -209,7 +211,7 @@ impl Pass<'_> {
         let mut blocked: Option<usize> = None;
         // Free slots of the class, recomputed only after an admission.
         let mut class_free: Option<u64> = None;
-        for &t in order {
+        for (at, &t) in order.iter().enumerate() {
             let slots = self.tickets[t].slots;
             let ahead = queued.len() as u32;
             let eligible = self.eligible(c, t);
@@ -275,12 +277,24 @@ impl Pass<'_> {
                 blocked = blocked.or(Some(t));
                 Message::NewlyQueued
             } else {
-                let reserved = self.reservations.get(&t).map(Vec::as_slice).unwrap_or(&[]);
-                for &(node, amount) in reserved {
+                // Owned: the reservations behind it may change below. Empty
+                // (no allocation) for all but the primaries preempted for.
+                let reserved = self.reservations.get(&t).cloned().unwrap_or_default();
+                for &(node, amount) in &reserved {
                     self.nodes.give_back(res, node, amount);
                 }
                 let offered = open.as_deref().unwrap_or(list);
-                if let Some(node) = place(&self.nodes, offered, res, slots, placement) {
+                let mut node = place(&self.nodes, offered, res, slots, placement);
+                if node.is_none() && role == Role::Primary {
+                    node = place_over_reservations_behind(
+                        &mut self.nodes,
+                        &mut self.reservations,
+                        &order[at + 1..],
+                        res,
+                        |nodes| place(nodes, offered, res, slots, placement),
+                    );
+                }
+                if let Some(node) = node {
                     admit(
                         &mut self.nodes,
                         &mut self.tickets,
@@ -293,7 +307,7 @@ impl Pass<'_> {
                     class_free = None;
                     continue;
                 }
-                for &(node, amount) in reserved {
+                for &(node, amount) in &reserved {
                     self.nodes.take(res, node, amount);
                 }
                 waiting += 1;
@@ -470,6 +484,46 @@ impl Pass<'_> {
             }
         }
     }
+}
+
+/// Places a primary that did not fit by letting it use what is held back
+/// for the primaries `behind` it in its class's FIFO: a reservation keeps
+/// slots from the pods behind its primary, never from one ahead of it (else
+/// a primary that became possible only after a later one's preemption, say
+/// when its node grew, would wait on that reservation while, under
+/// StrictFIFO, the later one waits on it). On success those reservations
+/// are spent; otherwise they stay.
+fn place_over_reservations_behind(
+    nodes: &mut Nodes<'_>,
+    reservations: &mut BTreeMap<usize, Vec<(u32, u32)>>,
+    behind: &[usize],
+    res: usize,
+    place: impl Fn(&Nodes<'_>) -> Option<u32>,
+) -> Option<u32> {
+    let yielding: Vec<usize> = behind
+        .iter()
+        .copied()
+        .filter(|b| reservations.get(b).is_some_and(|held| !held.is_empty()))
+        .collect();
+    if yielding.is_empty() {
+        return None;
+    }
+    for b in &yielding {
+        for &(node, amount) in &reservations[b] {
+            nodes.give_back(res, node, amount);
+        }
+    }
+    let node = place(nodes);
+    for b in &yielding {
+        if node.is_some() {
+            reservations.remove(b);
+        } else {
+            for &(n, amount) in &reservations[b] {
+                nodes.take(res, n, amount);
+            }
+        }
+    }
+    node
 }
 
 /// Admits ticket `t` to `node`: the slots are taken at once, so no later

@@ -1201,3 +1201,66 @@ fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
             .and_then(|l| l.status.as_ref());
     assert_eq!(lease.map(|s| s.phase), Some(LeasePhase::Preempting));
 }
+
+/// A primary too large for any node lets a later one preempt a helper;
+/// then the node grows. The slots held for the later primary must not
+/// keep the earlier one, now possible, waiting while StrictFIFO keeps the
+/// later one behind it: found by `every_queued_lease_is_eventually_admitted_or_impossible`.
+#[test]
+fn a_reservation_for_a_later_primary_yields_to_an_earlier_one() {
+    let pass = || Event::Pass {
+        cut: None,
+        statuses_first: false,
+    };
+    let add = |name, helper, slots| Event::AddPod {
+        name,
+        class: 0,
+        helper,
+        slots,
+        ungated: false,
+    };
+    let sc = Scenario {
+        classes: vec![ClassCfg {
+            strict: true,
+            spread: false,
+            admit_while_queued: false,
+            evict: true,
+            min_runtime: 0,
+        }],
+        nodes: vec![(2, false)],
+        events: vec![
+            add(3, false, 3),
+            add(0, true, 1),
+            pass(),
+            pass(),
+            add(4, false, 2),
+            pass(),
+            pass(),
+            Event::Resize { pick: 0, alloc: 3 },
+        ],
+    };
+    let mut w = World::new(&sc);
+    run_events(&mut w, &sc).expect("events");
+    w.apply_event(&Event::Terminated)
+        .expect("the helper terminates");
+    w.quiesce(12).expect("quiet");
+    let phase = |name: &str| {
+        let key = ObjectKey::new("team", name);
+        w.s.leases
+            .iter()
+            .find(|l| l.key == key)
+            .and_then(|l| l.status.as_ref())
+            .map(|s| s.phase)
+    };
+    assert_eq!(phase("p0"), Some(LeasePhase::Released));
+    assert!(
+        matches!(phase("p3"), Some(LeasePhase::Admitted | LeasePhase::Bound)),
+        "the head takes the grown node: {:?}",
+        phase("p3")
+    );
+    assert_eq!(
+        phase("p4"),
+        Some(LeasePhase::Queued),
+        "and the later one waits behind it"
+    );
+}
