@@ -211,6 +211,19 @@ impl Pass<'_> {
         let mut blocked: Option<usize> = None;
         // Free slots of the class, recomputed only after an admission.
         let mut class_free: Option<u64> = None;
+        // Where in this FIFO the primaries that slots are held for stand:
+        // few, so found once per run rather than per ticket.
+        let reserved_in_order: Vec<(usize, usize)> =
+            if role == Role::Primary && !self.reservations.is_empty() {
+                order
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| self.reservations.contains_key(t))
+                    .map(|(pos, &t)| (t, pos))
+                    .collect()
+            } else {
+                Vec::new()
+            };
         for (at, &t) in order.iter().enumerate() {
             let slots = self.tickets[t].slots;
             let ahead = queued.len() as u32;
@@ -285,11 +298,11 @@ impl Pass<'_> {
                 }
                 let offered = open.as_deref().unwrap_or(list);
                 let mut node = place(&self.nodes, offered, res, slots, placement);
-                if node.is_none() && role == Role::Primary {
+                if node.is_none() && !reserved_in_order.is_empty() {
                     node = place_over_reservations_behind(
                         &mut self.nodes,
                         &mut self.reservations,
-                        &order[at + 1..],
+                        |b| reserved_in_order.iter().any(|&(r, pos)| r == b && pos > at),
                         res,
                         |nodes| place(nodes, offered, res, slots, placement),
                     );
@@ -487,7 +500,7 @@ impl Pass<'_> {
 }
 
 /// Places a primary that did not fit by letting it use what is held back
-/// for the primaries `behind` it in its class's FIFO: a reservation keeps
+/// for the primaries behind it in its class's FIFO (`behind` says which): a reservation keeps
 /// slots from the pods behind its primary, never from one ahead of it (else
 /// a primary that became possible only after a later one's preemption, say
 /// when its node grew, would wait on that reservation while, under
@@ -496,14 +509,15 @@ impl Pass<'_> {
 fn place_over_reservations_behind(
     nodes: &mut Nodes<'_>,
     reservations: &mut BTreeMap<usize, Vec<(u32, u32)>>,
-    behind: &[usize],
+    behind: impl Fn(usize) -> bool,
     res: usize,
     place: impl Fn(&Nodes<'_>) -> Option<u32>,
 ) -> Option<u32> {
-    let yielding: Vec<usize> = behind
+    // Few primaries hold reservations: look at those, not at the queue.
+    let yielding: Vec<usize> = reservations
         .iter()
-        .copied()
-        .filter(|b| reservations.get(b).is_some_and(|held| !held.is_empty()))
+        .filter(|(b, held)| !held.is_empty() && behind(**b))
+        .map(|(b, _)| *b)
         .collect();
     if yielding.is_empty() {
         return None;

@@ -1146,6 +1146,25 @@ proptest! {
     }
 }
 
+/// A pass over the world, the plan cut after `cut` writes if given.
+fn pass(cut: Option<u16>) -> Event {
+    Event::Pass {
+        cut,
+        statuses_first: false,
+    }
+}
+
+/// A pod of class 0 added, gated.
+fn add(name: u8, helper: bool, slots: u32) -> Event {
+    Event::AddPod {
+        name,
+        class: 0,
+        helper,
+        slots,
+        ungated: false,
+    }
+}
+
 /// A helper's eviction is refused by a PodDisruptionBudget, and the write
 /// that marked its lease Preempting is lost with the tail of the plan: the
 /// next pass preempts it afresh, and its lease must still say the eviction
@@ -1158,17 +1177,6 @@ fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
         admit_while_queued: false,
         evict,
         min_runtime: 0,
-    };
-    let pass = |cut| Event::Pass {
-        cut,
-        statuses_first: false,
-    };
-    let add = |name, helper, slots| Event::AddPod {
-        name,
-        class: 0,
-        helper,
-        slots,
-        ungated: false,
     };
     let sc = Scenario {
         classes: vec![class(true), class(false)],
@@ -1208,17 +1216,6 @@ fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
 /// later one behind it: found by `every_queued_lease_is_eventually_admitted_or_impossible`.
 #[test]
 fn a_reservation_for_a_later_primary_yields_to_an_earlier_one() {
-    let pass = || Event::Pass {
-        cut: None,
-        statuses_first: false,
-    };
-    let add = |name, helper, slots| Event::AddPod {
-        name,
-        class: 0,
-        helper,
-        slots,
-        ungated: false,
-    };
     let sc = Scenario {
         classes: vec![ClassCfg {
             strict: true,
@@ -1231,11 +1228,11 @@ fn a_reservation_for_a_later_primary_yields_to_an_earlier_one() {
         events: vec![
             add(3, false, 3),
             add(0, true, 1),
-            pass(),
-            pass(),
+            pass(None),
+            pass(None),
             add(4, false, 2),
-            pass(),
-            pass(),
+            pass(None),
+            pass(None),
             Event::Resize { pick: 0, alloc: 3 },
         ],
     };
