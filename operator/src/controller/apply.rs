@@ -1037,7 +1037,8 @@ fn with_timeout(chain: Chain) -> Chain {
     })
 }
 
-fn patch_params() -> PatchParams {
+/// Patch parameters naming the operator as the field manager.
+pub(super) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER_OPERATOR.to_owned()),
         ..Default::default()
@@ -1069,6 +1070,7 @@ async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_api::{api_server, lease, queued_lease, written_behind};
     use super::*;
 
     /// An applier whose client points nowhere: the tests below drive only
@@ -1084,29 +1086,6 @@ mod tests {
         let events = EventSink::spawn(client.clone(), "test".into(), metrics.clone());
         let progress = ProgressWriter::spawn(client.clone(), 10, Default::default());
         Applier::new(client, metrics, events, progress)
-    }
-
-    fn lease(name: &str, rv: &str, phase: LeasePhase) -> GpuLease {
-        GpuLease {
-            metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some(name.into()),
-                uid: Some("u".into()),
-                resource_version: Some(rv.into()),
-                ..Default::default()
-            },
-            spec: GpuLeaseSpec {
-                class_name: "default".into(),
-                pod_name: name.into(),
-                pod_uid: "p".into(),
-                role: Role::Primary,
-                slots: 1,
-            },
-            status: Some(GpuLeaseStatus {
-                phase,
-                ..Default::default()
-            }),
-        }
     }
 
     fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<GpuLease>>) -> Vec<Option<LeasePhase>> {
@@ -1273,68 +1252,6 @@ mod tests {
         assert!(applier.try_landed().is_none());
     }
 
-    /// A simulated API server with the CRDs and namespace `ns`, and a
-    /// client of it.
-    async fn api_server() -> (gpupool_sim_apiserver::RunningApiServer, Client) {
-        let server = gpupool_sim_apiserver::ApiServer::start(
-            gpupool_sim_apiserver::ApiServerConfig::default(),
-        )
-        .await
-        .expect("API server starts");
-        let crd = std::fs::read_to_string(format!(
-            "{}/../crds/gpuleases.yaml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .expect("CRD file");
-        server
-            .create_crds_from_yaml(&crd)
-            .await
-            .expect("CRD applies");
-        let client = server.client().await.expect("client");
-        let ns: k8s_openapi::api::core::v1::Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "ns"}}))
-                .expect("namespace");
-        Api::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("namespace created");
-        (server, client)
-    }
-
-    /// Creates lease `name` Queued at `position` and returns it as read back.
-    async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> GpuLease {
-        let mut new = lease(name, "", LeasePhase::Queued);
-        new.metadata.uid = None;
-        new.metadata.resource_version = None;
-        let created = api
-            .create(&PostParams::default(), &new)
-            .await
-            .expect("lease created");
-        let status = GpuLeaseStatus {
-            phase: LeasePhase::Queued,
-            sequence: Some(7),
-            position: Some(position),
-            ..Default::default()
-        };
-        let body =
-            patch::lease_status_patch(None, &status, created.metadata.resource_version.as_deref());
-        api.patch_status(name, &patch_params(), &Patch::Merge(&body))
-            .await
-            .expect("status written")
-    }
-
-    /// Another writer's `status` over the lease as the pass read it.
-    async fn written_behind(api: &Api<GpuLease>, seen: &GpuLease, status: &GpuLeaseStatus) {
-        let body = patch::lease_status_patch(
-            seen.status.as_ref(),
-            status,
-            seen.metadata.resource_version.as_deref(),
-        );
-        api.patch_status("a", &patch_params(), &Patch::Merge(&body))
-            .await
-            .expect("the other write");
-    }
-
     /// The pass's admission of lease `a`, decided on `seen`.
     async fn admit_over(client: Client, seen: GpuLease) -> (Vec<Done>, Vec<Error>) {
         applier_for(client)
@@ -1363,7 +1280,7 @@ mod tests {
             message: Some("first in line".into()),
             ..seen.status.clone().expect("status")
         };
-        written_behind(&api, &seen, &moved).await;
+        written_behind(&api, "a", &seen, &moved).await;
 
         let (done, errors) = admit_over(client, seen).await;
         assert!(errors.is_empty(), "{errors:?}");
@@ -1386,7 +1303,7 @@ mod tests {
             node: Some("node-2".into()),
             ..admitted()
         };
-        written_behind(&api, &seen, &elsewhere).await;
+        written_behind(&api, "a", &seen, &elsewhere).await;
 
         let (done, errors) = admit_over(client, seen).await;
         assert!(done.is_empty());

@@ -20,6 +20,8 @@ pub mod key_hash;
 pub mod overlay;
 pub mod patch;
 pub mod progress;
+#[cfg(test)]
+mod test_api;
 pub mod translate;
 
 use std::sync::Arc;

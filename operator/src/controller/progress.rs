@@ -15,20 +15,28 @@
 //! a pass that moves 10,000 positions hands over 10,000 statuses, not
 //! 10,000 JSON documents, and a status replaced before its turn costs
 //! nothing.
+//!
+//! The writer's own writes reach the watch caches a little later than the
+//! writer learns of them, so the passes in between decide on the lease as it
+//! was before. Such a status is written over the lease as the writer left
+//! it ([`OwnWrites`]), or not at all when it says the same: otherwise each
+//! would be refused as a conflict, or rewrite what was just written, and
+//! spend a write of the budget for nothing.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseStatus};
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use super::apply::patch_params;
 use super::patch;
 use crate::engine::ObjectKey;
 
@@ -90,6 +98,12 @@ impl<T> ProgressQueue<T> {
         Some((key, item))
     }
 
+    /// Gives back the write [`ProgressQueue::take`] spent on an item that
+    /// turned out to need no write.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.rate);
+    }
+
     /// When the budget next allows a write, if anything waits.
     pub fn next_at(&mut self, now: Instant) -> Option<Instant> {
         if self.order.is_empty() {
@@ -116,6 +130,137 @@ impl<T> ProgressQueue<T> {
             self.tokens = (self.tokens + gained).min(self.rate);
         }
         self.last = Some(now);
+    }
+}
+
+/// How long a record of the writer's own write is kept: long enough for the
+/// watch to deliver it (then the passes decide on it and the record is
+/// dropped), short enough that records of leases never offered again (their
+/// pod deleted while it waited) cannot pile up.
+const OWN_WRITE_TTL: Duration = Duration::from_secs(30);
+
+/// At most this many resourceVersions lead to one record: a lease whose
+/// watch lags behind more of the writer's writes than this is written as
+/// decided, and refused if it is stale.
+const OWN_WRITE_CHAIN: usize = 8;
+
+/// The writer's own writes the watch caches may not have delivered yet.
+/// Pure: time is passed in.
+///
+/// Guarantee: [`OwnWrites::base`] answers for a lease only when every
+/// change from the resourceVersion a status was decided on to the one it
+/// returns was a write of this writer (position and message only), so a
+/// status decided on the older lease may be written over the newer one.
+/// Any other writer's change moves the lease past the returned
+/// resourceVersion, and the write carrying it is refused as before.
+#[derive(Debug, Default)]
+pub struct OwnWrites {
+    by_key: HashMap<ObjectKey, OwnWrite>,
+    /// When each record was made, oldest first; a key appears once per
+    /// record made, and only the entry matching the record's time expires it.
+    made: VecDeque<(Instant, ObjectKey)>,
+}
+
+/// One lease as the writer's latest write left it.
+#[derive(Debug)]
+struct OwnWrite {
+    /// The resourceVersions from which only this writer's writes lead here.
+    behind: Vec<String>,
+    /// The status and resourceVersion the latest write returned.
+    status: GpuLeaseStatus,
+    resource_version: String,
+    at: Instant,
+}
+
+impl OwnWrites {
+    /// Records that a status decided on `decided_on` was written, and the
+    /// API server returned `status` at `resource_version`. `written_over`
+    /// is the resourceVersion the write's precondition named.
+    pub fn record(
+        &mut self,
+        key: ObjectKey,
+        decided_on: &str,
+        written_over: &str,
+        status: GpuLeaseStatus,
+        resource_version: String,
+        now: Instant,
+    ) {
+        self.expire(now);
+        let mut behind = match self.by_key.remove(&key) {
+            Some(old) if old.resource_version == written_over => old.behind,
+            _ => Vec::new(),
+        };
+        for rv in [decided_on, written_over] {
+            if !behind.iter().any(|b| b == rv) {
+                behind.push(rv.to_owned());
+            }
+        }
+        if behind.len() > OWN_WRITE_CHAIN {
+            behind.drain(..behind.len() - OWN_WRITE_CHAIN);
+        }
+        self.made.push_back((now, key.clone()));
+        self.by_key.insert(
+            key,
+            OwnWrite {
+                behind,
+                status,
+                resource_version,
+                at: now,
+            },
+        );
+    }
+
+    /// The status and resourceVersion to write a status decided on
+    /// `decided_on` over, when the writer's own writes moved the lease on
+    /// since. A record the caches have caught up with, or that the lease
+    /// has left behind, is dropped.
+    pub fn base(
+        &mut self,
+        key: &ObjectKey,
+        decided_on: &str,
+        now: Instant,
+    ) -> Option<(&GpuLeaseStatus, &str)> {
+        self.expire(now);
+        let fresh = self
+            .by_key
+            .get(key)
+            .is_some_and(|w| w.behind.iter().any(|rv| rv == decided_on));
+        if !fresh {
+            self.by_key.remove(key);
+            return None;
+        }
+        let w = self.by_key.get(key)?;
+        Some((&w.status, w.resource_version.as_str()))
+    }
+
+    /// Forgets what is known of `key` (another writer is writing it, or the
+    /// writer's last write was refused).
+    pub fn forget(&mut self, key: &ObjectKey) {
+        self.by_key.remove(key);
+    }
+
+    /// Leases with a record.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// True when no record is kept.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((at, _)) = self.made.front() {
+            if now.saturating_duration_since(*at) < OWN_WRITE_TTL {
+                break;
+            }
+            let Some((at, key)) = self.made.pop_front() else {
+                break;
+            };
+            if self.by_key.get(&key).is_some_and(|w| w.at == at) {
+                self.by_key.remove(&key);
+            }
+        }
     }
 }
 
@@ -168,23 +313,69 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    /// The merge patch to write, or `None` when the lease already says it.
-    pub fn body(&self) -> Option<Value> {
-        let old = self.lease.status.as_ref();
-        patch::lease_status_differs(old, &self.status).then(|| {
-            patch::lease_status_patch(
-                old,
-                &self.status,
-                self.lease.metadata.resource_version.as_deref(),
-            )
-        })
+    /// The resourceVersion the status was decided on.
+    pub fn decided_on(&self) -> Option<&str> {
+        self.lease.metadata.resource_version.as_deref()
+    }
+
+    /// The merge patch to write, or `None` when the lease already says it:
+    /// over the lease it was decided on, or over `base` (a status and its
+    /// resourceVersion) when the writer's own writes moved the lease on.
+    pub fn body(&self, base: Option<(&GpuLeaseStatus, &str)>) -> Option<Value> {
+        let (old, rv) = match base {
+            Some((status, rv)) => (Some(status), Some(rv)),
+            None => (self.lease.status.as_ref(), self.decided_on()),
+        };
+        patch::lease_status_differs(old, &self.status)
+            .then(|| patch::lease_status_patch(old, &self.status, rv))
+    }
+}
+
+/// The writer's state, shared by the task that takes writes and the tasks
+/// that make them.
+#[derive(Debug)]
+struct Shared {
+    queue: ProgressQueue<Wanted>,
+    own: OwnWrites,
+}
+
+/// One write taken from the queue, ready to send.
+struct Write {
+    key: ObjectKey,
+    body: Value,
+    decided_on: String,
+    written_over: String,
+}
+
+impl Shared {
+    /// The next write the budget allows at `now`, skipping (without
+    /// spending the budget) statuses the lease already has, or `Err` with
+    /// when to look again.
+    fn next(&mut self, now: Instant) -> Result<Write, Option<Instant>> {
+        while let Some((key, wanted)) = self.queue.take(now) {
+            let decided_on = wanted.decided_on().unwrap_or_default().to_owned();
+            let base = self.own.base(&key, &decided_on, now);
+            let written_over = base.map_or(decided_on.as_str(), |(_, rv)| rv).to_owned();
+            match wanted.body(base) {
+                Some(body) => {
+                    return Ok(Write {
+                        key,
+                        body,
+                        decided_on,
+                        written_over,
+                    });
+                }
+                None => self.queue.refund(),
+            }
+        }
+        Err(self.queue.next_at(now))
     }
 }
 
 /// Hands progress to the writing task; cheap to clone.
 #[derive(Clone)]
 pub struct ProgressWriter {
-    queue: Arc<Mutex<ProgressQueue<Wanted>>>,
+    shared: Arc<Mutex<Shared>>,
     wake: Arc<Notify>,
 }
 
@@ -193,67 +384,52 @@ impl ProgressWriter {
     /// second through `client`. The task ends when every handle is dropped.
     pub fn spawn(client: kube::Client, per_second: u32, metrics: ProgressMetrics) -> Self {
         let writer = Self {
-            queue: Arc::new(Mutex::new(ProgressQueue::new(per_second))),
+            shared: Arc::new(Mutex::new(Shared {
+                queue: ProgressQueue::new(per_second),
+                own: OwnWrites::default(),
+            })),
             wake: Arc::new(Notify::new()),
         };
-        let queue = Arc::downgrade(&writer.queue);
+        let weak = Arc::downgrade(&writer.shared);
         let wake = writer.wake.clone();
         tokio::spawn(async move {
             let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
             loop {
-                let Some(queue) = queue.upgrade() else {
+                let Some(shared) = weak.upgrade() else {
                     return;
                 };
-                let now = Instant::now();
-                let (next, wait_until, pending) = {
-                    let mut q = lock(&queue);
-                    let next = q.take(now);
-                    let wait = if next.is_none() { q.next_at(now) } else { None };
-                    (next, wait, q.len())
+                let (next, pending) = {
+                    let mut s = lock(&shared);
+                    let next = s.next(Instant::now());
+                    (next, s.queue.len())
                 };
-                drop(queue);
+                drop(shared);
                 metrics
                     .pending
                     .set(i64::try_from(pending).unwrap_or(i64::MAX));
-                let Some((key, wanted)) = next else {
-                    match wait_until {
-                        Some(at) => {
-                            tokio::select! {
-                                () = tokio::time::sleep_until(at.into()) => {}
-                                () = wake.notified() => {}
+                let write = match next {
+                    Ok(write) => write,
+                    Err(wait_until) => {
+                        match wait_until {
+                            Some(at) => {
+                                tokio::select! {
+                                    () = tokio::time::sleep_until(at.into()) => {}
+                                    () = wake.notified() => {}
+                                }
                             }
+                            None => wake.notified().await,
                         }
-                        None => wake.notified().await,
+                        continue;
                     }
-                    continue;
-                };
-                // The one place the body is built: at write time, for the
-                // latest status wanted.
-                let Some(body) = wanted.body() else {
-                    continue;
                 };
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     return;
                 };
-                let api: Api<GpuLease> = Api::namespaced(client.clone(), &key.namespace);
+                let api: Api<GpuLease> = Api::namespaced(client.clone(), &write.key.namespace);
                 let metrics = metrics.clone();
+                let weak = weak.clone();
                 tokio::spawn(async move {
-                    let params = PatchParams {
-                        field_manager: Some(gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned()),
-                        ..Default::default()
-                    };
-                    let result = match api
-                        .patch_status(&key.name, &params, &Patch::Merge(&body))
-                        .await
-                    {
-                        Ok(_) => "written",
-                        Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
-                        Err(kube::Error::Api(s)) if s.code == 404 => "gone",
-                        Err(error) => {
-                            tracing::debug!(lease = %key, %error, "progress write failed; the next pass offers it again");
-                            "failed"
-                        }
-                    };
+                    let result = send(&api, write, &weak).await;
                     metrics.writes.get_or_create(&ResultLabel { result }).inc();
                     drop(permit);
                 });
@@ -264,20 +440,55 @@ impl ProgressWriter {
 
     /// Wants `wanted` written for `key` at `priority` (lowest first).
     pub fn offer(&self, key: ObjectKey, priority: u32, wanted: Wanted) {
-        lock(&self.queue).offer(key, priority, wanted);
+        lock(&self.shared).queue.offer(key, priority, wanted);
         self.wake.notify_one();
     }
 
-    /// Forgets what waits for `key`.
+    /// Forgets what waits for `key`, and what the writer knows of it: its
+    /// status is being written in full elsewhere.
     pub fn forget(&self, key: &ObjectKey) {
-        lock(&self.queue).forget(key);
+        let mut s = lock(&self.shared);
+        s.queue.forget(key);
+        s.own.forget(key);
     }
 }
 
-fn lock<T>(queue: &Mutex<ProgressQueue<T>>) -> std::sync::MutexGuard<'_, ProgressQueue<T>> {
-    // A panic while holding the lock leaves a queue that is still consistent
-    // enough to keep writing from: every method leaves both maps in step.
-    match queue.lock() {
+/// Sends one write and records what it left; returns the result label.
+async fn send(api: &Api<GpuLease>, write: Write, shared: &Weak<Mutex<Shared>>) -> &'static str {
+    let outcome = api
+        .patch_status(&write.key.name, &patch_params(), &Patch::Merge(&write.body))
+        .await;
+    let (result, landed) = match outcome {
+        Ok(lease) => ("written", lease.status.zip(lease.metadata.resource_version)),
+        Err(kube::Error::Api(status)) if status.code == 409 => ("conflict", None),
+        Err(kube::Error::Api(status)) if status.code == 404 => ("gone", None),
+        Err(error) => {
+            tracing::debug!(lease = %write.key, %error, "progress write failed; the next pass offers it again");
+            ("failed", None)
+        }
+    };
+    if let Some(shared) = shared.upgrade() {
+        let mut s = lock(&shared);
+        match landed {
+            Some((status, rv)) => s.own.record(
+                write.key,
+                &write.decided_on,
+                &write.written_over,
+                status,
+                rv,
+                Instant::now(),
+            ),
+            None => s.own.forget(&write.key),
+        }
+    }
+    result
+}
+
+fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves the queue and the records still
+    // consistent enough to keep writing from: every method leaves its maps
+    // in step.
+    match shared.lock() {
         Ok(q) => q,
         Err(poisoned) => poisoned.into_inner(),
     }
@@ -363,7 +574,7 @@ mod tests {
             lease: lease.clone(),
             status: persisted.clone(),
         };
-        assert_eq!(unchanged.body(), None, "nothing to write");
+        assert_eq!(unchanged.body(None), None, "nothing to write");
 
         let mut q = ProgressQueue::new(10);
         let moved = |position: u32| Wanted {
@@ -376,7 +587,7 @@ mod tests {
         q.offer(key("l"), 6, moved(6));
         q.offer(key("l"), 5, moved(5));
         let (_, wanted) = q.take(Instant::now()).expect("one write");
-        let body = wanted.body().expect("the position moved");
+        let body = wanted.body(None).expect("the position moved");
         assert_eq!(body["status"]["position"], json!(5), "the latest offer");
         assert_eq!(body["metadata"]["resourceVersion"], json!("42"));
         assert!(q.is_empty());
@@ -394,5 +605,227 @@ mod tests {
             Some("b".into())
         );
         assert!(q.is_empty());
+    }
+    fn status_at(position: u32) -> GpuLeaseStatus {
+        GpuLeaseStatus {
+            phase: gpupool_api::LeasePhase::Queued,
+            sequence: Some(7),
+            position: Some(position),
+            ..GpuLeaseStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_status_decided_before_the_writers_own_writes_is_written_over_them() {
+        let mut own = OwnWrites::default();
+        let t0 = Instant::now();
+        // Decided on rv 1, written over rv 1, landed as rv 2; then decided
+        // on rv 1 again (the watch still lags), written over rv 2: rv 3.
+        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        assert_eq!(
+            own.base(&key("a"), "1", t0)
+                .map(|(s, rv)| (s.position, rv.to_owned())),
+            Some((Some(2), "2".to_owned()))
+        );
+        own.record(key("a"), "1", "2", status_at(1), "3".into(), t0);
+        for decided_on in ["1", "2"] {
+            assert_eq!(
+                own.base(&key("a"), decided_on, t0)
+                    .map(|(_, rv)| rv.to_owned()),
+                Some("3".to_owned()),
+                "decided on rv {decided_on}"
+            );
+        }
+        // The caches caught up: the status is written as decided, and the
+        // record is no longer needed.
+        assert!(own.base(&key("a"), "3", t0).is_none());
+        assert!(own.is_empty());
+    }
+
+    #[test]
+    fn a_record_is_dropped_when_the_lease_moved_past_it_or_it_grew_old() {
+        let mut own = OwnWrites::default();
+        let t0 = Instant::now();
+        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        // Decided on a version the writer did not write from (another
+        // writer's): no base, and the record goes.
+        assert!(own.base(&key("a"), "5", t0).is_none());
+        assert!(own.is_empty());
+
+        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        own.record(key("b"), "1", "1", status_at(3), "2".into(), t0);
+        own.forget(&key("a"));
+        assert!(own.base(&key("a"), "1", t0).is_none(), "forgotten");
+        assert_eq!(own.len(), 1);
+        let late = t0 + OWN_WRITE_TTL;
+        assert!(own.base(&key("b"), "1", late).is_none(), "expired");
+        assert!(own.is_empty());
+
+        // A write that did not build on the record starts a new chain.
+        own.record(key("c"), "1", "1", status_at(2), "2".into(), t0);
+        own.record(key("c"), "4", "4", status_at(1), "5".into(), t0);
+        assert!(own.base(&key("c"), "1", t0).is_none());
+        own.record(key("c"), "4", "4", status_at(1), "5".into(), t0);
+        assert!(own.base(&key("c"), "4", t0).is_some());
+    }
+
+    #[test]
+    fn a_record_renewed_after_its_first_write_outlives_that_write() {
+        let mut own = OwnWrites::default();
+        let t0 = Instant::now();
+        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        let t1 = t0 + OWN_WRITE_TTL / 2;
+        own.record(key("a"), "1", "2", status_at(1), "3".into(), t1);
+        assert!(
+            own.base(&key("a"), "1", t0 + OWN_WRITE_TTL).is_some(),
+            "the first write's expiry does not drop the renewed record"
+        );
+        assert!(own.base(&key("a"), "1", t1 + OWN_WRITE_TTL).is_none());
+    }
+
+    #[test]
+    fn the_chain_behind_a_record_is_bounded() {
+        let mut own = OwnWrites::default();
+        let t0 = Instant::now();
+        for rv in 1..=20u32 {
+            own.record(
+                key("a"),
+                "1",
+                &rv.to_string(),
+                status_at(1),
+                (rv + 1).to_string(),
+                t0,
+            );
+        }
+        assert!(own.base(&key("a"), "20", t0).is_some());
+        assert!(
+            own.base(&key("a"), "2", t0).is_none(),
+            "older versions than the chain keeps are written as decided"
+        );
+    }
+
+    fn lease_at(rv: &str, status: GpuLeaseStatus) -> Arc<GpuLease> {
+        let mut lease = GpuLease::new(
+            "l",
+            gpupool_api::GpuLeaseSpec {
+                class_name: "default".into(),
+                pod_name: "l".into(),
+                pod_uid: "u".into(),
+                role: gpupool_api::Role::Primary,
+                slots: 1,
+            },
+        );
+        lease.metadata.resource_version = Some(rv.into());
+        lease.status = Some(status);
+        Arc::new(lease)
+    }
+
+    #[test]
+    fn a_status_the_writer_already_wrote_costs_no_write_of_the_budget() {
+        let t0 = Instant::now();
+        let mut shared = Shared {
+            queue: ProgressQueue::new(1),
+            own: OwnWrites::default(),
+        };
+        let stale = lease_at("1", status_at(3));
+        // The writer moved `a` to 2 (rv 2); a pass that read rv 1 wants 2.
+        shared
+            .own
+            .record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        let wanted = |position| Wanted {
+            lease: stale.clone(),
+            status: status_at(position),
+        };
+        shared.queue.offer(key("a"), 2, wanted(2));
+        shared.queue.offer(key("b"), 5, wanted(5));
+        let write = shared.next(t0).expect("b is written");
+        assert_eq!(write.key, key("b"), "a already says it");
+        assert!(shared.next(t0).is_err(), "one write a second");
+
+        // A pass that read rv 1 wants `a` at 1: written over rv 2.
+        shared.queue.offer(key("a"), 1, wanted(1));
+        let write = shared
+            .next(t0 + Duration::from_secs(1))
+            .expect("a is written");
+        assert_eq!(
+            (write.decided_on.as_str(), write.written_over.as_str()),
+            ("1", "2")
+        );
+        assert_eq!(write.body["metadata"]["resourceVersion"], json!("2"));
+        assert_eq!(write.body["status"]["position"], json!(1));
+    }
+
+    fn written(metrics: &ProgressMetrics, result: &'static str) -> u64 {
+        metrics.writes.get_or_create(&ResultLabel { result }).get()
+    }
+
+    /// Waits until the writer has made `n` writes in all.
+    async fn until_writes(metrics: &ProgressMetrics, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut total = 0;
+            for result in ["written", "conflict", "gone", "failed"] {
+                total += written(metrics, result);
+            }
+            if total >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{total} of {n} writes made");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn stale_positions_are_written_over_the_writers_own_and_never_over_anyone_elses() {
+        use super::super::test_api::{api_server, queued_lease, written_behind};
+        let (_server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let seen = Arc::new(queued_lease(&api, "a", 3).await);
+        let metrics = ProgressMetrics::default();
+        let writer = ProgressWriter::spawn(client, 100, metrics.clone());
+        let moved = |position: u32| Wanted {
+            lease: seen.clone(),
+            status: GpuLeaseStatus {
+                position: Some(position),
+                ..seen.status.clone().expect("status")
+            },
+        };
+        let position = || async {
+            api.get("a")
+                .await
+                .expect("lease")
+                .status
+                .and_then(|s| s.position)
+        };
+
+        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
+        until_writes(&metrics, 1).await;
+        assert_eq!(position().await, Some(2));
+        // Passes that still read the lease as it was before that write.
+        writer.offer(ObjectKey::new("ns", "a"), 1, moved(1));
+        until_writes(&metrics, 2).await;
+        assert_eq!(position().await, Some(1));
+        assert_eq!(written(&metrics, "conflict"), 0);
+        assert_eq!(written(&metrics, "written"), 2);
+
+        // Another writer admits the lease: a stale position is refused.
+        let now = api.get("a").await.expect("lease");
+        let admitted = GpuLeaseStatus {
+            phase: gpupool_api::LeasePhase::Admitted,
+            position: None,
+            node: Some("node-1".into()),
+            ..now.status.clone().expect("status")
+        };
+        written_behind(&api, "a", &now, &admitted).await;
+        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
+        until_writes(&metrics, 3).await;
+        assert_eq!(written(&metrics, "conflict"), 1);
+        let status = api.get("a").await.expect("lease").status.expect("status");
+        assert_eq!(
+            status.phase,
+            gpupool_api::LeasePhase::Admitted,
+            "the admission stands"
+        );
+        assert_eq!(status.position, None);
     }
 }
