@@ -1319,6 +1319,33 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn an_admission_whose_lease_cannot_be_read_again_stays_a_conflict() {
+        let (server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let seen = queued_lease(&api, "a", 3).await;
+        // Every request now fails with 409: the write conflicts, and so
+        // does reading the lease again to see what moved.
+        server
+            .faults()
+            .set(gpupool_sim_apiserver::FaultConfig {
+                error_rate: 1.0,
+                error_code: 409,
+                ..Default::default()
+            })
+            .expect("faults");
+
+        let (done, errors) = admit_over(client, seen.clone()).await;
+        server.faults().clear();
+        assert!(done.is_empty());
+        assert!(
+            matches!(errors.as_slice(), [Error::LeaseConflict { .. }]),
+            "{errors:?}"
+        );
+        let now = api.get("a").await.expect("lease");
+        assert_eq!(now.status, seen.status, "nothing was written");
+    }
+
     #[test]
     fn eviction_body_uses_policy_v1_wire_names() {
         let body = EvictionBody {

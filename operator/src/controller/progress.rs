@@ -828,4 +828,36 @@ mod tests {
         );
         assert_eq!(status.position, None);
     }
+    #[tokio::test]
+    async fn a_write_for_a_lease_that_is_gone_is_dropped_with_what_was_known_of_it() {
+        use super::super::test_api::{api_server, queued_lease};
+        let (_server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let seen = Arc::new(queued_lease(&api, "a", 3).await);
+        let metrics = ProgressMetrics::default();
+        let writer = ProgressWriter::spawn(client, 100, metrics.clone());
+        let moved = |position: u32| Wanted {
+            lease: seen.clone(),
+            status: GpuLeaseStatus {
+                position: Some(position),
+                ..seen.status.clone().expect("status")
+            },
+        };
+        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
+        until_writes(&metrics, 1).await;
+        assert_eq!(lock(&writer.shared).own.len(), 1);
+
+        api.delete("a", &Default::default())
+            .await
+            .expect("lease deleted");
+        writer.offer(ObjectKey::new("ns", "a"), 1, moved(1));
+        until_writes(&metrics, 2).await;
+        assert_eq!(written(&metrics, "gone"), 1);
+        assert!(lock(&writer.shared).own.is_empty());
+        assert_eq!(
+            lock(&writer.shared).queue.len(),
+            0,
+            "not offered again by itself"
+        );
+    }
 }
