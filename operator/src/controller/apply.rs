@@ -214,15 +214,17 @@ fn assumed_new_lease(new: &NewLease) -> GpuLease {
     }
 }
 
-/// The lease `key` as the pass saw it, when writing `status` over it would
-/// change something the operator owns; `None` when there is nothing to
-/// write (it is unchanged, or the lease is not known).
+/// The lease `key` as the pass saw it (or as the progress writer's own
+/// writes moved it on since, `moved_on`), when writing `status` over it
+/// would change something the operator owns; `None` when there is nothing
+/// to write (it is unchanged, or the lease is not known).
 fn status_to_write(
     input: &PassInput<'_>,
+    moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
     key: &ObjectKey,
     status: &GpuLeaseStatus,
 ) -> Option<Arc<GpuLease>> {
-    let lease = input.lease(key)?;
+    let lease = moved_on.get(key).or_else(|| input.lease(key))?;
     patch::lease_status_differs(lease.status.as_ref(), status).then(|| lease.clone())
 }
 
@@ -429,9 +431,16 @@ impl Applier {
         }
         // Position and message updates never hold up this pass: the budgeted
         // writer takes them, front of the queue first. A lease whose status is
-        // written in full here needs no progress write of its own.
+        // written in full here needs no progress write of its own, and is
+        // written over the progress writer's own last write of it.
+        let mut moved_on: HashMap<ObjectKey, Arc<GpuLease>> = HashMap::new();
         for key in statuses.keys() {
-            self.progress.forget(key);
+            let moved = input
+                .lease(key)
+                .and_then(|lease| self.progress.take_over(key, lease));
+            if let Some(lease) = moved {
+                moved_on.insert(key.clone(), Arc::new(lease));
+            }
         }
         for (key, status) in plan.lease_progress {
             if self.busy(&key) {
@@ -474,13 +483,13 @@ impl Applier {
             if let Some(a) = admissions.get(&key) {
                 let sequence = status.sequence;
                 admitted_statuses.push((key.clone(), status.clone()));
-                if let Some(lease) = status_to_write(input, &key, &status) {
+                if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
                     admission_chains.push(self.writer.status_chain(key.clone(), status, lease));
                     pending.insert(key, (a.role, sequence));
                 }
                 continue;
             }
-            if let Some(lease) = status_to_write(input, &key, &status) {
+            if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
                 // The device plugin's GPUs stay as they are: the write
                 // leaves them alone.
                 let mut assumed = GpuLease::clone(&lease);
@@ -541,7 +550,7 @@ impl Applier {
         // held back a whole pass, and its admittedAt stays the one decided
         // together with theirs.
         for _ in 0..ADMISSION_WRITE_RETRIES {
-            let retry = self.retry_chains(&admitted_statuses, &pending, &written, input);
+            let retry = self.retry_chains(&admitted_statuses, &pending, &written, input, &moved_on);
             if retry.is_empty() {
                 break;
             }
@@ -565,12 +574,13 @@ impl Applier {
         pending: &HashMap<ObjectKey, (Role, Option<u64>)>,
         written: &HashSet<ObjectKey>,
         input: &PassInput<'_>,
+        moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
     ) -> Vec<Chain> {
         admitted_statuses
             .iter()
             .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
             .filter_map(|(k, st)| {
-                let lease = status_to_write(input, k, st)?;
+                let lease = status_to_write(input, moved_on, k, st)?;
                 Some(self.writer.status_chain(k.clone(), st.clone(), lease))
             })
             .collect()

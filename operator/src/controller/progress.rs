@@ -348,6 +348,23 @@ struct Write {
 }
 
 impl Shared {
+    /// Forgets what waits for `key` and what is known of it, since its
+    /// status is about to be written in full; returns `lease` (the version
+    /// that status was decided on) moved on to what this writer's own
+    /// writes left, when they are all that changed it since.
+    fn take_over(&mut self, key: &ObjectKey, lease: &GpuLease, now: Instant) -> Option<GpuLease> {
+        self.queue.forget(key);
+        let decided_on = lease.metadata.resource_version.as_deref()?;
+        let rebased = self.own.base(key, decided_on, now).map(|(status, rv)| {
+            let mut moved = lease.clone();
+            moved.status = Some(status.clone());
+            moved.metadata.resource_version = Some(rv.to_owned());
+            moved
+        });
+        self.own.forget(key);
+        rebased
+    }
+
     /// The next write the budget allows at `now`, skipping (without
     /// spending the budget) statuses the lease already has, or `Err` with
     /// when to look again.
@@ -444,12 +461,12 @@ impl ProgressWriter {
         self.wake.notify_one();
     }
 
-    /// Forgets what waits for `key`, and what the writer knows of it: its
-    /// status is being written in full elsewhere.
-    pub fn forget(&self, key: &ObjectKey) {
-        let mut s = lock(&self.shared);
-        s.queue.forget(key);
-        s.own.forget(key);
+    /// Hands `key`'s status over to a full write decided on `lease`: forgets
+    /// what waits for it, and returns the lease as this writer's own writes
+    /// left it when they are all that changed it since `lease` (so the full
+    /// write goes over that version instead of meeting a conflict).
+    pub fn take_over(&self, key: &ObjectKey, lease: &GpuLease) -> Option<GpuLease> {
+        lock(&self.shared).take_over(key, lease, Instant::now())
     }
 }
 
@@ -859,5 +876,41 @@ mod tests {
             0,
             "not offered again by itself"
         );
+    }
+    #[test]
+    fn a_full_status_write_takes_the_lease_over_as_the_writer_left_it() {
+        let t0 = Instant::now();
+        let mut shared = Shared {
+            queue: ProgressQueue::new(10),
+            own: OwnWrites::default(),
+        };
+        let seen = lease_at("1", status_at(3));
+        shared
+            .own
+            .record(key("a"), "1", "1", status_at(2), "2".into(), t0);
+        shared.queue.offer(
+            key("a"),
+            1,
+            Wanted {
+                lease: seen.clone(),
+                status: status_at(1),
+            },
+        );
+        let moved = shared.take_over(&key("a"), &seen, t0).expect("moved on");
+        assert_eq!(moved.metadata.resource_version.as_deref(), Some("2"));
+        assert_eq!(moved.status, Some(status_at(2)));
+        assert!(
+            shared.queue.is_empty() && shared.own.is_empty(),
+            "all forgotten"
+        );
+
+        // Without a record, or decided on a version the writer did not
+        // write from: nothing to move on to.
+        assert!(shared.take_over(&key("a"), &seen, t0).is_none());
+        shared
+            .own
+            .record(key("b"), "7", "7", status_at(2), "8".into(), t0);
+        assert!(shared.take_over(&key("b"), &seen, t0).is_none());
+        assert!(shared.own.is_empty());
     }
 }
