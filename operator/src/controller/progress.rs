@@ -133,6 +133,10 @@ impl<T> ProgressQueue<T> {
     }
 }
 
+/// At most this many statuses that need no write are passed over while the
+/// lock is held, so a pass offering its batch never waits long for it.
+const SKIPS_PER_LOCK: usize = 64;
+
 /// How long a record of the writer's own write is kept: long enough for the
 /// watch to deliver it (then the passes decide on it and the record is
 /// dropped), short enough that records of leases never offered again (their
@@ -369,7 +373,10 @@ impl Shared {
     /// spending the budget) statuses the lease already has, or `Err` with
     /// when to look again.
     fn next(&mut self, now: Instant) -> Result<Write, Option<Instant>> {
-        while let Some((key, wanted)) = self.queue.take(now) {
+        for _ in 0..SKIPS_PER_LOCK {
+            let Some((key, wanted)) = self.queue.take(now) else {
+                return Err(self.queue.next_at(now));
+            };
             let decided_on = wanted.decided_on().unwrap_or_default().to_owned();
             let base = self.own.base(&key, &decided_on, now);
             let written_over = base.map_or(decided_on.as_str(), |(_, rv)| rv).to_owned();
@@ -385,7 +392,8 @@ impl Shared {
                 None => self.queue.refund(),
             }
         }
-        Err(self.queue.next_at(now))
+        // Let offers in before looking further.
+        Err(Some(now))
     }
 }
 
@@ -912,5 +920,38 @@ mod tests {
             .record(key("b"), "7", "7", status_at(2), "8".into(), t0);
         assert!(shared.take_over(&key("b"), &seen, t0).is_none());
         assert!(shared.own.is_empty());
+    }
+    #[test]
+    fn statuses_that_need_no_write_are_passed_over_a_few_at_a_time() {
+        let t0 = Instant::now();
+        let mut shared = Shared {
+            queue: ProgressQueue::new(1),
+            own: OwnWrites::default(),
+        };
+        let seen = lease_at("1", status_at(3));
+        let unchanged = SKIPS_PER_LOCK + 1;
+        for i in 0..unchanged {
+            let priority = u32::try_from(i).expect("small");
+            shared.queue.offer(
+                key(&format!("same-{priority}")),
+                priority,
+                Wanted {
+                    lease: seen.clone(),
+                    status: status_at(3),
+                },
+            );
+        }
+        shared.queue.offer(
+            key("moved"),
+            u32::MAX,
+            Wanted {
+                lease: seen.clone(),
+                status: status_at(2),
+            },
+        );
+        assert_eq!(shared.next(t0).err(), Some(Some(t0)), "look again at once");
+        let write = shared.next(t0).expect("the budget was not spent on them");
+        assert_eq!(write.key, key("moved"));
+        assert!(shared.queue.is_empty());
     }
 }
