@@ -800,52 +800,77 @@ mod tests {
         }
     }
 
+    /// A writer over a simulated API server holding lease `ns/a`, Queued
+    /// at position 3 as `seen` holds it.
+    struct Fixture {
+        _server: gpupool_sim_apiserver::RunningApiServer,
+        api: Api<GpuLease>,
+        seen: Arc<GpuLease>,
+        writer: ProgressWriter,
+        metrics: ProgressMetrics,
+    }
+
+    impl Fixture {
+        async fn start() -> Self {
+            use super::super::test_api::{api_server, queued_lease};
+            let (server, client) = api_server().await;
+            let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+            let seen = Arc::new(queued_lease(&api, "a", 3).await);
+            let metrics = ProgressMetrics::default();
+            let writer = ProgressWriter::spawn(client, 100, metrics.clone());
+            Self {
+                _server: server,
+                api,
+                seen,
+                writer,
+                metrics,
+            }
+        }
+
+        /// Offers `a` at `position`, decided on `seen`, and waits until
+        /// the writer has made `writes` writes in all.
+        async fn offer_moved(&self, position: u32, writes: u64) {
+            let wanted = Wanted {
+                lease: self.seen.clone(),
+                status: GpuLeaseStatus {
+                    position: Some(position),
+                    ..self.seen.status.clone().expect("status")
+                },
+            };
+            self.writer
+                .offer(ObjectKey::new("ns", "a"), position, wanted);
+            until_writes(&self.metrics, writes).await;
+        }
+
+        async fn status(&self) -> GpuLeaseStatus {
+            let lease = self.api.get("a").await.expect("lease");
+            lease.status.expect("status")
+        }
+    }
+
     #[tokio::test]
     async fn stale_positions_are_written_over_the_writers_own_and_never_over_anyone_elses() {
-        use super::super::test_api::{api_server, queued_lease, written_behind};
-        let (_server, client) = api_server().await;
-        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
-        let seen = Arc::new(queued_lease(&api, "a", 3).await);
-        let metrics = ProgressMetrics::default();
-        let writer = ProgressWriter::spawn(client, 100, metrics.clone());
-        let moved = |position: u32| Wanted {
-            lease: seen.clone(),
-            status: GpuLeaseStatus {
-                position: Some(position),
-                ..seen.status.clone().expect("status")
-            },
-        };
-        let position = || async {
-            api.get("a")
-                .await
-                .expect("lease")
-                .status
-                .and_then(|s| s.position)
-        };
-
-        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
-        until_writes(&metrics, 1).await;
-        assert_eq!(position().await, Some(2));
+        let f = Fixture::start().await;
+        f.offer_moved(2, 1).await;
+        assert_eq!(f.status().await.position, Some(2));
         // Passes that still read the lease as it was before that write.
-        writer.offer(ObjectKey::new("ns", "a"), 1, moved(1));
-        until_writes(&metrics, 2).await;
-        assert_eq!(position().await, Some(1));
-        assert_eq!(written(&metrics, "conflict"), 0);
-        assert_eq!(written(&metrics, "written"), 2);
+        f.offer_moved(1, 2).await;
+        assert_eq!(f.status().await.position, Some(1));
+        assert_eq!(written(&f.metrics, "conflict"), 0);
+        assert_eq!(written(&f.metrics, "written"), 2);
 
         // Another writer admits the lease: a stale position is refused.
-        let now = api.get("a").await.expect("lease");
+        let now = f.api.get("a").await.expect("lease");
         let admitted = GpuLeaseStatus {
             phase: gpupool_api::LeasePhase::Admitted,
             position: None,
             node: Some("node-1".into()),
             ..now.status.clone().expect("status")
         };
-        written_behind(&api, "a", &now, &admitted).await;
-        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
-        until_writes(&metrics, 3).await;
-        assert_eq!(written(&metrics, "conflict"), 1);
-        let status = api.get("a").await.expect("lease").status.expect("status");
+        super::super::test_api::written_behind(&f.api, "a", &now, &admitted).await;
+        f.offer_moved(2, 3).await;
+        assert_eq!(written(&f.metrics, "conflict"), 1);
+        let status = f.status().await;
         assert_eq!(
             status.phase,
             gpupool_api::LeasePhase::Admitted,
@@ -853,38 +878,27 @@ mod tests {
         );
         assert_eq!(status.position, None);
     }
+
     #[tokio::test]
     async fn a_write_for_a_lease_that_is_gone_is_dropped_with_what_was_known_of_it() {
-        use super::super::test_api::{api_server, queued_lease};
-        let (_server, client) = api_server().await;
-        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
-        let seen = Arc::new(queued_lease(&api, "a", 3).await);
-        let metrics = ProgressMetrics::default();
-        let writer = ProgressWriter::spawn(client, 100, metrics.clone());
-        let moved = |position: u32| Wanted {
-            lease: seen.clone(),
-            status: GpuLeaseStatus {
-                position: Some(position),
-                ..seen.status.clone().expect("status")
-            },
-        };
-        writer.offer(ObjectKey::new("ns", "a"), 2, moved(2));
-        until_writes(&metrics, 1).await;
-        assert_eq!(lock(&writer.shared).own.len(), 1);
+        let f = Fixture::start().await;
+        f.offer_moved(2, 1).await;
+        assert_eq!(lock(&f.writer.shared).own.len(), 1);
 
-        api.delete("a", &Default::default())
+        f.api
+            .delete("a", &Default::default())
             .await
             .expect("lease deleted");
-        writer.offer(ObjectKey::new("ns", "a"), 1, moved(1));
-        until_writes(&metrics, 2).await;
-        assert_eq!(written(&metrics, "gone"), 1);
-        assert!(lock(&writer.shared).own.is_empty());
+        f.offer_moved(1, 2).await;
+        assert_eq!(written(&f.metrics, "gone"), 1);
+        assert!(lock(&f.writer.shared).own.is_empty());
         assert_eq!(
-            lock(&writer.shared).queue.len(),
+            lock(&f.writer.shared).queue.len(),
             0,
             "not offered again by itself"
         );
     }
+
     #[test]
     fn a_full_status_write_takes_the_lease_over_as_the_writer_left_it() {
         let t0 = Instant::now();
