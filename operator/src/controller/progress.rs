@@ -141,7 +141,12 @@ const SKIPS_PER_LOCK: usize = 64;
 /// watch to deliver it (then the passes decide on it and the record is
 /// dropped), short enough that records of leases never offered again (their
 /// pod deleted while it waited) cannot pile up.
-const OWN_WRITE_TTL: Duration = Duration::from_secs(30);
+const OWN_WRITE_TTL: Duration = Duration::from_secs(10);
+
+/// At most this many leases have a record; a write beyond them is made but
+/// not recorded (a later stale status for that lease is refused as a
+/// conflict, as it would be without records).
+const OWN_WRITE_RECORDS: usize = 4096;
 
 /// At most this many resourceVersions lead to one record: a lease whose
 /// watch lags behind more of the writer's writes than this is written as
@@ -165,15 +170,31 @@ pub struct OwnWrites {
     made: VecDeque<(Instant, ObjectKey)>,
 }
 
-/// One lease as the writer's latest write left it.
+/// One lease as the writer's latest write left it. Only position and
+/// message are kept: they are all the writer changes, so the lease's status
+/// is the one a status was decided on with these two replaced.
 #[derive(Debug)]
 struct OwnWrite {
     /// The resourceVersions from which only this writer's writes lead here.
     behind: Vec<String>,
-    /// The status and resourceVersion the latest write returned.
-    status: GpuLeaseStatus,
+    position: Option<u32>,
+    message: Option<String>,
+    /// The resourceVersion the latest write returned.
     resource_version: String,
     at: Instant,
+}
+
+/// What a status decided on an older version is written over: the
+/// position and message the writer's own writes left, at their
+/// resourceVersion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Base<'a> {
+    /// Position the lease now has.
+    pub position: Option<u32>,
+    /// Message the lease now has.
+    pub message: Option<&'a str>,
+    /// The lease's resourceVersion.
+    pub resource_version: &'a str,
 }
 
 impl OwnWrites {
@@ -192,6 +213,7 @@ impl OwnWrites {
         self.expire(now);
         let mut behind = match self.by_key.remove(&key) {
             Some(old) if old.resource_version == written_over => old.behind,
+            _ if self.by_key.len() >= OWN_WRITE_RECORDS => return,
             _ => Vec::new(),
         };
         for rv in [decided_on, written_over] {
@@ -207,7 +229,8 @@ impl OwnWrites {
             key,
             OwnWrite {
                 behind,
-                status,
+                position: status.position,
+                message: status.message,
                 resource_version,
                 at: now,
             },
@@ -218,12 +241,7 @@ impl OwnWrites {
     /// `decided_on` over, when the writer's own writes moved the lease on
     /// since. A record the caches have caught up with, or that the lease
     /// has left behind, is dropped.
-    pub fn base(
-        &mut self,
-        key: &ObjectKey,
-        decided_on: &str,
-        now: Instant,
-    ) -> Option<(&GpuLeaseStatus, &str)> {
+    pub fn base(&mut self, key: &ObjectKey, decided_on: &str, now: Instant) -> Option<Base<'_>> {
         self.expire(now);
         let fresh = self
             .by_key
@@ -234,7 +252,11 @@ impl OwnWrites {
             return None;
         }
         let w = self.by_key.get(key)?;
-        Some((&w.status, w.resource_version.as_str()))
+        Some(Base {
+            position: w.position,
+            message: w.message.as_deref(),
+            resource_version: w.resource_version.as_str(),
+        })
     }
 
     /// Forgets what is known of `key` (another writer is writing it, or the
@@ -323,16 +345,30 @@ impl Wanted {
     }
 
     /// The merge patch to write, or `None` when the lease already says it:
-    /// over the lease it was decided on, or over `base` (a status and its
-    /// resourceVersion) when the writer's own writes moved the lease on.
-    pub fn body(&self, base: Option<(&GpuLeaseStatus, &str)>) -> Option<Value> {
-        let (old, rv) = match base {
-            Some((status, rv)) => (Some(status), Some(rv)),
-            None => (self.lease.status.as_ref(), self.decided_on()),
+    /// over the lease it was decided on, or over `base` when the writer's
+    /// own writes moved the lease on.
+    pub fn body(&self, base: Option<Base<'_>>) -> Option<Value> {
+        let Some(base) = base else {
+            let old = self.lease.status.as_ref();
+            return patch::lease_status_differs(old, &self.status)
+                .then(|| patch::lease_status_patch(old, &self.status, self.decided_on()));
         };
-        patch::lease_status_differs(old, &self.status)
-            .then(|| patch::lease_status_patch(old, &self.status, rv))
+        let old = moved_on(&self.lease, base).status;
+        patch::lease_status_differs(old.as_ref(), &self.status).then(|| {
+            patch::lease_status_patch(old.as_ref(), &self.status, Some(base.resource_version))
+        })
     }
+}
+
+/// `lease` as the writer's own writes since left it (`base`).
+fn moved_on(lease: &GpuLease, base: Base<'_>) -> GpuLease {
+    let mut moved = lease.clone();
+    if let Some(status) = moved.status.as_mut() {
+        status.position = base.position;
+        status.message = base.message.map(str::to_owned);
+    }
+    moved.metadata.resource_version = Some(base.resource_version.to_owned());
+    moved
 }
 
 /// The writer's state, shared by the task that takes writes and the tasks
@@ -359,12 +395,10 @@ impl Shared {
     fn take_over(&mut self, key: &ObjectKey, lease: &GpuLease, now: Instant) -> Option<GpuLease> {
         self.queue.forget(key);
         let decided_on = lease.metadata.resource_version.as_deref()?;
-        let rebased = self.own.base(key, decided_on, now).map(|(status, rv)| {
-            let mut moved = lease.clone();
-            moved.status = Some(status.clone());
-            moved.metadata.resource_version = Some(rv.to_owned());
-            moved
-        });
+        let rebased = self
+            .own
+            .base(key, decided_on, now)
+            .map(|base| moved_on(lease, base));
         self.own.forget(key);
         rebased
     }
@@ -379,7 +413,9 @@ impl Shared {
             };
             let decided_on = wanted.decided_on().unwrap_or_default().to_owned();
             let base = self.own.base(&key, &decided_on, now);
-            let written_over = base.map_or(decided_on.as_str(), |(_, rv)| rv).to_owned();
+            let written_over = base
+                .map_or(decided_on.as_str(), |b| b.resource_version)
+                .to_owned();
             match wanted.body(base) {
                 Some(body) => {
                     return Ok(Write {
@@ -649,14 +685,14 @@ mod tests {
         own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
         assert_eq!(
             own.base(&key("a"), "1", t0)
-                .map(|(s, rv)| (s.position, rv.to_owned())),
+                .map(|b| (b.position, b.resource_version.to_owned())),
             Some((Some(2), "2".to_owned()))
         );
         own.record(key("a"), "1", "2", status_at(1), "3".into(), t0);
         for decided_on in ["1", "2"] {
             assert_eq!(
                 own.base(&key("a"), decided_on, t0)
-                    .map(|(_, rv)| rv.to_owned()),
+                    .map(|b| b.resource_version.to_owned()),
                 Some("3".to_owned()),
                 "decided on rv {decided_on}"
             );
@@ -967,5 +1003,26 @@ mod tests {
         let write = shared.next(t0).expect("the budget was not spent on them");
         assert_eq!(write.key, key("moved"));
         assert!(shared.queue.is_empty());
+    }
+    #[test]
+    fn records_are_bounded_whatever_the_number_of_leases_written() {
+        let mut own = OwnWrites::default();
+        let t0 = Instant::now();
+        for i in 0..=OWN_WRITE_RECORDS {
+            own.record(
+                key(&format!("l{i}")),
+                "1",
+                "1",
+                status_at(1),
+                "2".into(),
+                t0,
+            );
+        }
+        assert_eq!(own.len(), OWN_WRITE_RECORDS);
+        let last = key(&format!("l{OWN_WRITE_RECORDS}"));
+        assert!(own.base(&last, "1", t0).is_none(), "not recorded");
+        // A lease already recorded still has its chain extended.
+        own.record(key("l0"), "1", "2", status_at(1), "3".into(), t0);
+        assert!(own.base(&key("l0"), "2", t0).is_some());
     }
 }
