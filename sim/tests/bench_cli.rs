@@ -79,6 +79,28 @@ async fn a_small_bench_reports_every_figure() {
             "{route} missing from the breakdown: {figures}"
         );
     }
+    // Every client's writes per admission: the operator's among them, and
+    // the bench's own pod creates (one per pod) as admin.
+    let by_client = figures["apiWritesPerAdmissionByClient"]
+        .as_object()
+        .unwrap_or_else(|| panic!("apiWritesPerAdmissionByClient missing: {figures}"));
+    let operator = by_client
+        .iter()
+        .find(|(user, _)| user.contains("gpupool-operator"))
+        .and_then(|(_, v)| v.as_f64());
+    assert!(
+        operator.is_some_and(|v| (v - total).abs() < 1e-9),
+        "the operator's share is writesPerAdmission: {figures}"
+    );
+    for client in ["admin", "system:kube-scheduler", "system:node:*"] {
+        assert!(
+            by_client
+                .get(client)
+                .and_then(Value::as_f64)
+                .is_some_and(|v| v > 0.0),
+            "{client} missing from the clients: {figures}"
+        );
+    }
     // The operator's own account of its passes is read from its metrics.
     assert!(
         figures["operatorPasses"]["count"]

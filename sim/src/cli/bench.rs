@@ -18,7 +18,11 @@
 //! (every write request the operator's identity made during the run, as the
 //! in-memory API server counts them per user, ÷ admissions; `null` on a real
 //! control plane; `writesPerAdmissionByRoute` splits it by method and
-//! resource, e.g. `PATCH gpuleases/status`), `peakLeases` (most GpuLeases seen at once) and
+//! resource, e.g. `PATCH gpuleases/status`), `apiWritesPerAdmissionByClient`
+//! (every client's writes ÷ admissions, refused ones included: the
+//! operator, the scheduler, the kubelets together, the device plugins, and
+//! the bench's own pod creates as `admin`: what one admission costs the API
+//! server, to set beside its raw patch rate), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
 //! were created) ÷ peak leases).
 //!
@@ -172,6 +176,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     // The operator's footprint and API writes before the burst, to subtract.
     let rss_before_kib = operator_rss_kib(cluster, "VmRSS:").unwrap_or(0);
     let operator_writes_before = operator_writes(cluster);
+    let client_writes_before = writes_by_client(cluster);
 
     // Create every pod (all queue: the class selects no node yet). A failed
     // create is counted, not fatal: the figures then say how many failed.
@@ -273,22 +278,14 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
     peak_leases = peak_leases.max(count_leases(&leases).await);
     // Per route, then in all: where the writes per admission go.
-    let writes_by_route: Option<BTreeMap<String, f64>> =
-        match (operator_writes_before, operator_writes(cluster)) {
-            (Some(before), Some(after)) if !seen.ungated.is_empty() => Some(
-                after
-                    .iter()
-                    .map(|(route, n)| {
-                        let was = before.get(route).copied().unwrap_or(0);
-                        let per = n.saturating_sub(was) as f64 / seen.ungated.len() as f64;
-                        (route.clone(), per)
-                    })
-                    .filter(|(_, per)| *per > 0.0)
-                    .collect(),
-            ),
-            _ => None,
-        };
+    let admitted = seen.ungated.len();
+    let writes_by_route = operator_writes_before
+        .zip(operator_writes(cluster))
+        .and_then(|(before, after)| per_admission(&before, &after, admitted));
     let writes_per_admission = writes_by_route.as_ref().map(|r| r.values().sum::<f64>());
+    let client_writes = client_writes_before
+        .zip(writes_by_client(cluster))
+        .and_then(|(before, after)| per_admission(&before, &after, admitted));
     let rss_per_lease_kib = (peak_leases > 0 && rss_peak_kib > 0)
         .then(|| rss_peak_kib.saturating_sub(rss_before_kib) as f64 / peak_leases as f64);
 
@@ -356,6 +353,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
         "writesPerAdmission": writes_per_admission,
         "writesPerAdmissionByRoute": writes_by_route,
+        "apiWritesPerAdmissionByClient": client_writes,
         "operatorPasses": passes.as_ref().map(HistogramFigures::to_json),
         "webhookReviewMs": reviews.as_ref().map(HistogramFigures::to_json),
         "operatorApiErrors": counter_by_label(&operator_metrics, "gpupool_operator_api_errors_total"),
@@ -456,6 +454,44 @@ fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
 /// a real control plane, which does not count per user.
 fn operator_writes(cluster: &SimCluster) -> Option<BTreeMap<String, u64>> {
     Some(cluster.api_server()?.writes_by_route(OPERATOR_USER))
+}
+
+/// Every API write during the run by client, as the in-memory API server
+/// counts them per user, the kubelets' users (`system:node:<node>`) folded
+/// into one; `None` on a real control plane.
+fn writes_by_client(cluster: &SimCluster) -> Option<BTreeMap<String, u64>> {
+    let mut by_client = BTreeMap::new();
+    for (user, n) in cluster.api_server()?.writes_by_user() {
+        let client = if user.starts_with("system:node:") {
+            "system:node:*".to_owned()
+        } else {
+            user
+        };
+        *by_client.entry(client).or_default() += n;
+    }
+    Some(by_client)
+}
+
+/// The counts that grew from `before` to `after`, each divided by
+/// `admissions`; `None` when nothing was admitted.
+fn per_admission(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    admissions: usize,
+) -> Option<BTreeMap<String, f64>> {
+    (admissions > 0).then(|| {
+        after
+            .iter()
+            .map(|(key, n)| {
+                let was = before.get(key).copied().unwrap_or(0);
+                (
+                    key.clone(),
+                    n.saturating_sub(was) as f64 / admissions as f64,
+                )
+            })
+            .filter(|(_, per)| *per > 0.0)
+            .collect()
+    })
 }
 
 /// A Prometheus histogram of the operator's, summed over all its label
@@ -582,6 +618,23 @@ async fn count_leases(leases: &Api<GpuLease>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_per_admission_are_the_growth_of_each_count() {
+        let before = BTreeMap::from([("a".to_owned(), 10), ("b".to_owned(), 5)]);
+        let after = BTreeMap::from([
+            ("a".to_owned(), 30),
+            ("b".to_owned(), 5),
+            ("c".to_owned(), 4),
+        ]);
+        let per = per_admission(&before, &after, 4).expect("admissions");
+        assert_eq!(
+            per,
+            BTreeMap::from([("a".to_owned(), 5.0), ("c".to_owned(), 1.0)]),
+            "b did not grow"
+        );
+        assert_eq!(per_admission(&before, &after, 0), None);
+    }
 
     #[test]
     fn status_fields_are_read_in_kib() {
