@@ -22,7 +22,10 @@
 //! (every client's writes ÷ admissions, refused ones included: the
 //! operator, the scheduler, the kubelets together, the device plugins, and
 //! the bench's own pod creates as `admin`: what one admission costs the API
-//! server, to set beside its raw patch rate), `peakLeases` (most GpuLeases seen at once) and
+//! server over the run), `apiWritesPerBurstAdmissionByClient` (the same,
+//! counted from the class's opening to the burst's last admission and
+//! divided by the burst's admissions: the write rate the burst asks of the
+//! API server, to set beside its raw patch rate), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
 //! were created) ÷ peak leases).
 //!
@@ -230,6 +233,8 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     let capacity = u64::from(args.nodes) * u64::from(args.gpus_per_node);
     let burst = capacity.min(created.len() as u64) as usize;
     let opened = Instant::now();
+    let writes_at_open = writes_by_client(cluster);
+    let mut writes_at_burst_end = None;
     classes
         .patch(
             "default",
@@ -261,6 +266,9 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
                     &mut seen.ungated
                 };
                 map.entry(name).or_insert((at, node));
+                if !done && writes_at_burst_end.is_none() && seen.ungated.len() >= burst {
+                    writes_at_burst_end = writes_by_client(cluster);
+                }
             }
             Ok(None) => anyhow::bail!("the pod watch ended"),
             Err(_) => {}
@@ -286,6 +294,9 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     let client_writes = client_writes_before
         .zip(writes_by_client(cluster))
         .and_then(|(before, after)| per_admission(&before, &after, admitted));
+    let burst_writes = writes_at_open
+        .zip(writes_at_burst_end)
+        .and_then(|(before, after)| per_admission(&before, &after, burst));
     let rss_per_lease_kib = (peak_leases > 0 && rss_peak_kib > 0)
         .then(|| rss_peak_kib.saturating_sub(rss_before_kib) as f64 / peak_leases as f64);
 
@@ -354,6 +365,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "writesPerAdmission": writes_per_admission,
         "writesPerAdmissionByRoute": writes_by_route,
         "apiWritesPerAdmissionByClient": client_writes,
+        "apiWritesPerBurstAdmissionByClient": burst_writes,
         "operatorPasses": passes.as_ref().map(HistogramFigures::to_json),
         "webhookReviewMs": reviews.as_ref().map(HistogramFigures::to_json),
         "operatorApiErrors": counter_by_label(&operator_metrics, "gpupool_operator_api_errors_total"),
