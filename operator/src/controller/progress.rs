@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::Patch;
 use prometheus_client::metrics::counter::Counter;
@@ -353,22 +354,35 @@ impl Wanted {
             return patch::lease_status_differs(old, &self.status)
                 .then(|| patch::lease_status_patch(old, &self.status, self.decided_on()));
         };
-        let old = moved_on(&self.lease, base).status;
+        let old = base.status_over(self.lease.status.as_ref());
         patch::lease_status_differs(old.as_ref(), &self.status).then(|| {
             patch::lease_status_patch(old.as_ref(), &self.status, Some(base.resource_version))
         })
     }
 }
 
+impl Base<'_> {
+    /// `decided_on` (the status a pass read) as the writer's own writes
+    /// since left it.
+    fn status_over(&self, decided_on: Option<&GpuLeaseStatus>) -> Option<GpuLeaseStatus> {
+        decided_on.map(|status| GpuLeaseStatus {
+            position: self.position,
+            message: self.message.map(str::to_owned),
+            ..status.clone()
+        })
+    }
+}
+
 /// `lease` as the writer's own writes since left it (`base`).
 fn moved_on(lease: &GpuLease, base: Base<'_>) -> GpuLease {
-    let mut moved = lease.clone();
-    if let Some(status) = moved.status.as_mut() {
-        status.position = base.position;
-        status.message = base.message.map(str::to_owned);
+    GpuLease {
+        metadata: ObjectMeta {
+            resource_version: Some(base.resource_version.to_owned()),
+            ..lease.metadata.clone()
+        },
+        spec: lease.spec.clone(),
+        status: base.status_over(lease.status.as_ref()),
     }
-    moved.metadata.resource_version = Some(base.resource_version.to_owned());
-    moved
 }
 
 /// The writer's state, shared by the task that takes writes and the tasks
