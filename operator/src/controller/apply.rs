@@ -21,12 +21,13 @@
 //! and comes in the plan. The raw objects are read only for what a write's
 //! precondition needs (UIDs, resourceVersions, where the pod's gate sits).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, FIELD_MANAGER_OPERATOR};
 use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
@@ -48,6 +49,7 @@ use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
+use super::ungate::{LeaseWrite, UngateOrder};
 use crate::engine::{Admission, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -226,21 +228,6 @@ fn status_to_write(
 ) -> Option<Arc<GpuLease>> {
     let lease = moved_on.get(key).or_else(|| input.lease(key))?;
     patch::lease_status_differs(lease.status.as_ref(), status).then(|| lease.clone())
-}
-
-/// The leases `results` wrote.
-fn written_leases(results: &[Finished]) -> HashSet<ObjectKey> {
-    results
-        .iter()
-        .flat_map(|f| &f.done)
-        .filter_map(|d| match d {
-            Done::Lease { lease, .. } => Some(ObjectKey::new(
-                lease.metadata.namespace.clone()?,
-                lease.metadata.name.clone()?,
-            )),
-            _ => None,
-        })
-        .collect()
 }
 
 impl Applier {
@@ -461,31 +448,28 @@ impl Applier {
             .into_iter()
             .map(|a| (a.key.clone(), a))
             .collect();
-        // Admissions whose lease status is written first: key → (role,
-        // sequence). Their pods are ungated only afterwards, in step 3. An
-        // admission of an object still being written waits for the next
-        // pass, and counts as a failed lease write: no later pod of its
-        // role is ungated before it.
-        let mut pending: HashMap<ObjectKey, (Role, Option<u64>)> = HashMap::new();
-        let mut admitted_statuses: Vec<(ObjectKey, GpuLeaseStatus)> = Vec::new();
-        let mut admission_chains: Vec<Chain> = Vec::new();
+        // Each admission's lease status is written first, and its pod
+        // ungated only afterwards (step 3); `UngateOrder` keeps the pods of
+        // a role in queue order. An admission of an object still being
+        // written waits for the next pass, and counts as a failed lease
+        // write: no later pod of its role is ungated before it.
+        let mut admitted: Vec<(ObjectKey, Role, Option<u64>, LeaseWrite)> = Vec::new();
+        let mut admitted_statuses: HashMap<ObjectKey, GpuLeaseStatus> = HashMap::new();
         for a in admissions.values().filter(|a| self.busy(&a.key)) {
             let sequence = statuses
                 .get(&a.key)
                 .or_else(|| input.lease(&a.key).and_then(|l| l.status.as_ref()))
                 .and_then(|s| s.sequence);
-            pending.insert(a.key.clone(), (a.role, sequence));
+            admitted.push((a.key.clone(), a.role, sequence, LeaseWrite::Failed));
         }
         for (key, status) in statuses {
             if self.busy(&key) {
                 continue;
             }
             if let Some(a) = admissions.get(&key) {
-                let sequence = status.sequence;
-                admitted_statuses.push((key.clone(), status.clone()));
-                if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
-                    admission_chains.push(self.writer.status_chain(key.clone(), status, lease));
-                    pending.insert(key, (a.role, sequence));
+                if status_to_write(input, &moved_on, &key, &status).is_some() {
+                    admitted.push((key.clone(), a.role, status.sequence, LeaseWrite::Writing));
+                    admitted_statuses.insert(key, status);
                 }
                 continue;
             }
@@ -505,6 +489,17 @@ impl Applier {
                     Some(assumed),
                     overlay,
                 );
+            }
+        }
+        // Admissions whose lease already says what the pass decided (one
+        // whose pod never got its patch) need no lease write.
+        for a in admissions.values() {
+            if !self.busy(&a.key) && !admitted_statuses.contains_key(&a.key) {
+                let sequence = input
+                    .lease(&a.key)
+                    .and_then(|l| l.status.as_ref())
+                    .and_then(|s| s.sequence);
+                admitted.push((a.key.clone(), a.role, sequence, LeaseWrite::Written));
             }
         }
         for e in plan.evictions {
@@ -543,23 +538,9 @@ impl Applier {
         // 3. The admissions: each admitted lease's status, then its pod's
         // ungate. The pass waits for them only, so a freed slot is taken
         // without waiting for any unrelated write.
-        let mut results = collect(admission_chains).await;
-        let mut written = written_leases(&results);
-        // An admission whose lease write failed (a 5xx, a timeout) is tried
-        // again at once with the same status, so the pods behind it are not
-        // held back a whole pass, and its admittedAt stays the one decided
-        // together with theirs.
-        for _ in 0..ADMISSION_WRITE_RETRIES {
-            let retry = self.retry_chains(&admitted_statuses, &pending, &written, input, &moved_on);
-            if retry.is_empty() {
-                break;
-            }
-            let again = collect(retry).await;
-            written.extend(written_leases(&again));
-            results.extend(again);
-        }
-        let ungate = self.ungate_chains(admissions, &pending, &written, input);
-        results.extend(collect(ungate).await);
+        let results = self
+            .admit(admissions, admitted_statuses, admitted, input, &moved_on)
+            .await;
         record(results, overlay, &mut errors, &mut outcome);
 
         self.report(&errors);
@@ -567,65 +548,86 @@ impl Applier {
         outcome
     }
 
-    /// Admitted statuses to write again: those whose write failed.
-    fn retry_chains(
+    /// Writes the admissions' lease statuses and ungates their pods, at
+    /// most [`CONCURRENCY`] writes at once. Leases are written in sequence
+    /// order, and each pod is patched as soon as [`UngateOrder`] allows
+    /// (its lease and every earlier one of its role written), so the two
+    /// writes of one admission overlap those of the next rather than every
+    /// lease write of the pass going before every pod patch. A lease write
+    /// that fails (a 5xx, a timeout) is tried again at once with the same
+    /// status, so the pods behind it are not held back a whole pass, and
+    /// its admittedAt stays the one decided together with theirs.
+    async fn admit(
         &self,
-        admitted_statuses: &[(ObjectKey, GpuLeaseStatus)],
-        pending: &HashMap<ObjectKey, (Role, Option<u64>)>,
-        written: &HashSet<ObjectKey>,
+        mut admissions: BTreeMap<ObjectKey, Admission>,
+        statuses: HashMap<ObjectKey, GpuLeaseStatus>,
+        admitted: Vec<(ObjectKey, Role, Option<u64>, LeaseWrite)>,
         input: &PassInput<'_>,
         moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
-    ) -> Vec<Chain> {
-        admitted_statuses
+    ) -> Vec<Finished> {
+        let mut writes: Vec<(u64, &ObjectKey)> = admitted
             .iter()
-            .filter(|(k, _)| pending.contains_key(k) && !written.contains(k))
-            .filter_map(|(k, st)| {
-                let lease = status_to_write(input, moved_on, k, st)?;
-                Some(self.writer.status_chain(k.clone(), st.clone(), lease))
-            })
-            .collect()
-    }
-
-    /// The pod patches of the admissions whose leases say Admitted. When a
-    /// lease write failed, no pod of its role with a later sequence is
-    /// ungated in this pass: the failed one is decided again first, so
-    /// pods start in queue order even when the API server refuses a write.
-    fn ungate_chains(
-        &self,
-        admissions: BTreeMap<ObjectKey, Admission>,
-        pending: &HashMap<ObjectKey, (Role, Option<u64>)>,
-        written: &HashSet<ObjectKey>,
-        input: &PassInput<'_>,
-    ) -> Vec<Chain> {
-        let mut first_failed: BTreeMap<Role, u64> = BTreeMap::new();
-        for (key, (role, sequence)) in pending {
-            if !written.contains(key) {
-                let seq = sequence.unwrap_or(0);
-                let e = first_failed.entry(*role).or_insert(seq);
-                *e = (*e).min(seq);
+            .filter(|(_, _, _, state)| *state == LeaseWrite::Writing)
+            .map(|(key, _, seq, _)| (seq.unwrap_or(u64::MAX), key))
+            .collect();
+        writes.sort();
+        // Each lease to write, with the retries it has had.
+        let mut leases: VecDeque<(ObjectKey, usize)> = writes
+            .into_iter()
+            .map(|(_, key)| (key.clone(), 0))
+            .collect();
+        let mut order = UngateOrder::new(admitted);
+        let mut pods: VecDeque<ObjectKey> = order.ready().into();
+        let mut running = FuturesUnordered::new();
+        let mut results = Vec::new();
+        loop {
+            // Pods first: each finishes an admission already begun.
+            while running.len() < CONCURRENCY {
+                if let Some(key) = pods.pop_front() {
+                    if let Some(a) = admissions.remove(&key) {
+                        running.push(timed(None, self.writer.admit_chain(a, input)));
+                    }
+                } else if let Some((key, tries)) = leases.pop_front() {
+                    let write = statuses
+                        .get(&key)
+                        .and_then(|st| Some((st, status_to_write(input, moved_on, &key, st)?)));
+                    match write {
+                        Some((status, lease)) => {
+                            let chain =
+                                self.writer.status_chain(key.clone(), status.clone(), lease);
+                            running.push(timed(Some((key, tries)), chain));
+                        }
+                        None => pods.extend(order.answer(&key, LeaseWrite::Failed)),
+                    }
+                } else {
+                    break;
+                }
             }
+            let Some((lease, finished)) = running.next().await else {
+                break;
+            };
+            if let Some((key, tries)) = lease {
+                let written = finished
+                    .done
+                    .iter()
+                    .any(|d| matches!(d, Done::Lease { .. }));
+                if written {
+                    pods.extend(order.answer(&key, LeaseWrite::Written));
+                } else if tries < ADMISSION_WRITE_RETRIES {
+                    leases.push_front((key, tries + 1));
+                } else {
+                    pods.extend(order.answer(&key, LeaseWrite::Failed));
+                }
+            }
+            results.push(finished);
         }
-        let sequence_of = |a: &Admission| {
-            input
-                .lease(&a.key)
-                .and_then(|l| l.status.as_ref())
-                .and_then(|s| s.sequence)
-        };
-        admissions
-            .into_values()
-            .filter(|a| {
-                let (lease_ok, seq) = match pending.get(&a.key) {
-                    Some((_, seq)) => (written.contains(&a.key), *seq),
-                    None => (true, sequence_of(a)),
-                };
-                lease_ok
-                    && first_failed
-                        .get(&a.role)
-                        .is_none_or(|&failed| seq.is_some_and(|s| s < failed))
-            })
-            .map(|a| self.writer.admit_chain(a, input))
-            .collect()
+        results
     }
+}
+
+/// Runs `chain` under the write timeout; its outcome comes back with `tag`.
+fn timed<T: Send + 'static>(tag: T, chain: Chain) -> BoxFuture<'static, (T, Finished)> {
+    Box::pin(async move { (tag, Finished::now(with_timeout(chain).await)) })
 }
 
 /// What the write chains need: the client, the metrics and the event sink.
@@ -1354,6 +1356,136 @@ mod tests {
         );
         let now = api.get("a").await.expect("lease");
         assert_eq!(now.status, seen.status, "nothing was written");
+    }
+
+    /// Pod `name` in namespace `ns`, gated, asking for one slot.
+    fn gated_pod(name: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {
+                "schedulingGates": [{"name": gpupool_api::names::SCHEDULING_GATE}],
+                "containers": [{
+                    "name": "c",
+                    "image": "busybox",
+                    "resources": {"limits": {"gpupool/slot": "1"}},
+                }],
+            },
+        }))
+        .expect("pod")
+    }
+
+    #[tokio::test]
+    async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
+        let (_server, client) = api_server().await;
+        let classes: Api<GpuLeaseClass> = Api::all(client.clone());
+        classes
+            .create(
+                &PostParams::default(),
+                &GpuLeaseClass::new("default", Default::default()),
+            )
+            .await
+            .expect("class");
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
+        let leases: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let names = ["a", "b", "c", "d"];
+        let mut admissions = Vec::new();
+        let mut statuses = BTreeMap::new();
+        for (seq, name) in (1..).zip(names) {
+            let pod = pods
+                .create(&PostParams::default(), &gated_pod(name))
+                .await
+                .expect("pod created");
+            let uid = pod.metadata.uid.expect("uid");
+            let mut lease = queued_lease(&leases, name, seq).await;
+            lease.spec.pod_uid = uid.clone();
+            leases
+                .replace(name, &PostParams::default(), &lease)
+                .await
+                .expect("lease points at its pod");
+            let key = ObjectKey::new("ns", name);
+            let status = GpuLeaseStatus {
+                sequence: Some(u64::from(seq)),
+                ..admitted()
+            };
+            statuses.insert(key.clone(), status);
+            admissions.push(Admission {
+                key,
+                pod_uid: uid,
+                role: Role::Primary,
+                node: "node-1".into(),
+                slots: 1,
+            });
+        }
+
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let mut registry = prometheus_client::registry::Registry::default();
+        let caches =
+            super::super::Caches::start(&client, changed, &Metrics::register(&mut registry));
+        caches.wait_synced().await.expect("caches fill");
+        let leases_seen = || caches.leases.state().len();
+        let mut tries = 0;
+        while leases_seen() < names.len() || caches.pods.state().len() < names.len() {
+            tries += 1;
+            assert!(tries < 200, "the caches never showed every pod and lease");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut kept = super::super::Kept::default();
+        let mut overlay = Overlay::default();
+        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        // After the pass read them, another writer takes lease b elsewhere.
+        let seen_b = input
+            .lease(&ObjectKey::new("ns", "b"))
+            .expect("b is cached");
+        let elsewhere = GpuLeaseStatus {
+            node: Some("node-2".into()),
+            sequence: Some(2),
+            ..admitted()
+        };
+        written_behind(&leases, "b", seen_b, &elsewhere).await;
+
+        let plan = Plan {
+            admissions,
+            lease_statuses: statuses,
+            ..Plan::default()
+        };
+        let mut applier = applier_for(client.clone());
+        let outcome = applier.apply(plan, &input, &mut overlay).await;
+        assert!(outcome.failed, "b's admission was refused");
+
+        let mut gated = Vec::new();
+        for name in names {
+            let pod = pods.get(name).await.expect("pod");
+            let spec = pod.spec.expect("spec");
+            if spec.scheduling_gates.is_some_and(|g| !g.is_empty()) {
+                gated.push(name);
+            } else {
+                assert_eq!(
+                    spec.node_selector
+                        .and_then(|s| s.get("kubernetes.io/hostname").cloned()),
+                    Some("node-1".into()),
+                    "{name} is pinned where it was admitted"
+                );
+            }
+        }
+        assert_eq!(
+            gated,
+            ["b", "c", "d"],
+            "only the pod before the refusal starts"
+        );
+        for name in ["c", "d"] {
+            let lease = leases.get(name).await.expect("lease");
+            assert_eq!(
+                lease.status.map(|s| s.phase),
+                Some(LeasePhase::Admitted),
+                "{name}'s lease was written; its pod waits for the next pass"
+            );
+        }
+        let b = leases.get("b").await.expect("lease");
+        assert_eq!(
+            b.status.and_then(|s| s.node).as_deref(),
+            Some("node-2"),
+            "the other write stands"
+        );
     }
 
     #[test]

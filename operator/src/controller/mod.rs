@@ -23,6 +23,7 @@ pub mod progress;
 #[cfg(test)]
 mod test_api;
 pub mod translate;
+mod ungate;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

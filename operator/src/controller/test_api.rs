@@ -9,22 +9,21 @@ use kube::{Api, Client};
 use super::apply::patch_params;
 use super::patch;
 
-/// A simulated API server with the CRDs and namespace `ns`, and a client
+/// A simulated API server with both CRDs and namespace `ns`, and a client
 /// of it.
 pub async fn api_server() -> (gpupool_sim_apiserver::RunningApiServer, Client) {
     let server =
         gpupool_sim_apiserver::ApiServer::start(gpupool_sim_apiserver::ApiServerConfig::default())
             .await
             .expect("API server starts");
-    let crd = std::fs::read_to_string(format!(
-        "{}/../crds/gpuleases.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .expect("CRD file");
-    server
-        .create_crds_from_yaml(&crd)
-        .await
-        .expect("CRD applies");
+    for file in ["gpuleases.yaml", "gpuleaseclasses.yaml"] {
+        let crd = std::fs::read_to_string(format!("{}/../crds/{file}", env!("CARGO_MANIFEST_DIR")))
+            .expect("CRD file");
+        server
+            .create_crds_from_yaml(&crd)
+            .await
+            .expect("CRD applies");
+    }
     let client = server.client().await.expect("client");
     let ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "ns"}})).expect("namespace");
