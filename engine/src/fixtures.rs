@@ -118,7 +118,7 @@ pub fn lease(pod: &PodInfo, class: &str, status: Option<GpuLeaseStatus>) -> Leas
         key: pod.key.clone(),
         spec: GpuLeaseSpec {
             class_name: class.into(),
-            pod_name: pod.key.name.clone(),
+            pod_name: pod.key.name.to_string(),
             pod_uid: pod.uid.clone(),
             role,
             slots,

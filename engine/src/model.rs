@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use crate::SmallMap;
 use gpupool_api::{
@@ -14,17 +15,21 @@ use gpupool_api::{
 use jiff::Timestamp;
 
 /// `namespace/name` of a pod, and of the lease named like it.
+///
+/// Its parts are shared, not copied: the engine, the caches' mirrors and
+/// each pod's and lease's form keep the same key several times over, and a
+/// clone costs two reference counts rather than two allocations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
     /// Builds a key.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),

@@ -509,7 +509,7 @@ impl<'a> Pass<'a> {
                 slots,
             } = &lease.spec;
             let same = *class_name == t.class_name
-                && *pod_name == t.key.name
+                && **pod_name == *t.key.name
                 && *pod_uid == pod.uid
                 && *role == t.role
                 && *slots == t.slots;
@@ -536,7 +536,7 @@ impl<'a> Pass<'a> {
     pub fn find_ticket(&self, key: &str) -> Option<usize> {
         let (ns, name) = key.split_once('/')?;
         self.tickets
-            .binary_search_by(|t| (t.key.namespace.as_str(), t.key.name.as_str()).cmp(&(ns, name)))
+            .binary_search_by(|t| (&*t.key.namespace, &*t.key.name).cmp(&(ns, name)))
             .ok()
     }
 
@@ -544,7 +544,7 @@ impl<'a> Pass<'a> {
     pub fn new_spec(&self, t: &Ticket<'a>) -> GpuLeaseSpec {
         GpuLeaseSpec {
             class_name: t.class_name.to_owned(),
-            pod_name: t.key.name.clone(),
+            pod_name: t.key.name.to_string(),
             pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
             role: t.role,
             slots: t.slots,

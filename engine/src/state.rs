@@ -459,7 +459,7 @@ mod tests {
         assert_eq!(
             engine
                 .pods()
-                .map(|p| p.key.name.as_str())
+                .map(|p| p.key.name.as_ref())
                 .collect::<Vec<_>>(),
             ["new"]
         );

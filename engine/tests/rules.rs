@@ -181,7 +181,7 @@ fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing()
     let seq: BTreeMap<String, u64> = plan
         .create_leases
         .iter()
-        .map(|n| (n.key.name.clone(), n.status.sequence.expect("sequence")))
+        .map(|n| (n.key.name.to_string(), n.status.sequence.expect("sequence")))
         .collect();
     assert_eq!(seq["first"], 42);
     assert_eq!(seq["c-no-stamp"], 43, "no stamp sorts by creationTimestamp");
@@ -439,7 +439,7 @@ fn preemption_evicts_youngest_helpers_only_as_many_as_needed_and_waits_for_them(
     s.pods.push(pod("p-new", 2, 100));
     s.now = at(2000);
     let plan = settle_until_eviction(&mut s);
-    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_str()).collect();
+    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_ref()).collect();
     assert_eq!(
         victims,
         vec!["h-young", "h-mid"],
@@ -492,7 +492,7 @@ fn helpers_admitted_in_the_same_second_are_preempted_latest_in_the_queue_first()
     s.pods.push(pod("p-new", 1, 100));
     s.now = at(2000);
     let plan = settle_until_eviction(&mut s);
-    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_str()).collect();
+    let victims: Vec<&str> = plan.evictions.iter().map(|e| e.key.name.as_ref()).collect();
     assert_eq!(victims, vec!["h-later"]);
 }
 
@@ -815,7 +815,7 @@ fn a_waiting_primary_evicts_helpers_of_any_class_and_of_a_deleted_class() {
         .pods
         .iter()
         .filter(|p| p.terminating)
-        .map(|p| p.key.name.as_str())
+        .map(|p| p.key.name.as_ref())
         .collect();
     assert_eq!(evicted, ["h-alt", "h-gone"], "both helpers are evicted");
     assert_eq!(phase(&s, "h-alt"), LeasePhase::Preempting);
@@ -890,7 +890,7 @@ fn a_deleted_lease_is_recreated_with_its_place_and_state() {
     let recreated: BTreeMap<String, &GpuLeaseStatus> = plan
         .create_leases
         .iter()
-        .map(|n| (n.key.name.clone(), &n.status))
+        .map(|n| (n.key.name.to_string(), &n.status))
         .collect();
     assert_eq!(recreated.len(), 2, "{:?}", plan.create_leases);
     let a = recreated["a"];
@@ -1233,7 +1233,7 @@ fn a_lost_admission_goes_back_behind_an_earlier_primary_that_waits_again() {
     let admitted: Vec<(&str, &str)> = plan
         .admissions
         .iter()
-        .map(|a| (a.key.name.as_str(), a.node.as_str()))
+        .map(|a| (a.key.name.as_ref(), a.node.as_str()))
         .collect();
     assert_eq!(admitted, [("p0", "n2")]);
     let p1 = plan.lease_status(&key("p1")).expect("p1's status changes");
@@ -1450,7 +1450,7 @@ fn a_progress_limit_lists_the_front_of_the_queue_first() {
     let positions: Vec<(String, Option<u32>)> = cut
         .lease_progress
         .iter()
-        .map(|(k, st)| (k.name.clone(), st.position))
+        .map(|(k, st)| (k.name.to_string(), st.position))
         .collect();
     assert_eq!(
         positions,

@@ -207,8 +207,8 @@ fn record(
 fn assumed_new_lease(new: &NewLease) -> GpuLease {
     GpuLease {
         metadata: ObjectMeta {
-            name: Some(new.key.name.clone()),
-            namespace: Some(new.key.namespace.clone()),
+            name: Some(new.key.name.to_string()),
+            namespace: Some(new.key.namespace.to_string()),
             ..Default::default()
         },
         spec: new.spec.clone(),
@@ -707,12 +707,12 @@ impl Writer {
         Box::pin(async move {
             let lease = GpuLease {
                 metadata: ObjectMeta {
-                    name: Some(new.key.name.clone()),
-                    namespace: Some(new.key.namespace.clone()),
+                    name: Some(new.key.name.to_string()),
+                    namespace: Some(new.key.namespace.to_string()),
                     owner_references: Some(vec![OwnerReference {
                         api_version: "v1".into(),
                         kind: "Pod".into(),
-                        name: new.key.name.clone(),
+                        name: new.key.name.to_string(),
                         uid: new.pod_uid.clone(),
                         controller: Some(true),
                         block_owner_deletion: Some(false),
@@ -949,8 +949,8 @@ impl Writer {
         Box::pin(async move {
             let body = EvictionBody {
                 metadata: ObjectMeta {
-                    name: Some(e.key.name.clone()),
-                    namespace: Some(e.key.namespace.clone()),
+                    name: Some(e.key.name.to_string()),
+                    namespace: Some(e.key.namespace.to_string()),
                     ..Default::default()
                 },
                 delete_options: Some(DeleteOptions {

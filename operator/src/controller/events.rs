@@ -310,8 +310,8 @@ impl EventSink {
                 reference: ObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.clone()),
-                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.to_string()),
+                    name: Some(pod.name.to_string()),
                     uid: Some(uid.to_owned()),
                     ..Default::default()
                 },

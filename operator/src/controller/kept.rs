@@ -262,7 +262,9 @@ impl Kept {
             // the time it was first seen.
             |p| {
                 let mut info = translate::pod_info(&p.to_pod(), resources, now)?;
-                info.unmanaged = unmanaged_namespaces.contains(&info.key.namespace);
+                info.unmanaged = unmanaged_namespaces
+                    .iter()
+                    .any(|ns| **ns == *info.key.namespace);
                 Some((info.key.clone(), info))
             },
             |change, evicted| match change {

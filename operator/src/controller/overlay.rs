@@ -344,7 +344,7 @@ impl Overlay {
             }
         }
         let is_present =
-            |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_str(), key.name.as_str()));
+            |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_ref(), key.name.as_ref()));
         let mut gone: Vec<(ObjectKey, Arc<GpuLease>)> = Vec::new();
         self.last_leases.sweep(|lease, ()| {
             if let Some(key) = key_of(lease.as_ref())

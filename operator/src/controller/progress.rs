@@ -589,7 +589,7 @@ mod tests {
         q.offer(key("b"), 5, json!("b-latest"));
         assert_eq!(q.len(), 3);
         let order: Vec<(String, Value)> = std::iter::from_fn(|| q.take(t0))
-            .map(|(k, v)| (k.name, v))
+            .map(|(k, v)| (k.name.to_string(), v))
             .collect();
         assert_eq!(
             order,

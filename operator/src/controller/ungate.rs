@@ -132,7 +132,7 @@ mod tests {
     }
 
     fn names(keys: Vec<ObjectKey>) -> Vec<String> {
-        keys.into_iter().map(|k| k.name).collect()
+        keys.into_iter().map(|k| k.name.to_string()).collect()
     }
 
     #[test]
