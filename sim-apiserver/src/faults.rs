@@ -22,6 +22,10 @@ pub struct FaultConfig {
     pub latency_ms: u64,
     /// Whether watch requests may fail too (their start is refused).
     pub include_watches: bool,
+    /// The next this many requests fail, whatever `error_rate` says; each
+    /// one that fails counts it down. Lets a test fail exactly the request
+    /// it means to.
+    pub fail_next: u32,
 }
 
 impl Default for FaultConfig {
@@ -31,6 +35,7 @@ impl Default for FaultConfig {
             error_code: 500,
             latency_ms: 0,
             include_watches: false,
+            fail_next: 0,
         }
     }
 }
@@ -121,18 +126,24 @@ impl Faults {
 
     /// Applies latency and decides whether this request fails.
     pub(crate) async fn before_request(&self, is_watch: bool) -> Result<(), ApiError> {
-        let cfg = self.config();
-        if cfg.latency_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(cfg.latency_ms)).await;
+        let latency = self.config().latency_ms;
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
         }
-        if cfg.error_rate <= 0.0 || (is_watch && !cfg.include_watches) {
-            return Ok(());
-        }
-        if self.inner.rng.next_f64() >= cfg.error_rate {
-            return Ok(());
-        }
+        let code = {
+            let mut cfg = self.inner.config.lock().unwrap_or_else(|p| p.into_inner());
+            if is_watch && !cfg.include_watches {
+                return Ok(());
+            }
+            if cfg.fail_next > 0 {
+                cfg.fail_next -= 1;
+            } else if cfg.error_rate <= 0.0 || self.inner.rng.next_f64() >= cfg.error_rate {
+                return Ok(());
+            }
+            cfg.error_code
+        };
         let msg = "fault injected by the simulated API server";
-        Err(match cfg.error_code {
+        Err(match code {
             429 => ApiError {
                 reason: Reason::TooManyRequests,
                 message: format!("{msg}: too many requests, please try again later"),
@@ -171,6 +182,24 @@ mod tests {
             "watches spared by default"
         );
         f.clear();
+        assert!(f.before_request(false).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_next_requests_fail_as_many_as_asked() {
+        let f = Faults::new(5);
+        f.set(FaultConfig {
+            fail_next: 2,
+            error_code: 409,
+            ..Default::default()
+        })
+        .expect("valid");
+        assert!(f.before_request(true).await.is_ok(), "watches spared");
+        for _ in 0..2 {
+            let e = f.before_request(false).await.expect_err("fails");
+            assert_eq!(e.http_code(), 409);
+        }
+        assert_eq!(f.config().fail_next, 0, "counted down");
         assert!(f.before_request(false).await.is_ok());
     }
 

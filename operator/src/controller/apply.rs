@@ -1374,64 +1374,123 @@ mod tests {
         .expect("pod")
     }
 
-    #[tokio::test]
-    async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
-        let (_server, client) = api_server().await;
-        let classes: Api<GpuLeaseClass> = Api::all(client.clone());
-        classes
-            .create(
-                &PostParams::default(),
-                &GpuLeaseClass::new("default", Default::default()),
-            )
-            .await
-            .expect("class");
-        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
-        let leases: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
-        let names = ["a", "b", "c", "d"];
-        let mut admissions = Vec::new();
-        let mut statuses = BTreeMap::new();
-        for (seq, name) in (1..).zip(names) {
-            let pod = pods
-                .create(&PostParams::default(), &gated_pod(name))
+    /// Gated pods `names` with their Queued leases (sequences 1, 2, …) in
+    /// a simulated API server, the plan that admits them all to node-1, and
+    /// caches that show every one of them.
+    struct Admitting {
+        server: gpupool_sim_apiserver::RunningApiServer,
+        client: Client,
+        pods: Api<k8s_openapi::api::core::v1::Pod>,
+        leases: Api<GpuLease>,
+        caches: super::super::Caches,
+        plan: Plan,
+    }
+
+    impl Admitting {
+        async fn new(names: &[&str]) -> Self {
+            let (server, client) = api_server().await;
+            let classes: Api<GpuLeaseClass> = Api::all(client.clone());
+            classes
+                .create(
+                    &PostParams::default(),
+                    &GpuLeaseClass::new("default", Default::default()),
+                )
                 .await
-                .expect("pod created");
-            let uid = pod.metadata.uid.expect("uid");
-            let mut lease = queued_lease(&leases, name, seq).await;
-            lease.spec.pod_uid = uid.clone();
-            leases
-                .replace(name, &PostParams::default(), &lease)
-                .await
-                .expect("lease points at its pod");
-            let key = ObjectKey::new("ns", name);
-            let status = GpuLeaseStatus {
-                sequence: Some(u64::from(seq)),
-                ..admitted()
-            };
-            statuses.insert(key.clone(), status);
-            admissions.push(Admission {
-                key,
-                pod_uid: uid,
-                role: Role::Primary,
-                node: "node-1".into(),
-                slots: 1,
-            });
+                .expect("class");
+            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
+            let leases: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+            let mut plan = Plan::default();
+            for (seq, name) in (1..).zip(names) {
+                let pod = pods
+                    .create(&PostParams::default(), &gated_pod(name))
+                    .await
+                    .expect("pod created");
+                let uid = pod.metadata.uid.expect("uid");
+                let mut lease = queued_lease(&leases, name, seq).await;
+                lease.spec.pod_uid = uid.clone();
+                leases
+                    .replace(name, &PostParams::default(), &lease)
+                    .await
+                    .expect("lease points at its pod");
+                let key = ObjectKey::new("ns", *name);
+                let status = GpuLeaseStatus {
+                    sequence: Some(u64::from(seq)),
+                    ..admitted()
+                };
+                plan.lease_statuses.insert(key.clone(), status);
+                plan.admissions.push(Admission {
+                    key,
+                    pod_uid: uid,
+                    role: Role::Primary,
+                    node: "node-1".into(),
+                    slots: 1,
+                });
+            }
+            let mut registry = prometheus_client::registry::Registry::default();
+            let caches = super::super::Caches::start(
+                &client,
+                Arc::new(tokio::sync::Notify::new()),
+                &Metrics::register(&mut registry),
+            );
+            caches.wait_synced().await.expect("caches fill");
+            let mut tries = 0;
+            while caches.leases.state().len() < names.len()
+                || caches.pods.state().len() < names.len()
+            {
+                tries += 1;
+                assert!(tries < 200, "the caches never showed every pod and lease");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Self {
+                server,
+                client,
+                pods,
+                leases,
+                caches,
+                plan,
+            }
         }
 
-        let changed = Arc::new(tokio::sync::Notify::new());
-        let mut registry = prometheus_client::registry::Registry::default();
-        let caches =
-            super::super::Caches::start(&client, changed, &Metrics::register(&mut registry));
-        caches.wait_synced().await.expect("caches fill");
-        let leases_seen = || caches.leases.state().len();
-        let mut tries = 0;
-        while leases_seen() < names.len() || caches.pods.state().len() < names.len() {
-            tries += 1;
-            assert!(tries < 200, "the caches never showed every pod and lease");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        /// The pods of `names` that still carry their gate; checks that the
+        /// others are pinned to node-1.
+        async fn gated<'n>(&self, names: &[&'n str]) -> Vec<&'n str> {
+            let mut gated = Vec::new();
+            for name in names {
+                let pod = self.pods.get(name).await.expect("pod");
+                let spec = pod.spec.expect("spec");
+                if spec.scheduling_gates.is_some_and(|g| !g.is_empty()) {
+                    gated.push(*name);
+                } else {
+                    assert_eq!(
+                        spec.node_selector
+                            .and_then(|s| s.get("kubernetes.io/hostname").cloned()),
+                        Some("node-1".into()),
+                        "{name} is pinned where it was admitted"
+                    );
+                }
+            }
+            gated
         }
+
+        async fn phase(&self, name: &str) -> Option<LeasePhase> {
+            let lease = self.leases.get(name).await.expect("lease");
+            lease.status.map(|s| s.phase)
+        }
+    }
+
+    #[tokio::test]
+    async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
+        let names = ["a", "b", "c", "d"];
+        let fx = Admitting::new(&names).await;
         let mut kept = super::super::Kept::default();
         let mut overlay = Overlay::default();
-        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        let input = kept.sync(
+            &fx.caches,
+            &mut overlay,
+            &[],
+            Timestamp::now(),
+            Instant::now(),
+        );
         // After the pass read them, another writer takes lease b elsewhere.
         let seen_b = input
             .lease(&ObjectKey::new("ns", "b"))
@@ -1441,51 +1500,78 @@ mod tests {
             sequence: Some(2),
             ..admitted()
         };
-        written_behind(&leases, "b", seen_b, &elsewhere).await;
+        written_behind(&fx.leases, "b", seen_b, &elsewhere).await;
 
-        let plan = Plan {
-            admissions,
-            lease_statuses: statuses,
-            ..Plan::default()
-        };
-        let mut applier = applier_for(client.clone());
-        let outcome = applier.apply(plan, &input, &mut overlay).await;
+        let mut applier = applier_for(fx.client.clone());
+        let outcome = applier.apply(fx.plan.clone(), &input, &mut overlay).await;
         assert!(outcome.failed, "b's admission was refused");
-
-        let mut gated = Vec::new();
-        for name in names {
-            let pod = pods.get(name).await.expect("pod");
-            let spec = pod.spec.expect("spec");
-            if spec.scheduling_gates.is_some_and(|g| !g.is_empty()) {
-                gated.push(name);
-            } else {
-                assert_eq!(
-                    spec.node_selector
-                        .and_then(|s| s.get("kubernetes.io/hostname").cloned()),
-                    Some("node-1".into()),
-                    "{name} is pinned where it was admitted"
-                );
-            }
-        }
         assert_eq!(
-            gated,
+            fx.gated(&names).await,
             ["b", "c", "d"],
             "only the pod before the refusal starts"
         );
         for name in ["c", "d"] {
-            let lease = leases.get(name).await.expect("lease");
             assert_eq!(
-                lease.status.map(|s| s.phase),
+                fx.phase(name).await,
                 Some(LeasePhase::Admitted),
                 "{name}'s lease was written; its pod waits for the next pass"
             );
         }
-        let b = leases.get("b").await.expect("lease");
+        let b = fx.leases.get("b").await.expect("lease");
         assert_eq!(
             b.status.and_then(|s| s.node).as_deref(),
             Some("node-2"),
             "the other write stands"
         );
+    }
+
+    /// Applies the admission of one pod while the API server fails the
+    /// next `failures` requests with a 500.
+    async fn admit_through_failures(failures: u32) -> (Admitting, ApplyOutcome) {
+        let fx = Admitting::new(&["a"]).await;
+        let mut kept = super::super::Kept::default();
+        let mut overlay = Overlay::default();
+        let input = kept.sync(
+            &fx.caches,
+            &mut overlay,
+            &[],
+            Timestamp::now(),
+            Instant::now(),
+        );
+        let mut applier = applier_for(fx.client.clone());
+        fx.server
+            .faults()
+            .set(gpupool_sim_apiserver::FaultConfig {
+                fail_next: failures,
+                ..Default::default()
+            })
+            .expect("faults");
+        let outcome = applier.apply(fx.plan.clone(), &input, &mut overlay).await;
+        assert_eq!(
+            fx.server.faults().config().fail_next,
+            0,
+            "every failure was met"
+        );
+        (fx, outcome)
+    }
+
+    #[tokio::test]
+    async fn an_admission_whose_lease_write_failed_is_tried_again_at_once() {
+        let (fx, outcome) = admit_through_failures(ADMISSION_WRITE_RETRIES as u32).await;
+        assert!(outcome.failed, "the failed tries are reported");
+        assert_eq!(fx.phase("a").await, Some(LeasePhase::Admitted));
+        assert!(
+            fx.gated(&["a"]).await.is_empty(),
+            "the pod started in the same pass"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_admission_whose_lease_write_keeps_failing_leaves_its_pod_gated() {
+        let (fx, outcome) = admit_through_failures(ADMISSION_WRITE_RETRIES as u32 + 1).await;
+        assert!(outcome.failed);
+        assert_eq!(fx.phase("a").await, Some(LeasePhase::Queued));
+        assert_eq!(fx.gated(&["a"]).await, ["a"], "never ungated unadmitted");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! | `POST /sim/nodes/NODE/plugin/kill` · `.../plugin/restart` | the same for a node's device plugin |
 //! | `POST /sim/nodes/NODE/kubelet/restart` | restart a kubelet (plugin must re-register) |
 //! | `POST /sim/nodes/NODE/gpus/INDEX/healthy` · `.../unhealthy` | flip a GPU in the static config |
-//! | `PUT /sim/faults` (JSON `{errorRate, errorCode, latencyMs, includeWatches}`) · `DELETE /sim/faults` · `POST /sim/faults/drop-watches` | API server faults |
+//! | `PUT /sim/faults` (JSON `{errorRate, errorCode, latencyMs, includeWatches, failNext}`) · `DELETE /sim/faults` · `POST /sim/faults/drop-watches` | API server faults |
 
 use std::convert::Infallible;
 
@@ -76,8 +76,9 @@ impl std::fmt::Display for AdminCommand {
             ),
             AdminCommand::SetFaults(faults) => write!(
                 f,
-                "set API server faults: error rate {}, error code {}, latency {} ms, {}",
+                "set API server faults: error rate {}, the next {} requests failing, error code {}, latency {} ms, {}",
                 faults.error_rate,
+                faults.fail_next,
                 faults.error_code,
                 faults.latency_ms,
                 if faults.include_watches {
