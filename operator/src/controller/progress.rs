@@ -533,15 +533,10 @@ async fn send(api: &Api<GpuLease>, write: Write, shared: &Weak<Mutex<Shared>>) -
     let outcome = api
         .patch_status(&write.key.name, &patch_params(), &Patch::Merge(&write.body))
         .await;
-    let (result, landed) = match outcome {
-        Ok(lease) => ("written", lease.status.zip(lease.metadata.resource_version)),
-        Err(kube::Error::Api(status)) if status.code == 409 => ("conflict", None),
-        Err(kube::Error::Api(status)) if status.code == 404 => ("gone", None),
-        Err(error) => {
-            tracing::debug!(lease = %write.key, %error, "progress write failed; the next pass offers it again");
-            ("failed", None)
-        }
-    };
+    if let Err(error) = &outcome {
+        tracing::debug!(lease = %write.key, %error, "progress write not written; the next pass offers it again");
+    }
+    let (result, landed) = what_landed(outcome);
     if let Some(shared) = shared.upgrade() {
         let mut s = lock(&shared);
         match landed {
@@ -557,6 +552,20 @@ async fn send(api: &Api<GpuLease>, write: Write, shared: &Weak<Mutex<Shared>>) -
         }
     }
     result
+}
+
+/// A write's result label, and the status and resourceVersion it left when
+/// the answer carries both: only then can a later write be laid over it.
+/// Anything else makes the writer forget its record of the lease.
+fn what_landed(
+    outcome: Result<GpuLease, kube::Error>,
+) -> (&'static str, Option<(GpuLeaseStatus, String)>) {
+    match outcome {
+        Ok(lease) => ("written", lease.status.zip(lease.metadata.resource_version)),
+        Err(kube::Error::Api(status)) if status.code == 409 => ("conflict", None),
+        Err(kube::Error::Api(status)) if status.code == 404 => ("gone", None),
+        Err(_) => ("failed", None),
+    }
 }
 
 fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1018,6 +1027,37 @@ mod tests {
         assert_eq!(write.key, key("moved"));
         assert!(shared.queue.is_empty());
     }
+    #[test]
+    fn only_an_answer_with_status_and_version_is_kept_as_landed() {
+        let api_error = |code| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused", "Reason").with_code(code),
+            ))
+        };
+        let mut answer = super::super::test_api::lease("a", "42", gpupool_api::LeasePhase::Queued);
+        answer.status = Some(GpuLeaseStatus {
+            position: Some(3),
+            ..Default::default()
+        });
+        let (result, landed) = what_landed(Ok(answer.clone()));
+        assert_eq!(result, "written");
+        let (status, rv) = landed.expect("kept");
+        assert_eq!((status.position, rv.as_str()), (Some(3), "42"));
+
+        // An answer the writer cannot lay a later write over: counted as
+        // written, but its record is dropped.
+        let mut no_version = answer.clone();
+        no_version.metadata.resource_version = None;
+        assert_eq!(what_landed(Ok(no_version)), ("written", None));
+        let mut no_status = answer;
+        no_status.status = None;
+        assert_eq!(what_landed(Ok(no_status)), ("written", None));
+
+        assert_eq!(what_landed(Err(api_error(409))), ("conflict", None));
+        assert_eq!(what_landed(Err(api_error(404))), ("gone", None));
+        assert_eq!(what_landed(Err(api_error(500))), ("failed", None));
+    }
+
     #[test]
     fn records_are_bounded_whatever_the_number_of_leases_written() {
         let mut own = OwnWrites::default();
