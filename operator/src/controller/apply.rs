@@ -1472,6 +1472,15 @@ mod tests {
             gated
         }
 
+        /// What a pass reads of the caches now.
+        fn read<'k>(
+            &self,
+            kept: &'k mut super::super::Kept,
+            overlay: &mut Overlay,
+        ) -> PassInput<'k> {
+            kept.sync(&self.caches, overlay, &[], Timestamp::now(), Instant::now())
+        }
+
         async fn phase(&self, name: &str) -> Option<LeasePhase> {
             let lease = self.leases.get(name).await.expect("lease");
             lease.status.map(|s| s.phase)
@@ -1482,15 +1491,8 @@ mod tests {
     async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
         let names = ["a", "b", "c", "d"];
         let fx = Admitting::new(&names).await;
-        let mut kept = super::super::Kept::default();
-        let mut overlay = Overlay::default();
-        let input = kept.sync(
-            &fx.caches,
-            &mut overlay,
-            &[],
-            Timestamp::now(),
-            Instant::now(),
-        );
+        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
+        let input = fx.read(&mut kept, &mut overlay);
         // After the pass read them, another writer takes lease b elsewhere.
         let seen_b = input
             .lease(&ObjectKey::new("ns", "b"))
@@ -1529,15 +1531,8 @@ mod tests {
     /// next `failures` requests with a 500.
     async fn admit_through_failures(failures: u32) -> (Admitting, ApplyOutcome) {
         let fx = Admitting::new(&["a"]).await;
-        let mut kept = super::super::Kept::default();
-        let mut overlay = Overlay::default();
-        let input = kept.sync(
-            &fx.caches,
-            &mut overlay,
-            &[],
-            Timestamp::now(),
-            Instant::now(),
-        );
+        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
+        let input = fx.read(&mut kept, &mut overlay);
         let mut applier = applier_for(fx.client.clone());
         fx.server
             .faults()
