@@ -49,7 +49,7 @@ use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
-use super::ungate::{LeaseWrite, UngateOrder};
+use super::ungate::{Admitted, LeaseWrite, UngateOrder};
 use crate::engine::{Admission, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -453,14 +453,19 @@ impl Applier {
         // a role in queue order. An admission of an object still being
         // written waits for the next pass, and counts as a failed lease
         // write: no later pod of its role is ungated before it.
-        let mut admitted: Vec<(ObjectKey, Role, Option<u64>, LeaseWrite)> = Vec::new();
+        let mut admitted: Vec<Admitted> = Vec::new();
         let mut admitted_statuses: HashMap<ObjectKey, GpuLeaseStatus> = HashMap::new();
         for a in admissions.values().filter(|a| self.busy(&a.key)) {
             let sequence = statuses
                 .get(&a.key)
                 .or_else(|| input.lease(&a.key).and_then(|l| l.status.as_ref()))
                 .and_then(|s| s.sequence);
-            admitted.push((a.key.clone(), a.role, sequence, LeaseWrite::Failed));
+            admitted.push(Admitted {
+                key: a.key.clone(),
+                role: a.role,
+                sequence,
+                lease: LeaseWrite::Failed,
+            });
         }
         for (key, status) in statuses {
             if self.busy(&key) {
@@ -468,7 +473,12 @@ impl Applier {
             }
             if let Some(a) = admissions.get(&key) {
                 if status_to_write(input, &moved_on, &key, &status).is_some() {
-                    admitted.push((key.clone(), a.role, status.sequence, LeaseWrite::Writing));
+                    admitted.push(Admitted {
+                        key: key.clone(),
+                        role: a.role,
+                        sequence: status.sequence,
+                        lease: LeaseWrite::Writing,
+                    });
                     admitted_statuses.insert(key, status);
                 }
                 continue;
@@ -499,7 +509,12 @@ impl Applier {
                     .lease(&a.key)
                     .and_then(|l| l.status.as_ref())
                     .and_then(|s| s.sequence);
-                admitted.push((a.key.clone(), a.role, sequence, LeaseWrite::Written));
+                admitted.push(Admitted {
+                    key: a.key.clone(),
+                    role: a.role,
+                    sequence,
+                    lease: LeaseWrite::Written,
+                });
             }
         }
         for e in plan.evictions {
@@ -561,21 +576,18 @@ impl Applier {
         &self,
         mut admissions: BTreeMap<ObjectKey, Admission>,
         statuses: HashMap<ObjectKey, GpuLeaseStatus>,
-        admitted: Vec<(ObjectKey, Role, Option<u64>, LeaseWrite)>,
+        admitted: Vec<Admitted>,
         input: &PassInput<'_>,
         moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
     ) -> Vec<Finished> {
-        let mut writes: Vec<(u64, &ObjectKey)> = admitted
+        let mut writes: Vec<&Admitted> = admitted
             .iter()
-            .filter(|(_, _, _, state)| *state == LeaseWrite::Writing)
-            .map(|(key, _, seq, _)| (seq.unwrap_or(u64::MAX), key))
+            .filter(|a| a.lease == LeaseWrite::Writing)
             .collect();
-        writes.sort();
+        writes.sort_by(|a, b| a.place().cmp(&b.place()));
         // Each lease to write, with the retries it has had.
-        let mut leases: VecDeque<(ObjectKey, usize)> = writes
-            .into_iter()
-            .map(|(_, key)| (key.clone(), 0))
-            .collect();
+        let mut leases: VecDeque<(ObjectKey, usize)> =
+            writes.into_iter().map(|a| (a.key.clone(), 0)).collect();
         let mut order = UngateOrder::new(admitted);
         let mut pods: VecDeque<ObjectKey> = order.ready().into();
         let mut running = FuturesUnordered::new();

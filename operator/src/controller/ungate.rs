@@ -29,6 +29,26 @@ pub(super) enum LeaseWrite {
     Failed,
 }
 
+/// One admission of the pass, as the ungate order sees it.
+#[derive(Debug, Clone)]
+pub(super) struct Admitted {
+    /// The pod and its lease.
+    pub key: ObjectKey,
+    /// Pods start in queue order within a role.
+    pub role: Role,
+    /// Its lease's sequence.
+    pub sequence: Option<u64>,
+    /// Where its lease write stands when the pass starts writing.
+    pub lease: LeaseWrite,
+}
+
+impl Admitted {
+    /// Its place in the queue: by sequence, an unknown one last, then by key.
+    pub fn place(&self) -> (u64, &ObjectKey) {
+        (self.sequence.unwrap_or(u64::MAX), &self.key)
+    }
+}
+
 /// One role's admissions in queue order, and how far its pods may go.
 #[derive(Debug, Default)]
 struct Line {
@@ -53,7 +73,7 @@ impl Line {
 ///
 /// Guarantees: a key is handed out at most once; it is handed out only when
 /// its lease is written and every admission of its role with a lower
-/// sequence (an unknown sequence counts as the highest) was handed out
+/// sequence (an unknown sequence comes last, see [`Admitted::place`]) was handed out
 /// before it; after a lease write fails, no admission of its role that comes
 /// after it is ever handed out.
 #[derive(Debug, Default)]
@@ -64,28 +84,22 @@ pub(super) struct UngateOrder {
 }
 
 impl UngateOrder {
-    /// Orders `admissions`: `(key, role, sequence, where its lease write
-    /// stands)`. A key listed twice keeps its first entry.
-    pub fn new(
-        admissions: impl IntoIterator<Item = (ObjectKey, Role, Option<u64>, LeaseWrite)>,
-    ) -> Self {
-        let mut by_role: BTreeMap<Role, Vec<(u64, ObjectKey, LeaseWrite)>> = BTreeMap::new();
+    /// Orders `admissions`. A key listed twice keeps its first entry.
+    pub fn new(admissions: impl IntoIterator<Item = Admitted>) -> Self {
+        let mut by_role: BTreeMap<Role, Vec<Admitted>> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
-        for (key, role, sequence, state) in admissions {
-            if seen.insert(key.clone()) {
-                by_role
-                    .entry(role)
-                    .or_default()
-                    .push((sequence.unwrap_or(u64::MAX), key, state));
+        for a in admissions {
+            if seen.insert(a.key.clone()) {
+                by_role.entry(a.role).or_default().push(a);
             }
         }
         let mut order = Self::default();
         for (role, mut entries) in by_role {
-            entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            entries.sort_by(|a, b| a.place().cmp(&b.place()));
             let line = order.lines.entry(role).or_default();
-            for (i, (_, key, state)) in entries.into_iter().enumerate() {
-                order.at.insert(key.clone(), (role, i));
-                line.admissions.push((key, state));
+            for (i, a) in entries.into_iter().enumerate() {
+                order.at.insert(a.key.clone(), (role, i));
+                line.admissions.push((a.key, a.lease));
             }
         }
         order
@@ -131,6 +145,15 @@ mod tests {
         ObjectKey::new("team", name)
     }
 
+    fn adm(name: &str, role: Role, sequence: Option<u64>, lease: LeaseWrite) -> Admitted {
+        Admitted {
+            key: key(name),
+            role,
+            sequence,
+            lease,
+        }
+    }
+
     fn names(keys: Vec<ObjectKey>) -> Vec<String> {
         keys.into_iter().map(|k| k.name.to_string()).collect()
     }
@@ -138,9 +161,9 @@ mod tests {
     #[test]
     fn a_pod_waits_for_every_earlier_lease_of_its_role() {
         let mut order = UngateOrder::new([
-            (key("c"), Role::Primary, Some(3), Writing),
-            (key("a"), Role::Primary, Some(1), Writing),
-            (key("b"), Role::Primary, Some(2), Writing),
+            adm("c", Role::Primary, Some(3), Writing),
+            adm("a", Role::Primary, Some(1), Writing),
+            adm("b", Role::Primary, Some(2), Writing),
         ]);
         assert!(order.ready().is_empty());
         assert!(
@@ -158,10 +181,10 @@ mod tests {
     #[test]
     fn a_failed_lease_holds_back_the_rest_of_its_role_only() {
         let mut order = UngateOrder::new([
-            (key("p1"), Role::Primary, Some(1), Writing),
-            (key("p2"), Role::Primary, Some(2), Writing),
-            (key("p3"), Role::Primary, Some(4), Writing),
-            (key("h1"), Role::Helper, Some(3), Writing),
+            adm("p1", Role::Primary, Some(1), Writing),
+            adm("p2", Role::Primary, Some(2), Writing),
+            adm("p3", Role::Primary, Some(4), Writing),
+            adm("h1", Role::Helper, Some(3), Writing),
         ]);
         assert_eq!(names(order.answer(&key("p1"), Written)), ["p1"]);
         assert!(order.answer(&key("p2"), Failed).is_empty());
@@ -179,11 +202,11 @@ mod tests {
     #[test]
     fn leases_that_need_no_write_are_ready_at_once_up_to_the_first_that_does() {
         let mut order = UngateOrder::new([
-            (key("a"), Role::Primary, Some(1), Written),
-            (key("b"), Role::Primary, Some(2), Writing),
-            (key("c"), Role::Primary, Some(3), Written),
-            (key("busy"), Role::Helper, Some(1), Failed),
-            (key("h"), Role::Helper, Some(2), Written),
+            adm("a", Role::Primary, Some(1), Written),
+            adm("b", Role::Primary, Some(2), Writing),
+            adm("c", Role::Primary, Some(3), Written),
+            adm("busy", Role::Helper, Some(1), Failed),
+            adm("h", Role::Helper, Some(2), Written),
         ]);
         assert_eq!(names(order.ready()), ["a"]);
         assert!(order.ready().is_empty(), "handed out once");
@@ -197,9 +220,9 @@ mod tests {
     #[test]
     fn an_unknown_sequence_comes_last_and_unknown_keys_change_nothing() {
         let mut order = UngateOrder::new([
-            (key("none"), Role::Primary, None, Written),
-            (key("a"), Role::Primary, Some(9), Writing),
-            (key("none"), Role::Primary, Some(1), Written),
+            adm("none", Role::Primary, None, Written),
+            adm("a", Role::Primary, Some(9), Writing),
+            adm("none", Role::Primary, Some(1), Written),
         ]);
         assert!(
             order.ready().is_empty(),
