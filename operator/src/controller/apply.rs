@@ -160,10 +160,11 @@ async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
     if chains.is_empty() {
         return Vec::new();
     }
-    let chains: Vec<Chain> = chains.into_iter().map(with_timeout).collect();
+    let chains: Vec<BoxFuture<'static, ((), Finished)>> =
+        chains.into_iter().map(|chain| timed((), chain)).collect();
     futures::stream::iter(chains)
         .buffer_unordered(CONCURRENCY)
-        .map(Finished::now)
+        .map(|((), finished)| finished)
         .collect()
         .await
 }
@@ -454,7 +455,9 @@ impl Applier {
         // written waits for the next pass, and counts as a failed lease
         // write: no later pod of its role is ungated before it.
         let mut admitted: Vec<Admitted> = Vec::new();
-        let mut admitted_statuses: HashMap<ObjectKey, GpuLeaseStatus> = HashMap::new();
+        // What each admission's lease write writes, and over which lease.
+        let mut admitted_statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<GpuLease>)> =
+            HashMap::new();
         for a in admissions.values().filter(|a| self.busy(&a.key)) {
             let sequence = statuses
                 .get(&a.key)
@@ -472,14 +475,14 @@ impl Applier {
                 continue;
             }
             if let Some(a) = admissions.get(&key) {
-                if status_to_write(input, &moved_on, &key, &status).is_some() {
+                if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
                     admitted.push(Admitted {
                         key: key.clone(),
                         role: a.role,
                         sequence: status.sequence,
                         lease: LeaseWrite::Writing,
                     });
-                    admitted_statuses.insert(key, status);
+                    admitted_statuses.insert(key, (status, lease));
                 }
                 continue;
             }
@@ -554,7 +557,7 @@ impl Applier {
         // ungate. The pass waits for them only, so a freed slot is taken
         // without waiting for any unrelated write.
         let results = self
-            .admit(admissions, admitted_statuses, admitted, input, &moved_on)
+            .admit(admissions, admitted_statuses, admitted, input)
             .await;
         record(results, overlay, &mut errors, &mut outcome);
 
@@ -575,10 +578,9 @@ impl Applier {
     async fn admit(
         &self,
         mut admissions: BTreeMap<ObjectKey, Admission>,
-        statuses: HashMap<ObjectKey, GpuLeaseStatus>,
+        statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<GpuLease>)>,
         admitted: Vec<Admitted>,
         input: &PassInput<'_>,
-        moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
     ) -> Vec<Finished> {
         let mut writes: Vec<&Admitted> = admitted
             .iter()
@@ -600,16 +602,13 @@ impl Applier {
                         running.push(timed(None, self.writer.admit_chain(a, input)));
                     }
                 } else if let Some((key, tries)) = leases.pop_front() {
-                    let write = statuses
-                        .get(&key)
-                        .and_then(|st| Some((st, status_to_write(input, moved_on, &key, st)?)));
-                    match write {
-                        Some((status, lease)) => {
-                            let chain =
-                                self.writer.status_chain(key.clone(), status.clone(), lease);
-                            running.push(timed(Some((key, tries)), chain));
-                        }
-                        None => pods.extend(order.answer(&key, LeaseWrite::Failed)),
+                    // Every lease to write has its status; a retry writes
+                    // the same status over the same lease.
+                    if let Some((status, lease)) = statuses.get(&key) {
+                        let chain =
+                            self.writer
+                                .status_chain(key.clone(), status.clone(), lease.clone());
+                        running.push(timed(Some((key, tries)), chain));
                     }
                 } else {
                     break;

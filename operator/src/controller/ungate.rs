@@ -72,10 +72,9 @@ impl Line {
 /// The admissions of one pass and which of their pods may be ungated.
 ///
 /// Guarantees: a key is handed out at most once; it is handed out only when
-/// its lease is written and every admission of its role with a lower
-/// sequence (an unknown sequence comes last, see [`Admitted::place`]) was handed out
-/// before it; after a lease write fails, no admission of its role that comes
-/// after it is ever handed out.
+/// its lease is written and every admission of its role placed before it
+/// (see [`Admitted::place`]) was handed out before it; after a lease write
+/// fails, no admission of its role placed after it is ever handed out.
 #[derive(Debug, Default)]
 pub(super) struct UngateOrder {
     lines: BTreeMap<Role, Line>,

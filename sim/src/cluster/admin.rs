@@ -343,5 +343,24 @@ mod tests {
         let (code, msg) = p(Method::PUT, "/sim/faults", "{").expect_err("bad json");
         assert_eq!(code, StatusCode::BAD_REQUEST);
         assert!(msg.contains("fault config"), "{msg}");
+        assert!(matches!(
+            p(
+                Method::PUT,
+                "/sim/faults",
+                r#"{"failNext":3,"errorCode":409}"#
+            ),
+            Ok(AdminCommand::SetFaults(FaultConfig {
+                fail_next: 3,
+                error_code: 409,
+                ..
+            }))
+        ));
+        let (code, msg) =
+            p(Method::PUT, "/sim/faults", r#"{"failNext":-1}"#).expect_err("negative count");
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(
+            msg.contains("fault config") && msg.contains("`-1`"),
+            "names the bad value: {msg}"
+        );
     }
 }
