@@ -33,12 +33,11 @@ const OPERATOR_USER: &str = "gpupool-operator";
 const ALICE_TOKEN: &str = "alice-token";
 
 /// A port that was free a moment ago: the webhook URL must name its port
-/// before the webhook binds it.
+/// before the webhook binds it. Picked outside the kernel's ephemeral
+/// range and never twice, so no other test's listener takes it meanwhile.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    let [port] = gpupool_sim_apiserver::ports::free_ports().expect("a free loopback port");
+    port
 }
 
 async fn cluster() -> RunningApiServer {
@@ -572,7 +571,8 @@ async fn the_operator_binary_serves_the_webhook() {
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig, OPERATOR_TOKEN)
         .expect("kubeconfig");
-    let (port, metrics_port) = (free_port(), free_port());
+    let [port, metrics_port] =
+        gpupool_sim_apiserver::ports::free_ports().expect("two free loopback ports");
     let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpupool-operator"))
         .args([
             "--webhook-port",

@@ -54,6 +54,7 @@ mod fields;
 mod http;
 mod kubeconfig;
 mod objects;
+pub mod ports;
 pub mod registry;
 pub mod selectors;
 pub mod store;

@@ -12,5 +12,4 @@ pub use gpupool_sim_apiserver as apiserver;
 pub mod cli;
 pub mod cluster;
 pub mod control_plane;
-mod ports;
 pub mod text;

@@ -36,7 +36,7 @@ use super::scheduler::RunningScheduler;
 use crate::control_plane::{
     self, ControlPlane, ControlPlaneConfig, ControlPlaneError, client_from_kubeconfig, rbac,
 };
-use crate::ports;
+use gpupool_sim_apiserver::ports;
 use gpupool_sim_apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
 };

@@ -23,8 +23,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::cluster::processes::{ChildProcess, ProcessError, ProcessSpec};
-use crate::ports;
 use certs::{Ca, CertError, CertPair, Credentials};
+use gpupool_sim_apiserver::ports;
 
 /// The environment variable naming the assets directory (the envtest
 /// convention of controller-runtime's `setup-envtest`).

@@ -1,4 +1,4 @@
-//! Ports for the processes the simulator starts.
+//! Ports for the processes a simulated cluster or a test starts.
 //!
 //! A port is picked here, released, and bound by a child process a moment
 //! later. In that gap anything else that asks the kernel for a port may be
