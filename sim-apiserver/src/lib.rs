@@ -10,7 +10,9 @@
 //!   deletecollection; `Status` error bodies as the real server sends them.
 //! - One global, monotonically increasing resourceVersion; watch streams with
 //!   bookmarks and `410 Gone` once a requested version has left the bounded
-//!   event window.
+//!   event window. A watch is woken only by its own resource's events, and a
+//!   pod watch selecting `spec.nodeName=<node>` only by that node's pods, as
+//!   the real server's watch cache indexes pods by node for its kubelets.
 //! - Object semantics: uid, generateName, generation, optimistic
 //!   concurrency, status subresources, finalizers, pod grace periods,
 //!   background garbage collection by ownerReferences, namespaces.
@@ -70,7 +72,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use faults::{FaultConfig, Faults};
@@ -81,6 +83,11 @@ use store::State;
 /// The token [`ApiServerConfig::default`] accepts, for user `admin` in group
 /// `system:masters`.
 pub const ADMIN_TOKEN: &str = "gpupool-sim-admin-token";
+
+/// Events a resource's watch channel holds for a watcher that lags; one
+/// that falls further behind has its stream ended and resumes from the
+/// event window, as a real watch does after a `410 Gone`.
+const WATCH_CHANNEL_CAPACITY: usize = 16_384;
 
 /// A user a bearer token authenticates as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,8 +315,11 @@ impl ApiServer {
         } else {
             None
         };
-        let (tx, _) = broadcast::channel(16_384);
-        let state = State::new(Registry::builtin(), config.event_window, tx);
+        let state = State::new(
+            Registry::builtin(),
+            config.event_window,
+            WATCH_CHANNEL_CAPACITY,
+        );
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             faults: Faults::new(config.fault_seed),

@@ -286,6 +286,14 @@ impl FieldSelector {
         Ok(FieldSelector(reqs))
     }
 
+    /// The value `field` must equal, when a requirement says `field=value`.
+    pub fn required(&self, field: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|r| r.field == field && !r.negate)
+            .map(|r| r.value.as_str())
+    }
+
     /// Whether the object satisfies every requirement. A missing field
     /// compares as the empty string, as the real server's field sets do.
     pub fn matches(&self, obj: &Value) -> bool {

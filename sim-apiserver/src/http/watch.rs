@@ -72,8 +72,8 @@ pub fn start(
     let ns = ns.map(str::to_string);
     let mut initial: Vec<Bytes> = Vec::new();
     let (rx, start_rv) = {
-        let st = sh.lock();
-        let rx = st.subscribe();
+        let mut st = sh.lock();
+        let rx = st.subscribe(&id, filter.fields.required("spec.nodeName"));
         let current = st.current_rv();
         let mut first_table = true;
         let mut enc = |etype: &str, obj: &Value| -> Bytes {

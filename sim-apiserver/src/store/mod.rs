@@ -1,6 +1,11 @@
 //! The object store: one global resourceVersion, a sorted map per resource
 //! and a bounded window of watch events, all behind one lock so every write
 //! gets the next resourceVersion and reaches watchers in order.
+//!
+//! Committed events go out on one channel per resource, and pods also on
+//! one channel per node, as the real server's watch cache indexes pods by
+//! `spec.nodeName`: a kubelet's watch wakes for its own node's pods, not
+//! for every write in the cluster.
 
 pub mod owners;
 
@@ -102,16 +107,103 @@ pub struct State {
     /// Events with rv ≤ this have left the window.
     compacted_rv: u64,
     uids: HashMap<String, ObjectKey>,
-    tx: broadcast::Sender<Arc<WatchEvent>>,
+    channels: Channels,
+}
+
+/// Most events a node's pod channel holds for a slow watcher (a resource's
+/// channel holds the configured capacity): a node sees few pods, and a
+/// watcher that falls behind ends its stream and resumes from the window.
+const NODE_CHANNEL_CAPACITY: usize = 1_024;
+
+/// The channels watchers listen on, made when the first watcher of one
+/// arrives.
+#[derive(Debug)]
+struct Channels {
+    capacity: usize,
+    by_resource: HashMap<ResourceId, ResourceChannels>,
+}
+
+/// One resource's channels: every event of the resource, and for pods each
+/// node's share.
+#[derive(Debug, Default)]
+struct ResourceChannels {
+    all: Option<broadcast::Sender<Arc<WatchEvent>>>,
+    /// By the pod's `spec.nodeName` ("" while unscheduled).
+    by_node: HashMap<String, broadcast::Sender<Arc<WatchEvent>>>,
+}
+
+impl Channels {
+    fn subscribe(
+        &mut self,
+        resource: &ResourceId,
+        node: Option<&str>,
+    ) -> broadcast::Receiver<Arc<WatchEvent>> {
+        let channels = self.by_resource.entry(resource.clone()).or_default();
+        match node.filter(|_| is_pods(resource)) {
+            Some(node) => {
+                if let Some(tx) = channels.by_node.get(node) {
+                    return tx.subscribe();
+                }
+                // Node names come from clients: channels nobody listens to
+                // any more go before a new one is made, so they cannot pile
+                // up.
+                channels.by_node.retain(|_, tx| tx.receiver_count() > 0);
+                let (tx, rx) = broadcast::channel(NODE_CHANNEL_CAPACITY.min(self.capacity));
+                channels.by_node.insert(node.to_owned(), tx);
+                rx
+            }
+            None => match &channels.all {
+                Some(tx) => tx.subscribe(),
+                None => {
+                    let (tx, rx) = broadcast::channel(self.capacity);
+                    channels.all = Some(tx);
+                    rx
+                }
+            },
+        }
+    }
+
+    fn send(&self, ev: &Arc<WatchEvent>) {
+        let Some(channels) = self.by_resource.get(&ev.resource) else {
+            return;
+        };
+        // No receiver is fine: nobody watches.
+        if let Some(tx) = &channels.all {
+            let _ = tx.send(ev.clone());
+        }
+        if channels.by_node.is_empty() {
+            return;
+        }
+        let now = node_name(&ev.object);
+        if let Some(tx) = channels.by_node.get(now) {
+            let _ = tx.send(ev.clone());
+        }
+        // A pod that left a node's selection (were its nodeName ever
+        // changed) is a DELETED event for that node's watchers.
+        if let Some(before) = ev.old.as_deref().map(node_name)
+            && before != now
+            && let Some(tx) = channels.by_node.get(before)
+        {
+            let _ = tx.send(ev.clone());
+        }
+    }
+}
+
+fn is_pods(resource: &ResourceId) -> bool {
+    resource.group.is_empty() && resource.plural == "pods"
+}
+
+/// A pod's `spec.nodeName`, "" when unset (as a field selector compares it).
+fn node_name(pod: &Value) -> &str {
+    pod.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 impl State {
-    /// An empty store.
-    pub fn new(
-        registry: Registry,
-        window_cap: usize,
-        tx: broadcast::Sender<Arc<WatchEvent>>,
-    ) -> Self {
+    /// An empty store whose watch channels each hold up to
+    /// `channel_capacity` events for a watcher that lags.
+    pub fn new(registry: Registry, window_cap: usize, channel_capacity: usize) -> Self {
         State {
             rv: 1,
             registry,
@@ -120,7 +212,10 @@ impl State {
             window_cap: window_cap.max(1),
             compacted_rv: 0,
             uids: HashMap::new(),
-            tx,
+            channels: Channels {
+                capacity: channel_capacity.max(1),
+                by_resource: HashMap::new(),
+            },
         }
     }
 
@@ -134,9 +229,17 @@ impl State {
         self.compacted_rv
     }
 
-    /// A new receiver of committed events.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<WatchEvent>> {
-        self.tx.subscribe()
+    /// A new receiver of the committed events of `resource`; with `node`,
+    /// of pods only, those whose `spec.nodeName` is or was `node` ("" for
+    /// unscheduled pods). Other resources ignore `node`. The receiver may
+    /// get events its watcher's selectors do not match: filtering stays
+    /// the watcher's.
+    pub fn subscribe(
+        &mut self,
+        resource: &ResourceId,
+        node: Option<&str>,
+    ) -> broadcast::Receiver<Arc<WatchEvent>> {
+        self.channels.subscribe(resource, node)
     }
 
     /// Retained events newer than `rv`, oldest first.
@@ -300,9 +403,8 @@ impl State {
         {
             self.compacted_rv = dropped.rv;
         }
-        self.window.push_back(ev.clone());
-        // No receiver is fine: nobody watches.
-        let _ = self.tx.send(ev);
+        self.channels.send(&ev);
+        self.window.push_back(ev);
     }
 }
 
@@ -321,8 +423,7 @@ mod tests {
     use super::*;
 
     fn state(cap: usize) -> State {
-        let (tx, _) = broadcast::channel(16);
-        State::new(Registry::builtin(), cap, tx)
+        State::new(Registry::builtin(), cap, 16)
     }
 
     #[test]
@@ -364,5 +465,77 @@ mod tests {
             .collect();
         assert_eq!(after, vec!["2"]);
         assert_eq!(s.count(&id, None), 4);
+    }
+
+    /// The names of the objects of the events waiting on `rx`.
+    fn received(rx: &mut broadcast::Receiver<Arc<WatchEvent>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            let name = ev.object["metadata"]["name"].as_str().unwrap_or_default();
+            names.push(format!("{} {name}", ev.etype.as_str()));
+        }
+        names
+    }
+
+    fn pod(name: &str, node: Option<&str>) -> Value {
+        match node {
+            Some(node) => json!({"metadata": {"name": name}, "spec": {"nodeName": node}}),
+            None => json!({"metadata": {"name": name}, "spec": {}}),
+        }
+    }
+
+    #[test]
+    fn a_watch_hears_its_own_resource_only() {
+        let mut s = state(10);
+        let (pods, maps) = (
+            ResourceId::new("", "pods"),
+            ResourceId::new("", "configmaps"),
+        );
+        let mut pod_rx = s.subscribe(&pods, None);
+        let mut map_rx = s.subscribe(&maps, Some("n1"));
+        s.put(&pods, "ns", "p", pod("p", Some("n1")));
+        s.put(&maps, "ns", "m", json!({"metadata": {"name": "m"}}));
+        assert_eq!(received(&mut pod_rx), ["ADDED p"]);
+        assert_eq!(
+            received(&mut map_rx),
+            ["ADDED m"],
+            "a node means nothing off pods"
+        );
+    }
+
+    #[test]
+    fn a_node_watch_hears_its_nodes_pods_and_the_binding_that_moves_one() {
+        let mut s = state(10);
+        let pods = ResourceId::new("", "pods");
+        let mut n1 = s.subscribe(&pods, Some("n1"));
+        let mut unscheduled = s.subscribe(&pods, Some(""));
+        let mut all = s.subscribe(&pods, None);
+        s.put(&pods, "ns", "a", pod("a", Some("n1")));
+        s.put(&pods, "ns", "b", pod("b", Some("n2")));
+        s.put(&pods, "ns", "c", pod("c", None));
+        s.put(&pods, "ns", "c", pod("c", Some("n1")));
+        s.remove(&pods, "ns", "a").expect("exists");
+        assert_eq!(received(&mut n1), ["ADDED a", "MODIFIED c", "DELETED a"]);
+        // The binding leaves the unscheduled pods: its watchers hear it.
+        assert_eq!(received(&mut unscheduled), ["ADDED c", "MODIFIED c"]);
+        assert_eq!(received(&mut all).len(), 5);
+    }
+
+    #[test]
+    fn node_channels_nobody_hears_are_dropped_before_a_new_one_is_made() {
+        let mut s = state(10);
+        let pods = ResourceId::new("", "pods");
+        for i in 0..1_000 {
+            let rx = s.subscribe(&pods, Some(&format!("made-up-{i}")));
+            drop(rx);
+        }
+        let kept = s.subscribe(&pods, Some("n1"));
+        let channels = &s.channels.by_resource[&pods].by_node;
+        assert_eq!(
+            channels.len(),
+            1,
+            "only the channel with a listener is kept"
+        );
+        assert_eq!(kept.len(), 0);
     }
 }
