@@ -572,9 +572,10 @@ impl Applier {
     /// (its lease and every earlier one of its role written), so the two
     /// writes of one admission overlap those of the next rather than every
     /// lease write of the pass going before every pod patch. A lease write
-    /// that fails (a 5xx, a timeout) is tried again at once with the same
-    /// status, so the pods behind it are not held back a whole pass, and
-    /// its admittedAt stays the one decided together with theirs.
+    /// that fails in a way that may pass (a 5xx, a timeout; not a conflict)
+    /// is tried again at once with the same status, so the pods behind it
+    /// are not held back a whole pass, and its admittedAt stays the one
+    /// decided together with theirs.
     async fn admit(
         &self,
         mut admissions: BTreeMap<ObjectKey, Admission>,
@@ -622,9 +623,14 @@ impl Applier {
                     .done
                     .iter()
                     .any(|d| matches!(d, Done::Lease { .. }));
+                // Only a failure that may pass is tried again: a conflict
+                // stands until the next pass decides on the newer lease,
+                // and a lease that is gone stays gone.
+                let transient =
+                    !finished.errors.is_empty() && !finished.errors.iter().any(Error::is_expected);
                 if written {
                     pods.extend(order.answer(&key, LeaseWrite::Written));
-                } else if tries < ADMISSION_WRITE_RETRIES {
+                } else if transient && tries < ADMISSION_WRITE_RETRIES {
                     leases.push_front((key, tries + 1));
                 } else {
                     pods.extend(order.answer(&key, LeaseWrite::Failed));
@@ -1516,8 +1522,14 @@ mod tests {
         written_behind(&fx.leases, "b", seen_b, &elsewhere).await;
 
         let mut applier = applier_for(fx.client.clone());
+        let before = lease_status_writes(&fx.server);
         let outcome = applier.apply(fx.plan.clone(), &input, &mut overlay).await;
         assert!(outcome.failed, "b's admission was refused");
+        assert_eq!(
+            lease_status_writes(&fx.server) - before,
+            names.len() as u64,
+            "one status write per lease: b's conflict is not tried again"
+        );
         assert_eq!(
             fx.gated(&names).await,
             ["b", "c", "d"],
@@ -1536,6 +1548,20 @@ mod tests {
             Some("node-2"),
             "the other write stands"
         );
+    }
+
+    /// Lease status writes the server has taken, from every user.
+    fn lease_status_writes(server: &gpupool_sim_apiserver::RunningApiServer) -> u64 {
+        server
+            .writes_by_user()
+            .keys()
+            .filter_map(|user| {
+                server
+                    .writes_by_route(user)
+                    .get("PATCH gpuleases/status")
+                    .copied()
+            })
+            .sum()
     }
 
     /// Applies the admission of one pod while the API server fails the
