@@ -370,6 +370,17 @@ mod tests {
     }
 
     #[test]
+    fn a_required_field_is_an_equality_only() {
+        let s =
+            FieldSelector::parse("status.phase!=Failed,spec.nodeName=n1", "", "pods").expect("ok");
+        assert_eq!(s.required("spec.nodeName"), Some("n1"));
+        assert_eq!(s.required("status.phase"), None, "a != is no requirement");
+        let unscheduled = FieldSelector::parse("spec.nodeName=", "", "pods").expect("ok");
+        assert_eq!(unscheduled.required("spec.nodeName"), Some(""));
+        assert_eq!(FieldSelector::default().required("spec.nodeName"), None);
+    }
+
+    #[test]
     fn label_selector_object_form() {
         let s = LabelSelector::from_object(Some(&json!({
             "matchLabels": {"a": "1"},
