@@ -512,6 +512,42 @@ async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
 }
 
 #[tokio::test]
+async fn a_kept_alive_connection_closed_as_a_call_goes_out_is_redialled() {
+    // The server drops every request that is not its connection's first,
+    // unanswered and without a TLS close_notify: what a server whose idle
+    // timeout fires just as a kept-alive connection is reused looks like.
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/drop-reused", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "drop",
+        webhook("drop.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    for i in 0..3 {
+        api.create(&PostParams::default(), &cm(&format!("d{i}")))
+            .await
+            .unwrap_or_else(|e| panic!("create d{i}: {e}"));
+    }
+    assert_eq!(
+        hook.seen.lock().expect("lock").len(),
+        3,
+        "every call answered once"
+    );
+    assert_eq!(
+        hook.connections.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "the first call dials; each later one reuses, is dropped and dials again"
+    );
+}
+
+#[tokio::test]
 async fn fields_a_webhook_adds_that_the_kind_lacks_are_dropped_silently() {
     let hook = start_hook().await;
     let server = ApiServer::start(ApiServerConfig::default())

@@ -731,30 +731,29 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
             .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())
     };
+    let fresh = || async {
+        let mut sender = dial(&target, tls.clone()).await?;
+        let resp = sender
+            .send_request(request()?)
+            .await
+            .map_err(|e| describe(&e))?;
+        Ok::<_, String>((sender, resp))
+    };
     let fut = async {
         let resp = match sh.http_client.idle_connection(&key).await {
             Some(mut sender) => match sender.send_request(request()?).await {
                 Ok(resp) => (sender, resp),
-                // The webhook server closed the kept-alive connection as the
-                // request went out: it never saw it, so a fresh one may.
-                Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
-                    let mut sender = dial(&target, tls).await?;
-                    let resp = sender
-                        .send_request(request()?)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    (sender, resp)
+                // No answer came on a kept-alive connection: most often the
+                // server's idle timeout closed it as the request went out
+                // (with TLS that reads as an I/O error, not a clean close).
+                // Admission webhooks must tolerate being called again, so
+                // the call goes once more over a fresh connection.
+                Err(e) => {
+                    tracing::debug!(error = %describe(&e), "kept-alive webhook connection failed; dialling afresh");
+                    fresh().await?
                 }
-                Err(e) => return Err(e.to_string()),
             },
-            None => {
-                let mut sender = dial(&target, tls).await?;
-                let resp = sender
-                    .send_request(request()?)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                (sender, resp)
-            }
+            None => fresh().await?,
         };
         let (sender, resp) = resp;
         let status = resp.status();
@@ -789,6 +788,19 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
             target.display_url
         )),
     }
+}
+
+/// An HTTP client error with its causes, so that "connection error" says
+/// which (reset, closed without close_notify, ...).
+fn describe(error: &hyper::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Opens a TLS connection to a webhook, verified against its CA bundle.

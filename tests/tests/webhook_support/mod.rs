@@ -1,11 +1,10 @@
 //! A small HTTPS admission webhook server that records every AdmissionReview
-//! it receives and answers by path (allow, deny, patch, stall), shared by
+//! it receives and answers by path (allow, deny, patch, stall, drop), shared by
 //! the API server's webhook tests and the cluster tests that look at who a
 //! request came from.
 
 #![allow(dead_code)]
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -142,11 +141,20 @@ pub async fn start_hook() -> Hook {
                 let Ok(tls) = acceptor.accept(stream).await else {
                     return;
                 };
+                // Requests this connection has carried, for `/drop-reused`.
+                let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 let svc =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         let seen = seen.clone();
+                        let earlier = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         async move {
                             let path = req.uri().path().to_string();
+                            if path == "/drop-reused" && earlier > 0 {
+                                // Closes the connection without an answer, as
+                                // a server whose idle timeout fires just as a
+                                // request arrives on a kept-alive connection.
+                                return Err(std::io::Error::other("dropped a reused connection"));
+                            }
                             let body = req.into_body().collect().await.expect("body").to_bytes();
                             let review: Value = serde_json::from_slice(&body).expect("review json");
                             seen.lock()
@@ -162,7 +170,7 @@ pub async fn start_hook() -> Hook {
                                 resp.headers_mut()
                                     .insert("connection", http::HeaderValue::from_static("close"));
                             }
-                            Ok::<_, Infallible>(resp)
+                            Ok::<_, std::io::Error>(resp)
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
