@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use gpupool_sim::cluster::workload::wait_until_webhook_knows_class;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -404,5 +405,17 @@ async fn a_rejected_lease_tells_the_pod_and_unwatched_namespaces_get_no_lease() 
     })
     .await;
     eprintln!("{events:?}");
+    // The simulator's wait for a class the webhook knows names the class and
+    // the webhook's refusal when it gives up.
+    let ml: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    let err = wait_until_webhook_knows_class(&ml, "alt", Duration::from_secs(1))
+        .await
+        .expect_err("the class is gone");
+    let text = err.to_string();
+    assert!(
+        text.contains("did not know GpuLeaseClass \"alt\" within 1 s")
+            && text.contains("(label gpupool.io/class) does not exist"),
+        "{text}"
+    );
     sim.stop().await;
 }

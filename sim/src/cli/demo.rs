@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use crate::cluster::workload::{phase, slot_pod};
+use crate::cluster::workload::{phase, slot_pod, wait_until_webhook_knows_class};
 use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
 
 /// Arguments of `gpupool-sim demo`.
@@ -448,6 +448,12 @@ async fn with_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Resul
         .create(&PostParams::default(), &class)
         .await
         .context("creating the default GpuLeaseClass")?;
+    wait_until_webhook_knows_class(
+        &Api::namespaced(client.clone(), "default"),
+        "default",
+        timeout,
+    )
+    .await?;
     println!(
         "Created GpuLeaseClass \"default\" (StrictFIFO, helpers preempted with a 1 s grace).\n"
     );

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use gpupool_sim::cluster::workload::wait_until_webhook_knows_class;
 use gpupool_sim::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -95,7 +96,11 @@ impl Sim {
                 .await
                 .expect("create class");
         }
-        // The webhook caches classes: wait until a lease-less probe would see it.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        wait_until_webhook_knows_class(&pods, name, Duration::from_secs(30))
+            .await
+            .expect("the webhook learns the class");
+        // The probe shows the class is cached, not that a replaced spec is.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
