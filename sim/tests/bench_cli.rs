@@ -126,6 +126,14 @@ async fn a_small_bench_reports_every_figure() {
     // 4 slots, 12 pods: the burst fills the slots, the other 8 follow as
     // slots free up, each one a slot-free → ungate sample.
     assert_eq!(figures["burstAdmissions"], 4, "{figures}");
+    // The class opened only once every lease was Queued, and the bench says
+    // how long that took after the last create.
+    assert!(
+        figures["allQueuedAfterCreatesSeconds"]
+            .as_f64()
+            .is_some_and(|s| s >= 0.0),
+        "{figures}"
+    );
     assert_eq!(figures["slotFreeToUngateMs"]["samples"], 8, "{figures}");
 }
 

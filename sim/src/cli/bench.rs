@@ -6,9 +6,10 @@
 //! `apiServerRawPatchesFailed` counts those that failed).
 //!
 //! Method. The class first selects no node, so every pod queues (webhook
-//! latency is measured on these creates). Then the class is widened to all
-//! nodes and the burst of admissions that fills every slot is timed
-//! (admissions/s). The rest of the pods are admitted as running pods finish:
+//! latency is measured on these creates). Once every lease is Queued
+//! (`allQueuedAfterCreatesSeconds`: how long after the last create the
+//! operator had queued them all), the class is widened to all nodes and the
+//! burst of admissions that fills every slot is timed (admissions/s). The rest of the pods are admitted as running pods finish:
 //! for each node, the time from a pod there being seen Succeeded to the next
 //! pod pinned there being seen ungated is one slot-free → ungate sample. All
 //! times come from one pod watch in this process.
@@ -42,13 +43,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
-use gpupool_api::{GpuLease, GpuLeaseClass};
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::cluster::sim::OPERATOR_USER;
+use crate::cluster::workload::wait_until_webhook_knows_class;
 use crate::cluster::{ClusterConfig, OperatorMode, SimCluster};
 
 /// Arguments of `gpupool-sim bench`.
@@ -142,11 +144,10 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         )
         .await
         .context("creating the class")?;
-    // Let the webhook's class cache see it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
     // One watch records when each pod is first seen ungated and Succeeded.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let leases: Api<GpuLease> = Api::namespaced(client.clone(), NS);
+    wait_until_webhook_knows_class(&pods, "default", Duration::from_secs(60)).await?;
     let (seen_tx, mut seen_rx) =
         tokio::sync::mpsc::unbounded_channel::<(bool, String, String, Instant)>();
     let watch = tokio::spawn({
@@ -229,6 +230,23 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         create_errors.join("; ")
     );
 
+    // Wait for the operator to queue every pod created, so that the burst
+    // times admissions alone and not the tail of lease creation.
+    let creates_done = Instant::now();
+    loop {
+        let queued = count_queued_leases(&leases).await;
+        if queued >= created.len() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out: {queued} of {} leases Queued before the class opened",
+            created.len()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let all_queued_secs = creates_done.elapsed().as_secs_f64();
+
     // Open every node: the burst of admissions fills all slots.
     let capacity = u64::from(args.nodes) * u64::from(args.gpus_per_node);
     let burst = capacity.min(created.len() as u64) as usize;
@@ -249,7 +267,6 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     let mut last_rss = Instant::now() - Duration::from_secs(1);
     let mut peak_leases = 0usize;
     let mut last_leases = Instant::now() - Duration::from_secs(2);
-    let leases: Api<GpuLease> = Api::namespaced(client.clone(), NS);
     let total = created.len();
     while seen.succeeded.len() < total {
         anyhow::ensure!(
@@ -354,6 +371,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "gpusPerNode": args.gpus_per_node,
         "pods": args.pods,
         "runSeconds": args.run_seconds,
+        "allQueuedAfterCreatesSeconds": all_queued_secs,
         "burstAdmissions": burst,
         "admissionsPerSecondBurst": burst as f64 / burst_secs,
         "admissionsPerSecondOverall": ungate_times.len() as f64 / overall_secs,
@@ -624,6 +642,25 @@ async fn count_leases(leases: &Api<GpuLease>) -> usize {
         .list_metadata(&kube::api::ListParams::default())
         .await
         .map(|l| l.items.len())
+        .unwrap_or(0)
+}
+
+/// Leases whose phase is Queued (their sequence persisted); 0 when the
+/// list fails, so a caller waiting for them waits on.
+async fn count_queued_leases(leases: &Api<GpuLease>) -> usize {
+    leases
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|l| {
+                    l.status
+                        .as_ref()
+                        .is_some_and(|s| s.phase == LeasePhase::Queued)
+                })
+                .count()
+        })
         .unwrap_or(0)
 }
 
