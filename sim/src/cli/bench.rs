@@ -9,10 +9,11 @@
 //! latency is measured on these creates). Once every lease is Queued
 //! (`allQueuedAfterCreatesSeconds`: how long after the last create the
 //! operator had queued them all), the class is widened to all nodes and the
-//! burst of admissions that fills every slot is timed (admissions/s). The rest of the pods are admitted as running pods finish:
-//! for each node, the time from a pod there being seen Succeeded to the next
-//! pod pinned there being seen ungated is one slot-free → ungate sample. All
-//! times come from one pod watch in this process.
+//! burst of admissions that fills every slot is timed (admissions/s). The
+//! rest of the pods are admitted as running pods finish: for each node, the
+//! time from a pod there being seen Succeeded to the next pod pinned there
+//! being seen ungated is one slot-free → ungate sample. All times come from
+//! one pod watch in this process.
 //!
 //! Cost figures: `failedCreates` (pod creates that failed, with the first
 //! few errors; the run goes on with the pods that exist), `writesPerAdmission`
