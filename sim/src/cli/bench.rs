@@ -73,7 +73,7 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_BENCH_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
     /// Give up after this many seconds.
-    #[arg(long, env = "GPUPOOL_BENCH_TIMEOUT_SECONDS", default_value_t = 600)]
+    #[arg(long, env = "GPUPOOL_BENCH_TIMEOUT_SECONDS", default_value_t = 1800)]
     pub timeout_seconds: u64,
     /// The gpupool-operator binary (default: next to gpupool-sim).
     #[arg(long, env = "GPUPOOL_SIM_OPERATOR_BIN")]
