@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::objects::{self, DeleteOpts, WriteCtx};
 use crate::registry::ResourceId;
 use crate::store::State;
-use crate::store::owners::{FOREGROUND, owned_by};
+use crate::store::owners::{self, FOREGROUND};
 use crate::{Shared, UserInfo};
 
 fn gc_user() -> UserInfo {
@@ -55,57 +55,27 @@ fn find_work(st: &mut State) -> Sweep {
         st.registry.remove_crd(&group, &plural);
     }
     // Dependents whose owners are all gone.
-    for id in st.resources() {
-        for ((ns, name), obj) in st.list(&id, None, None) {
-            let Some(refs) = obj
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-            else {
-                continue;
-            };
-            if refs.is_empty() || obj.pointer("/metadata/deletionTimestamp").is_some() {
-                continue;
-            }
-            let all_gone = refs.iter().all(|r| {
-                r.get("uid")
-                    .and_then(Value::as_str)
-                    .is_none_or(|u| st.by_uid(u).is_none())
-            });
-            if all_gone {
-                deletes.push((id.clone(), ns.clone(), name.clone()));
-            }
-        }
+    for key in owners::orphaned(st) {
+        deletes.push((key.resource, key.namespace, key.name));
     }
     // Foreground deletion: dependents first, then the owner's finalizer.
-    let mut waiting = Vec::new();
-    for id in st.resources() {
-        for ((ns, name), obj) in st.list(&id, None, None) {
-            let fin = obj
-                .pointer("/metadata/finalizers")
-                .and_then(Value::as_array);
-            if obj.pointer("/metadata/deletionTimestamp").is_some()
-                && fin.is_some_and(|f| f.iter().any(|x| x == FOREGROUND))
-            {
-                waiting.push((id.clone(), ns.clone(), name.clone(), obj.clone()));
-            }
-        }
-    }
-    for (id, ns, name, owner) in waiting {
+    for key in owners::foreground_deletions(st) {
+        let Some(owner) = st.get(&key.resource, &key.namespace, &key.name) else {
+            continue;
+        };
         let Some(uid) = owner.pointer("/metadata/uid").and_then(Value::as_str) else {
             continue;
         };
-        let mut dependents = 0usize;
-        for did in st.resources() {
-            for ((dns, dname), d) in st.list(&did, None, None) {
-                if owned_by(d, uid) {
-                    if d.pointer("/metadata/deletionTimestamp").is_none() {
-                        deletes.push((did.clone(), dns.clone(), dname.clone()));
-                    }
-                    dependents += 1;
-                }
+        let dependents = owners::dependents_of(st, uid);
+        for d in &dependents {
+            let deleting = st
+                .get(&d.resource, &d.namespace, &d.name)
+                .is_some_and(|o| o.pointer("/metadata/deletionTimestamp").is_some());
+            if !deleting {
+                deletes.push((d.resource.clone(), d.namespace.clone(), d.name.clone()));
             }
         }
-        if dependents == 0 {
+        if dependents.is_empty() {
             let mut o = (*owner).clone();
             if let Some(f) = o
                 .pointer_mut("/metadata/finalizers")
@@ -113,11 +83,11 @@ fn find_work(st: &mut State) -> Sweep {
             {
                 f.retain(|x| x != FOREGROUND);
                 if f.is_empty() {
-                    st.remove(&id, &ns, &name);
+                    st.remove(&key.resource, &key.namespace, &key.name);
                     continue;
                 }
             }
-            st.put(&id, &ns, &name, o);
+            st.put(&key.resource, &key.namespace, &key.name, o);
         }
     }
     // Terminating namespaces: delete their content; remove them once empty.

@@ -80,7 +80,7 @@ pub fn encode_event(etype: &str, object: &Value) -> Bytes {
 }
 
 /// Where an object lives.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
     /// Its resource.
     pub resource: ResourceId,
@@ -107,6 +107,7 @@ pub struct State {
     /// Events with rv ≤ this have left the window.
     compacted_rv: u64,
     uids: HashMap<String, ObjectKey>,
+    owners: owners::OwnerIndex,
     channels: Channels,
 }
 
@@ -212,6 +213,7 @@ impl State {
             window_cap: window_cap.max(1),
             compacted_rv: 0,
             uids: HashMap::new(),
+            owners: owners::OwnerIndex::default(),
             channels: Channels {
                 capacity: channel_capacity.max(1),
                 by_resource: HashMap::new(),
@@ -325,6 +327,13 @@ impl State {
             .or_default()
             .insert(key, obj.clone());
         let old_uid = old.as_deref().and_then(uid_of);
+        let object_key = ObjectKey {
+            resource: id.clone(),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        self.owners
+            .update(&object_key, old.as_deref(), Some(obj.as_ref()));
         if let Some(uid) = uid_of(&obj)
             && old_uid != Some(uid)
         {
@@ -332,14 +341,7 @@ impl State {
             if let Some(stale) = old_uid {
                 self.uids.remove(stale);
             }
-            self.uids.insert(
-                uid.to_string(),
-                ObjectKey {
-                    resource: id.clone(),
-                    namespace: ns.to_string(),
-                    name: name.to_string(),
-                },
-            );
+            self.uids.insert(uid.to_string(), object_key);
         }
         let etype = if old.is_some() {
             EventType::Modified
@@ -360,6 +362,12 @@ impl State {
         if let Some(uid) = uid_of(&old) {
             self.uids.remove(uid);
         }
+        let object_key = ObjectKey {
+            resource: id.clone(),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        self.owners.update(&object_key, Some(old.as_ref()), None);
         let rv = self.next_rv();
         let mut last = (*old).clone();
         set_rv(&mut last, rv);
@@ -372,10 +380,16 @@ impl State {
     /// each object was already deleted through the normal path).
     pub fn forget_resource(&mut self, id: &ResourceId) {
         if let Some(map) = self.objects.remove(id) {
-            for obj in map.values() {
+            for ((namespace, name), obj) in &map {
                 if let Some(uid) = uid_of(obj) {
                     self.uids.remove(uid);
                 }
+                let object_key = ObjectKey {
+                    resource: id.clone(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                };
+                self.owners.update(&object_key, Some(obj.as_ref()), None);
             }
         }
     }
