@@ -548,6 +548,40 @@ async fn a_kept_alive_connection_closed_as_a_call_goes_out_is_redialled() {
 }
 
 #[tokio::test]
+async fn a_webhook_that_never_answers_fails_the_call_with_the_cause() {
+    let hook = start_hook().await;
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}/drop", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "drop",
+        webhook("drop.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let err = api
+        .create(&PostParams::default(), &cm("never"))
+        .await
+        .expect_err("failurePolicy Fail refuses the create");
+    let message = api_err(err).message;
+    // The connection error carries what closed it, not just "connection error".
+    assert!(
+        message.contains("failed calling webhook \"drop.gpupool.io\"")
+            && message.contains("connection error: "),
+        "{message}"
+    );
+    assert_eq!(
+        hook.connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a fresh connection that fails is not tried again"
+    );
+}
+
+#[tokio::test]
 async fn fields_a_webhook_adds_that_the_kind_lacks_are_dropped_silently() {
     let hook = start_hook().await;
     let server = ApiServer::start(ApiServerConfig::default())

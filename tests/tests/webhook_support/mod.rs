@@ -149,11 +149,12 @@ pub async fn start_hook() -> Hook {
                         let earlier = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         async move {
                             let path = req.uri().path().to_string();
-                            if path == "/drop-reused" && earlier > 0 {
-                                // Closes the connection without an answer, as
-                                // a server whose idle timeout fires just as a
-                                // request arrives on a kept-alive connection.
-                                return Err(std::io::Error::other("dropped a reused connection"));
+                            if path == "/drop" || (path == "/drop-reused" && earlier > 0) {
+                                // Closes the connection without an answer:
+                                // `/drop-reused` as a server whose idle timeout
+                                // fires just as a kept-alive connection is
+                                // reused, `/drop` as one that always fails.
+                                return Err(std::io::Error::other("dropped the request"));
                             }
                             let body = req.into_body().collect().await.expect("body").to_bytes();
                             let review: Value = serde_json::from_slice(&body).expect("review json");
