@@ -227,7 +227,7 @@ pub(crate) struct Shared {
     ids: util::SplitMix,
     gc_wakeup: Notify,
     cancel: CancellationToken,
-    http_client: objects::admission::WebhookClient,
+    http_client: objects::webhook_client::WebhookClient,
     /// Write requests (POST, PUT, PATCH, DELETE) per authenticated user,
     /// then per route (see [`write_route`]).
     writes: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
@@ -329,7 +329,7 @@ impl ApiServer {
             config,
             gc_wakeup: Notify::new(),
             cancel: CancellationToken::new(),
-            http_client: objects::admission::WebhookClient::new(),
+            http_client: objects::webhook_client::WebhookClient::new(),
             writes: Mutex::new(BTreeMap::new()),
             cluster_ips: std::sync::atomic::AtomicU32::new(0),
         });

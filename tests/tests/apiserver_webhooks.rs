@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 mod webhook_support;
 
-use webhook_support::{Hook, start_hook};
+use webhook_support::{Hook, Offer, start_hook, start_hook_offering};
 
 use gpupool_sim::cluster::sim::NODE_NAME_EXTRA;
 use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo};
@@ -62,6 +62,25 @@ fn webhook(name: &str, url: &str, ca: &str, extra: Value) -> Value {
         }
     }
     h
+}
+
+/// A fresh API server whose one validating webhook, on ConfigMaps, is
+/// `path` of `hook`; and the ConfigMaps of namespace `default`.
+async fn validated_by(hook: &Hook, path: &str) -> (RunningApiServer, Api<ConfigMap>) {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server");
+    let url = format!("https://127.0.0.1:{}{path}", hook.addr.port());
+    register(
+        &server,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        "hook",
+        webhook("hook.gpupool.io", &url, &hook.ca_b64, json!({})),
+    )
+    .await;
+    let api = Api::namespaced(client(&server).await, "default");
+    (server, api)
 }
 
 fn api_err(e: kube::Error) -> kube::core::Status {
@@ -517,19 +536,7 @@ async fn a_kept_alive_connection_closed_as_a_call_goes_out_is_redialled() {
     // unanswered and without a TLS close_notify: what a server whose idle
     // timeout fires just as a kept-alive connection is reused looks like.
     let hook = start_hook().await;
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("server");
-    let url = format!("https://127.0.0.1:{}/drop-reused", hook.addr.port());
-    register(
-        &server,
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        "drop",
-        webhook("drop.gpupool.io", &url, &hook.ca_b64, json!({})),
-    )
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let (_server, api) = validated_by(&hook, "/drop-reused").await;
     for i in 0..3 {
         api.create(&PostParams::default(), &cm(&format!("d{i}")))
             .await
@@ -550,19 +557,7 @@ async fn a_kept_alive_connection_closed_as_a_call_goes_out_is_redialled() {
 #[tokio::test]
 async fn a_webhook_that_never_answers_fails_the_call_with_the_cause() {
     let hook = start_hook().await;
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("server");
-    let url = format!("https://127.0.0.1:{}/drop", hook.addr.port());
-    register(
-        &server,
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        "drop",
-        webhook("drop.gpupool.io", &url, &hook.ca_b64, json!({})),
-    )
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let (_server, api) = validated_by(&hook, "/drop").await;
     let err = api
         .create(&PostParams::default(), &cm("never"))
         .await
@@ -570,7 +565,7 @@ async fn a_webhook_that_never_answers_fails_the_call_with_the_cause() {
     let message = api_err(err).message;
     // The connection error carries what closed it, not just "connection error".
     assert!(
-        message.contains("failed calling webhook \"drop.gpupool.io\"")
+        message.contains("failed calling webhook \"hook.gpupool.io\"")
             && message.contains("connection error: "),
         "{message}"
     );
@@ -578,6 +573,95 @@ async fn a_webhook_that_never_answers_fails_the_call_with_the_cause() {
         hook.connections.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "a fresh connection that fails is not tried again"
+    );
+}
+
+/// Creates ConfigMaps `{prefix}0..{prefix}{n}` all at once; panics naming
+/// the first that failed.
+async fn create_at_once(api: &Api<ConfigMap>, prefix: &str, n: usize) {
+    let creates = (0..n).map(|i| {
+        let api = api.clone();
+        let name = format!("{prefix}{i}");
+        async move {
+            api.create(&PostParams::default(), &cm(&name))
+                .await
+                .map_err(|e| format!("create {name}: {e}"))
+        }
+    });
+    for result in futures::future::join_all(creates).await {
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
+}
+
+/// The HTTP versions the hook's reviews came over.
+fn versions(hook: &Hook) -> BTreeSet<String> {
+    hook.seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|s| s["version"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn calls_at_once_to_a_webhook_offering_http2_share_one_connection() {
+    // As the real API server's client does: it negotiates HTTP/2 and
+    // multiplexes, where an HTTP/1.1 client would dial a connection (and a
+    // TLS handshake) per call in flight.
+    let hook = start_hook_offering(Offer::Http2).await;
+    let (_server, api) = validated_by(&hook, "/allow").await;
+    create_at_once(&api, "m", 40).await;
+    assert_eq!(hook.seen.lock().expect("lock").len(), 40);
+    assert_eq!(versions(&hook), BTreeSet::from(["HTTP/2.0".to_owned()]));
+    assert_eq!(
+        hook.connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the burst waits for one dial and shares its connection"
+    );
+
+    // The server goes away without a word: the next call dials again.
+    hook.cut_connections();
+    api.create(&PostParams::default(), &cm("after-cut"))
+        .await
+        .expect("create after the connection was cut");
+    assert_eq!(
+        hook.connections.load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
+
+    // An HTTP/1.1-only server is still called, one call per connection.
+    let plain = start_hook().await;
+    let (_server, api) = validated_by(&plain, "/allow").await;
+    create_at_once(&api, "p", 5).await;
+    assert_eq!(versions(&plain), BTreeSet::from(["HTTP/1.1".to_owned()]));
+    assert_eq!(
+        plain
+            .most_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}
+
+#[tokio::test]
+async fn no_http2_connection_carries_more_than_its_share_of_calls() {
+    // 150 calls held 3 s each: at most 100 ride one connection at once.
+    let hook = start_hook_offering(Offer::Http2).await;
+    let (_server, api) = validated_by(&hook, "/slow").await;
+    create_at_once(&api, "s", 150).await;
+    assert_eq!(hook.seen.lock().expect("lock").len(), 150);
+    let most = hook
+        .most_in_flight
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let connections = hook.connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=100).contains(&most),
+        "calls were multiplexed, at most 100 at once: {most}"
+    );
+    assert!(
+        (1..=2).contains(&connections),
+        "a connection is added only when the ones kept are full: {connections}"
     );
 }
 

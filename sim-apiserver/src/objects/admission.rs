@@ -3,18 +3,17 @@
 //! verifying the server against the configuration's `caBundle`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 use crate::Shared;
 use crate::cel;
 use crate::error::{ApiError, Reason};
 use crate::objects::WriteCtx;
+use crate::objects::webhook_client::Endpoint;
 use crate::registry::{ResourceDef, ResourceId};
 use crate::selectors::LabelSelector;
 use crate::util::{base64_decode, meta_str};
@@ -37,107 +36,6 @@ impl Operation {
             Operation::Update => "UPDATE",
             Operation::Delete => "DELETE",
         }
-    }
-}
-
-/// The sending half of a connection to a webhook server.
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-/// Most idle connections kept per webhook server.
-const IDLE_PER_SERVER: usize = 16;
-
-/// Most webhook call durations kept (4 bytes each); later calls are not
-/// recorded, so a long-running server's memory stays bounded.
-const MAX_RECORDED_CALLS: usize = 1 << 20;
-
-/// Calls webhooks; caches TLS client configurations per CA bundle and keeps
-/// connections alive between calls (as the real server's HTTP client does),
-/// so a busy webhook is not paid a TCP and TLS handshake per request.
-#[derive(Default)]
-pub struct WebhookClient {
-    tls: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
-    /// Idle connections by address, server name and CA bundle.
-    idle: Mutex<HashMap<String, Vec<Sender>>>,
-    /// How long each call took, in milliseconds, in the order they ended.
-    durations_ms: Mutex<Vec<f32>>,
-}
-
-impl WebhookClient {
-    /// A client with an empty cache.
-    pub fn new() -> Self {
-        WebhookClient::default()
-    }
-
-    /// How long each webhook call took, in milliseconds, from choosing a
-    /// connection (dialing one when none is kept) to the whole answer read,
-    /// failed calls included; at most the first [`MAX_RECORDED_CALLS`].
-    pub fn durations_ms(&self) -> Vec<f32> {
-        self.durations_ms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn record(&self, took: Duration) {
-        let mut durations = self.durations_ms.lock().unwrap_or_else(|p| p.into_inner());
-        if durations.len() < MAX_RECORDED_CALLS {
-            durations.push(took.as_secs_f32() * 1000.0);
-        }
-    }
-
-    /// An idle connection to the server `key` names that can take a request
-    /// now, if one is kept.
-    async fn idle_connection(&self, key: &str) -> Option<Sender> {
-        loop {
-            let mut sender = {
-                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                idle.get_mut(key)?.pop()?
-            };
-            if !sender.is_closed() && sender.ready().await.is_ok() {
-                return Some(sender);
-            }
-        }
-    }
-
-    /// Keeps a connection whose response was read in full for later calls.
-    fn keep(&self, key: String, sender: Sender) {
-        if sender.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.entry(key).or_default();
-        if list.len() < IDLE_PER_SERVER {
-            list.push(sender);
-        }
-    }
-
-    fn tls_config(&self, ca_bundle_b64: &str) -> Result<Arc<rustls::ClientConfig>, String> {
-        let mut cache = self.tls.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(ca_bundle_b64) {
-            return Ok(c.clone());
-        }
-        let pem =
-            base64_decode(ca_bundle_b64).map_err(|e| format!("caBundle is not base64: {e}"))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let cert = cert.map_err(|e| format!("caBundle holds no valid PEM certificate: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("caBundle certificate rejected: {e}"))?;
-        }
-        if roots.is_empty() {
-            return Err("caBundle holds no certificate".into());
-        }
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let cfg = Arc::new(cfg);
-        cache.insert(ca_bundle_b64.to_string(), cfg.clone());
-        Ok(cfg)
     }
 }
 
@@ -718,52 +616,16 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
     if ca.is_empty() {
         return Err("failed to call webhook: clientConfig.caBundle is empty (the simulated API server has no other trust roots)".into());
     }
-    let tls = sh.http_client.tls_config(ca)?;
     let body = Bytes::from(serde_json::to_vec(review).map_err(|e| e.to_string())?);
     let sep = if target.path.contains('?') { '&' } else { '?' };
     let path = format!("{}{sep}timeout={timeout_s}s", target.path);
-    let key = format!("{}\n{}\n{ca}", target.connect, target.server_name);
-    let request = || {
-        http::Request::post(&path)
-            .header("host", target.server_name.as_str())
-            .header("content-type", "application/json")
-            .header("accept", "application/json")
-            .body(Full::new(body.clone()))
-            .map_err(|e| e.to_string())
-    };
-    let fresh = || async {
-        let mut sender = dial(&target, tls.clone()).await?;
-        let resp = sender
-            .send_request(request()?)
-            .await
-            .map_err(|e| describe(&e))?;
-        Ok::<_, String>((sender, resp))
+    let endpoint = Endpoint {
+        connect: &target.connect,
+        server_name: &target.server_name,
+        ca_bundle: ca,
     };
     let fut = async {
-        let resp = match sh.http_client.idle_connection(&key).await {
-            Some(mut sender) => match sender.send_request(request()?).await {
-                Ok(resp) => (sender, resp),
-                // No answer came on a kept-alive connection: most often the
-                // server's idle timeout closed it as the request went out
-                // (with TLS that reads as an I/O error, not a clean close).
-                // Admission webhooks must tolerate being called again, so
-                // the call goes once more over a fresh connection.
-                Err(e) => {
-                    tracing::debug!(error = %describe(&e), "kept-alive webhook connection failed; dialling afresh");
-                    fresh().await?
-                }
-            },
-            None => fresh().await?,
-        };
-        let (sender, resp) = resp;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        sh.http_client.keep(key.clone(), sender);
+        let (status, bytes) = sh.http_client.post(&endpoint, &path, body).await?;
         if !status.is_success() {
             return Err(format!(
                 "received invalid webhook response: HTTP {status}: {}",
@@ -788,40 +650,6 @@ async fn call(sh: &Shared, hook: &Value, review: &Value, timeout_s: u64) -> Resu
             target.display_url
         )),
     }
-}
-
-/// An HTTP client error with its causes, so that "connection error" says
-/// which (reset, closed without close_notify, ...).
-fn describe(error: &hyper::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-/// Opens a TLS connection to a webhook, verified against its CA bundle.
-async fn dial(target: &Target, tls: Arc<rustls::ClientConfig>) -> Result<Sender, String> {
-    let tcp = tokio::net::TcpStream::connect(&target.connect)
-        .await
-        .map_err(|e| format!("dial tcp {}: {e}", target.connect))?;
-    let _ = tcp.set_nodelay(true);
-    let server_name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
-        .map_err(|e| format!("invalid server name {}: {e}", target.server_name))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| format!("tls: {e}"))?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]

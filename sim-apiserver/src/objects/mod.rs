@@ -15,6 +15,7 @@ pub mod gc;
 pub mod patch;
 pub mod pods;
 pub mod schema;
+pub mod webhook_client;
 
 use crate::error::{ApiError, FieldCause, Reason, success_status};
 pub use crate::fields::FieldValidation;

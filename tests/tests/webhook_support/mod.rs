@@ -1,17 +1,18 @@
 //! A small HTTPS admission webhook server that records every AdmissionReview
 //! it receives and answers by path (allow, deny, patch, stall, drop), shared by
 //! the API server's webhook tests and the cluster tests that look at who a
-//! request came from.
+//! request came from. It speaks HTTP/1.1, or HTTP/2 where asked to offer it.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 /// A small HTTPS webhook server that records the reviews it receives.
@@ -20,10 +21,31 @@ pub struct Hook {
     pub addr: SocketAddr,
     /// Base64 of its self-signed certificate, for `caBundle`.
     pub ca_b64: String,
-    /// Every review received, as `{"path", "review"}`, in arrival order.
+    /// Every review received, as `{"path", "review", "version"}` (the
+    /// HTTP version it came over), in arrival order.
     pub seen: Arc<Mutex<Vec<Value>>>,
     /// TCP connections accepted.
-    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    pub connections: Arc<AtomicUsize>,
+    /// The most requests one connection had in flight at once.
+    pub most_in_flight: Arc<AtomicUsize>,
+    cut: Arc<tokio::sync::Notify>,
+}
+
+impl Hook {
+    /// Closes every open connection at once, without a goodbye (no HTTP/2
+    /// GOAWAY, no TLS close_notify), as a restarted server does.
+    pub fn cut_connections(&self) {
+        self.cut.notify_waiters();
+    }
+}
+
+/// What a hook server offers over ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Nothing: the client speaks HTTP/1.1.
+    Http1,
+    /// `h2` and `http/1.1`.
+    Http2,
 }
 
 /// Standard base64 with padding.
@@ -102,8 +124,13 @@ fn answer(path: &str, review: &Value) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
 
-/// Starts a webhook server on a free port of 127.0.0.1.
+/// Starts an HTTP/1.1 webhook server on a free port of 127.0.0.1.
 pub async fn start_hook() -> Hook {
+    start_hook_offering(Offer::Http1).await
+}
+
+/// Starts a webhook server on a free port of 127.0.0.1 that offers `offer`.
+pub async fn start_hook_offering(offer: Offer) -> Hook {
     let key = rcgen::KeyPair::generate().expect("key");
     let params = rcgen::CertificateParams::new(vec![
         "127.0.0.1".to_string(),
@@ -123,6 +150,10 @@ pub async fn start_hook() -> Hook {
         rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
     )
     .expect("tls config");
+    let mut config = config;
+    if offer == Offer::Http2 {
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    }
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -130,25 +161,40 @@ pub async fn start_hook() -> Hook {
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
-    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
     let accepted = connections.clone();
+    let most_in_flight = Arc::new(AtomicUsize::new(0));
+    let most = most_in_flight.clone();
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let cut2 = cut.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            accepted.fetch_add(1, Ordering::SeqCst);
             let acceptor = acceptor.clone();
             let seen = seen2.clone();
+            let most = most.clone();
+            let cut = cut2.clone();
             tokio::spawn(async move {
+                let cut = cut.notified();
                 let Ok(tls) = acceptor.accept(stream).await else {
                     return;
                 };
-                // Requests this connection has carried, for `/drop-reused`.
-                let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                // Requests this connection has carried, for `/drop-reused`,
+                // and has in flight.
+                let served = Arc::new(AtomicUsize::new(0));
+                let in_flight = Arc::new(AtomicUsize::new(0));
                 let svc =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         let seen = seen.clone();
-                        let earlier = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let earlier = served.fetch_add(1, Ordering::SeqCst);
+                        let in_flight = in_flight.clone();
+                        let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
                         async move {
+                            let _done = Done(in_flight);
                             let path = req.uri().path().to_string();
+                            let version = format!("{:?}", req.version());
                             if path == "/drop" || (path == "/drop-reused" && earlier > 0) {
                                 // Closes the connection without an answer:
                                 // `/drop-reused` as a server whose idle timeout
@@ -160,7 +206,7 @@ pub async fn start_hook() -> Hook {
                             let review: Value = serde_json::from_slice(&body).expect("review json");
                             seen.lock()
                                 .expect("lock")
-                                .push(json!({"path": path, "review": review}));
+                                .push(json!({"path": path, "review": review, "version": version}));
                             if path == "/slow" {
                                 tokio::time::sleep(Duration::from_secs(3)).await;
                             }
@@ -174,9 +220,21 @@ pub async fn start_hook() -> Hook {
                             Ok::<_, std::io::Error>(resp)
                         }
                     });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
+                let io = TokioIo::new(tls);
+                if h2 {
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = cut => {}
+                    }
+                } else {
+                    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = cut => {}
+                    }
+                }
             });
         }
     });
@@ -185,5 +243,16 @@ pub async fn start_hook() -> Hook {
         ca_b64,
         seen,
         connections,
+        most_in_flight,
+        cut,
+    }
+}
+
+/// Counts a request out of its connection's in-flight count when it ends.
+struct Done(Arc<AtomicUsize>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
