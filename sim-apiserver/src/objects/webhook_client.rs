@@ -2,39 +2,45 @@
 //!
 //! As the real API server's client does, it offers HTTP/2 and HTTP/1.1
 //! over ALPN and keeps connections for later calls:
-//! - a server that negotiates HTTP/2 gets its calls multiplexed, up to
-//!   [`STREAMS_PER_CONNECTION`] at once on one connection, and a new
-//!   connection only when every kept one is that busy; the calls of a burst
-//!   wait for one dial instead of each dialling its own, so a webhook under
-//!   load is not paid a TLS handshake per call;
+//! - a server that negotiates HTTP/2 gets its calls multiplexed: as many
+//!   at once on one connection as the server allows (at most
+//!   [`STREAMS_PER_CONNECTION`]), and a new connection only when every kept
+//!   one is that busy; the calls of a burst wait for one dial instead of
+//!   each dialling its own, so a webhook under load is not paid a TLS
+//!   handshake per call;
 //! - a server that speaks HTTP/1.1 only gets one call per connection at a
 //!   time, and up to [`IDLE_PER_SERVER`] idle connections are kept for it.
 //!
 //! A call that fails before its answer on a kept connection (closed by the
 //! server as the request went out, say) is tried once more over a
 //! connection dialled for it: admission webhooks must tolerate a repeat.
+//! A call an HTTP/2 server refused unprocessed (`REFUSED_STREAM`) is sent
+//! again, up to [`MAX_REFUSALS`] times.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 
 use crate::util::base64_decode;
 
 type Http1 = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-type Http2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+type Http2 = h2::client::SendRequest<Bytes>;
 
 /// Most idle HTTP/1.1 connections kept per webhook server.
 const IDLE_PER_SERVER: usize = 16;
 
 /// Most calls in flight at once on one HTTP/2 connection before another is
-/// dialled: the Go client's assumption until a server states its own limit.
-/// A server that allows fewer makes the rest wait on the connection.
+/// dialled, whatever more the server allows: the Go client's default.
 pub(crate) const STREAMS_PER_CONNECTION: usize = 100;
+
+/// Most times one call is sent again after a server refused its stream
+/// unprocessed.
+const MAX_REFUSALS: usize = 8;
 
 /// Most webhook call durations kept (4 bytes each); later calls are not
 /// recorded, so a long-running server's memory stays bounded.
@@ -61,6 +67,21 @@ impl Endpoint<'_> {
 struct Multiplexed {
     sender: Http2,
     in_flight: AtomicUsize,
+    /// Set when the connection ended.
+    closed: Arc<AtomicBool>,
+}
+
+impl Multiplexed {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Calls it may carry at once: the server's limit, capped.
+    fn streams(&self) -> usize {
+        self.sender
+            .current_max_send_streams()
+            .min(STREAMS_PER_CONNECTION)
+    }
 }
 
 /// One call's claim on a stream of a [`Multiplexed`] connection, given up
@@ -70,12 +91,13 @@ struct Stream(Arc<Multiplexed>);
 impl Stream {
     /// Claims a stream when the connection is open and has one to spare.
     fn claim(conn: &Arc<Multiplexed>) -> Option<Self> {
-        if conn.sender.is_closed() {
+        if conn.is_closed() {
             return None;
         }
+        let streams = conn.streams();
         conn.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < STREAMS_PER_CONNECTION).then_some(n + 1)
+                (n < streams).then_some(n + 1)
             })
             .ok()
             .map(|_| Stream(conn.clone()))
@@ -94,17 +116,102 @@ enum Conn {
     Http2(Stream),
 }
 
+/// Why a request got no answer.
+struct SendError {
+    /// The server refused the stream before processing it: sending the
+    /// request again anywhere is safe.
+    refused: bool,
+    /// What failed, with its causes.
+    message: String,
+}
+
+impl From<String> for SendError {
+    fn from(message: String) -> Self {
+        SendError {
+            refused: false,
+            message,
+        }
+    }
+}
+
+impl From<h2::Error> for SendError {
+    fn from(error: h2::Error) -> Self {
+        SendError {
+            refused: error.is_remote() && error.reason() == Some(h2::Reason::REFUSED_STREAM),
+            message: describe(&error),
+        }
+    }
+}
+
 impl Conn {
-    async fn send(
-        &mut self,
-        request: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+    /// Sends the request and waits for the answer's head.
+    async fn send(&mut self, request: http::Request<Bytes>) -> Result<Answer, SendError> {
         match self {
-            Conn::Http1(sender) => sender.send_request(request).await,
+            Conn::Http1(sender) => {
+                let (mut parts, body) = request.into_parts();
+                if let Some(host) = parts.uri.host() {
+                    let host = http::HeaderValue::from_str(host).map_err(|e| e.to_string())?;
+                    parts.headers.insert(http::header::HOST, host);
+                }
+                // HTTP/1.1 sends the path alone; the host goes in its header.
+                parts.uri = parts
+                    .uri
+                    .path_and_query()
+                    .map_or("/", |p| p.as_str())
+                    .parse()
+                    .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+                let request = http::Request::from_parts(parts, Full::new(body));
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| describe(&e))?;
+                Ok(Answer::Http1(response))
+            }
             Conn::Http2(stream) => {
-                let mut sender = stream.0.sender.clone();
-                sender.ready().await?;
-                sender.send_request(request).await
+                let mut sender = stream.0.sender.clone().ready().await?;
+                let (parts, body) = request.into_parts();
+                let (response, mut out) =
+                    sender.send_request(http::Request::from_parts(parts, ()), body.is_empty())?;
+                if !body.is_empty() {
+                    out.send_data(body, true)?;
+                }
+                Ok(Answer::Http2(response.await?))
+            }
+        }
+    }
+}
+
+/// The head of an answer, its body still to read.
+enum Answer {
+    Http1(http::Response<hyper::body::Incoming>),
+    Http2(http::Response<h2::RecvStream>),
+}
+
+impl Answer {
+    /// The status and the whole body.
+    async fn read(self) -> Result<(http::StatusCode, Bytes), String> {
+        match self {
+            Answer::Http1(response) => {
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| describe(&e))?
+                    .to_bytes();
+                Ok((status, body))
+            }
+            Answer::Http2(response) => {
+                let status = response.status();
+                let mut stream = response.into_body();
+                let mut body = BytesMut::new();
+                while let Some(chunk) = stream.data().await {
+                    let chunk = chunk.map_err(|e| describe(&e))?;
+                    // Gives the window back, so the server may send on.
+                    let _ = stream.flow_control().release_capacity(chunk.len());
+                    body.extend_from_slice(&chunk);
+                }
+                Ok((status, body.freeze()))
             }
         }
     }
@@ -169,37 +276,41 @@ impl WebhookClient {
     ) -> Result<(http::StatusCode, Bytes), String> {
         let tls = self.tls_config(endpoint.ca_bundle)?;
         let key = endpoint.key();
+        let uri = format!("https://{}{path}", endpoint.server_name);
         let request = || {
-            http::Request::post(path)
-                .header("host", endpoint.server_name)
+            http::Request::post(uri.as_str())
                 .header("content-type", "application/json")
                 .header("accept", "application/json")
-                .body(Full::new(body.clone()))
+                .body(body.clone())
                 .map_err(|e| e.to_string())
         };
-        let (conn, resp) = match self.kept(&key).await {
-            Some(mut conn) => match conn.send(request()?).await {
-                Ok(resp) => (conn, resp),
-                Err(e) => {
-                    tracing::debug!(error = %describe(&e), "kept webhook connection failed; dialling afresh");
-                    let mut conn = self.dial(&key, endpoint, tls, false).await?;
-                    let resp = conn.send(request()?).await.map_err(|e| describe(&e))?;
-                    (conn, resp)
-                }
-            },
-            None => {
-                let mut conn = self.dial(&key, endpoint, tls, true).await?;
-                let resp = conn.send(request()?).await.map_err(|e| describe(&e))?;
-                (conn, resp)
+        let mut refusals = 0;
+        let (conn, answer) = loop {
+            let (mut conn, kept) = match self.kept(&key).await {
+                Some(conn) => (conn, true),
+                None => (self.dial(&key, endpoint, tls.clone(), true).await?, false),
+            };
+            let error = match conn.send(request()?).await {
+                Ok(answer) => break (conn, answer),
+                Err(error) => error,
+            };
+            drop(conn);
+            if error.refused && refusals < MAX_REFUSALS {
+                refusals += 1;
+                tracing::debug!(error = %error.message, "webhook refused the call's stream; sending it again");
+                continue;
+            }
+            if !kept || error.refused {
+                return Err(error.message);
+            }
+            tracing::debug!(error = %error.message, "kept webhook connection failed; dialling afresh");
+            let mut conn = self.dial(&key, endpoint, tls, false).await?;
+            match conn.send(request()?).await {
+                Ok(answer) => break (conn, answer),
+                Err(error) => return Err(error.message),
             }
         };
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| describe(&e))?
-            .to_bytes();
+        let (status, bytes) = answer.read().await?;
         // An HTTP/2 stream is given back as `conn` drops here.
         if let Conn::Http1(sender) = conn {
             self.keep_idle(&key, sender);
@@ -260,11 +371,12 @@ impl WebhookClient {
                 server.speaks_h2 = Some(false);
                 Ok(Conn::Http1(sender))
             }
-            Dialled::Http2(sender) => {
+            Dialled::Http2(sender, closed) => {
                 server.speaks_h2 = Some(true);
                 let conn = Arc::new(Multiplexed {
                     sender,
                     in_flight: AtomicUsize::new(1),
+                    closed,
                 });
                 server.shared.push(conn.clone());
                 Ok(Conn::Http2(Stream(conn)))
@@ -320,7 +432,7 @@ impl Server {
     /// Claims a stream of an open HTTP/2 connection with one to spare,
     /// forgetting the connections that closed.
     fn stream(&mut self) -> Option<Stream> {
-        self.shared.retain(|c| !c.sender.is_closed());
+        self.shared.retain(|c| !c.is_closed());
         self.shared.iter().find_map(Stream::claim)
     }
 }
@@ -328,7 +440,8 @@ impl Server {
 /// A connection as dialled, by the protocol the server chose.
 enum Dialled {
     Http1(Http1),
-    Http2(Http2),
+    /// With the flag its driver sets when the connection ends.
+    Http2(Http2, Arc<AtomicBool>),
 }
 
 /// Opens a TLS connection to a webhook, verified against its CA bundle,
@@ -349,17 +462,29 @@ async fn connect(
         .await
         .map_err(|e| format!("tls: {e}"))?;
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-    let io = TokioIo::new(stream);
     if h2 {
-        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        let (sender, mut conn) = h2::client::handshake(stream)
             .await
             .map_err(|e| describe(&e))?;
+        let ping_pong = conn.ping_pong();
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
         tokio::spawn(async move {
             let _ = conn.await;
+            ended.store(true, Ordering::Release);
         });
-        return Ok(Dialled::Http2(sender));
+        // The server's SETTINGS come before its answer to a PING: after one
+        // round trip the connection knows how many calls it may carry, so a
+        // burst does not open streams the server would refuse.
+        if let Some(mut ping_pong) = ping_pong {
+            ping_pong
+                .ping(h2::Ping::opaque())
+                .await
+                .map_err(|e| describe(&e))?;
+        }
+        return Ok(Dialled::Http2(sender, closed));
     }
-    let (sender, conn) = hyper::client::conn::http1::handshake(io)
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| describe(&e))?;
     tokio::spawn(async move {
@@ -370,9 +495,9 @@ async fn connect(
 
 /// An HTTP client error with its causes, so that "connection error" says
 /// which (reset, closed without close_notify, ...).
-fn describe(error: &hyper::Error) -> String {
+fn describe(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
+    let mut source = error.source();
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());

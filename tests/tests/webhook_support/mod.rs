@@ -39,6 +39,9 @@ impl Hook {
     }
 }
 
+/// Most streams at once on one of a hook server's HTTP/2 connections.
+pub const MAX_STREAMS: u32 = 16;
+
 /// What a hook server offers over ALPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
@@ -124,13 +127,10 @@ fn answer(path: &str, review: &Value) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
 
-/// Starts an HTTP/1.1 webhook server on a free port of 127.0.0.1.
-pub async fn start_hook() -> Hook {
-    start_hook_offering(Offer::Http1).await
-}
-
-/// Starts a webhook server on a free port of 127.0.0.1 that offers `offer`.
-pub async fn start_hook_offering(offer: Offer) -> Hook {
+/// A TLS acceptor with a fresh self-signed certificate for 127.0.0.1 and
+/// `hook.gpupool-system.svc`, offering `offer`; and the certificate as a
+/// `caBundle`.
+fn tls_acceptor(offer: Offer) -> (tokio_rustls::TlsAcceptor, String) {
     let key = rcgen::KeyPair::generate().expect("key");
     let params = rcgen::CertificateParams::new(vec![
         "127.0.0.1".to_string(),
@@ -154,7 +154,17 @@ pub async fn start_hook_offering(offer: Offer) -> Hook {
     if offer == Offer::Http2 {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     }
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_b64)
+}
+
+/// Starts an HTTP/1.1 webhook server on a free port of 127.0.0.1.
+pub async fn start_hook() -> Hook {
+    start_hook_offering(Offer::Http1).await
+}
+
+/// Starts a webhook server on a free port of 127.0.0.1 that offers `offer`.
+pub async fn start_hook_offering(offer: Offer) -> Hook {
+    let (acceptor, ca_b64) = tls_acceptor(offer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -222,7 +232,10 @@ pub async fn start_hook_offering(offer: Offer) -> Hook {
                     });
                 let io = TokioIo::new(tls);
                 if h2 {
+                    // Fewer streams than a client may assume (100): the
+                    // rest must wait for one, not fail.
                     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(MAX_STREAMS)
                         .serve_connection(io, svc);
                     tokio::select! {
                         _ = conn => {}
@@ -246,6 +259,69 @@ pub async fn start_hook_offering(offer: Offer) -> Hook {
         most_in_flight,
         cut,
     }
+}
+
+/// An HTTP/2 webhook server that refuses the first `refusals` calls it
+/// gets unprocessed (`RST_STREAM` with `REFUSED_STREAM`, as a server over
+/// its limit of streams does) and allows the rest; `refused` counts them.
+pub async fn start_refusing_hook(refusals: usize) -> (Hook, Arc<AtomicUsize>) {
+    let (acceptor, ca_b64) = tls_acceptor(Offer::Http2);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let hook = Hook {
+        addr,
+        ca_b64,
+        seen: seen.clone(),
+        connections: connections.clone(),
+        most_in_flight: Arc::new(AtomicUsize::new(0)),
+        cut: Arc::new(tokio::sync::Notify::new()),
+    };
+    let counted = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            connections.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            let seen = seen.clone();
+            let refused = counted.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut conn) = h2::server::handshake(tls).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    if refused.fetch_add(1, Ordering::SeqCst) < refusals {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    }
+                    refused.fetch_sub(1, Ordering::SeqCst);
+                    let path = request.uri().path().to_owned();
+                    let mut body = request.into_body();
+                    let mut bytes = Vec::new();
+                    while let Some(Ok(chunk)) = body.data().await {
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                        bytes.extend_from_slice(&chunk);
+                    }
+                    let review: Value = serde_json::from_slice(&bytes).expect("review json");
+                    let out = answer(&path, &review);
+                    seen.lock()
+                        .expect("lock")
+                        .push(json!({"path": path, "review": review, "version": "HTTP/2.0"}));
+                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                        continue;
+                    };
+                    let _ = send.send_data(Bytes::from(out.to_string()), true);
+                }
+            });
+        }
+    });
+    (hook, refused)
 }
 
 /// Counts a request out of its connection's in-flight count when it ends.
