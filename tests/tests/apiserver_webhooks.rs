@@ -472,19 +472,7 @@ async fn reinvocation_makes_one_extra_pass_only() {
 #[tokio::test]
 async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
     let hook = start_hook().await;
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("server");
-    let url = format!("https://127.0.0.1:{}/allow", hook.addr.port());
-    register(
-        &server,
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        "keep",
-        webhook("keep.gpupool.io", &url, &hook.ca_b64, json!({})),
-    )
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let (server, api) = validated_by(&hook, "/allow").await;
     for i in 0..5 {
         api.create(&PostParams::default(), &cm(&format!("k{i}")))
             .await
@@ -505,19 +493,7 @@ async fn webhook_connections_are_kept_alive_and_redialled_when_closed() {
     // A server that closes every connection after answering is dialled
     // afresh each time, and every call still succeeds.
     let closing = start_hook().await;
-    let url = format!("https://127.0.0.1:{}/close", closing.addr.port());
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("server");
-    register(
-        &server,
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        "close",
-        webhook("close.gpupool.io", &url, &closing.ca_b64, json!({})),
-    )
-    .await;
-    let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let (_server, api) = validated_by(&closing, "/close").await;
     for i in 0..3 {
         api.create(&PostParams::default(), &cm(&format!("c{i}")))
             .await

@@ -38,6 +38,11 @@ const IDLE_PER_SERVER: usize = 16;
 /// dialled, whatever more the server allows: the Go client's default.
 pub(crate) const STREAMS_PER_CONNECTION: usize = 100;
 
+/// Bytes an HTTP/2 webhook may send on one stream, and on one connection,
+/// before the client's window update (the Go client's defaults).
+const STREAM_WINDOW: u32 = 4 << 20;
+const CONNECTION_WINDOW: u32 = 1 << 30;
+
 /// Most times one call is sent again after a server refused its stream
 /// unprocessed.
 const MAX_REFUSALS: usize = 8;
@@ -463,7 +468,11 @@ async fn connect(
         .map_err(|e| format!("tls: {e}"))?;
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
     if h2 {
-        let (sender, mut conn) = h2::client::handshake(stream)
+        // Go's client windows, so answers never wait on a window update.
+        let (sender, mut conn) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .handshake(stream)
             .await
             .map_err(|e| describe(&e))?;
         let ping_pong = conn.ping_pong();
