@@ -370,6 +370,7 @@ async fn only_the_operator_removes_the_gate_through_the_api_server() {
             "admission webhook \"{VALIDATING_WEBHOOK_NAME}\" denied the request: only the gpupool operator (\"gpupool-operator\") may remove the scheduling gate gpupool.io/admission; user \"alice\" may not"
         )
     );
+    let reviewed = api.webhook_call_durations_ms().len();
     let ungated = as_operator
         .patch("train", &PatchParams::default(), &remove_gate())
         .await
@@ -380,6 +381,11 @@ async fn only_the_operator_removes_the_gate_through_the_api_server() {
             .and_then(|s| s.scheduling_gates)
             .unwrap_or_default()
             .is_empty()
+    );
+    assert_eq!(
+        api.webhook_call_durations_ms().len(),
+        reviewed,
+        "the operator's own update is not sent for review: an admission does not wait for the webhook"
     );
     hook.stop().await;
 }

@@ -123,8 +123,10 @@ fn gpupool_rule(resources: &[&str]) -> RuleWithOperations {
     }
 }
 
-/// CEL condition sending a review only for users other than the operator,
-/// whose own writes the webhook would allow anyway.
+/// CEL condition sending a review only for users other than the operator.
+/// The webhooks guard what tenants and device plugins write; the operator's
+/// own writes (its admissions above all) are trusted, so they neither wait
+/// for a review nor fail when the webhook cannot be reached.
 fn not_the_operator(config: &WebhookConfig) -> MatchCondition {
     let users = config
         .gate_owners
@@ -192,8 +194,9 @@ pub fn mutating(
     }
 }
 
-/// The ValidatingWebhookConfiguration: pod UPDATE to [`VALIDATE_PATH`], with
-/// the same policy, timeout and namespace exclusions as [`mutating`];
+/// The ValidatingWebhookConfiguration: pod UPDATE by anyone but the operator
+/// to [`VALIDATE_PATH`], with the same policy, timeout and namespace
+/// exclusions as [`mutating`];
 /// GpuLease CREATE and UPDATE (main resource and status) by anyone but the
 /// operator to [`LEASE_PATH`]; GpuLeaseClass CREATE and UPDATE to
 /// [`CLASS_PATH`].
@@ -210,10 +213,13 @@ pub fn validating(
                 admission_review_versions: vec!["v1".to_owned()],
                 client_config: client_config(&config.endpoint, VALIDATE_PATH, ca_bundle),
                 failure_policy: Some("Fail".to_owned()),
-                match_conditions: Some(vec![MatchCondition {
-                    name: "guarded-pod-updates".to_owned(),
-                    expression: GUARDED_POD_UPDATES.to_owned(),
-                }]),
+                match_conditions: Some(vec![
+                    MatchCondition {
+                        name: "guarded-pod-updates".to_owned(),
+                        expression: GUARDED_POD_UPDATES.to_owned(),
+                    },
+                    not_the_operator(config),
+                ]),
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(config)),
                 object_selector: Some(LabelSelector::default()),
@@ -442,7 +448,13 @@ mod tests {
         assert!(hook["clientConfig"].get("service").is_none());
         assert_eq!(
             hook["matchConditions"],
-            json!([{"name": "guarded-pod-updates", "expression": GUARDED_POD_UPDATES}])
+            json!([
+                {"name": "guarded-pod-updates", "expression": GUARDED_POD_UPDATES},
+                {
+                    "name": "not-the-operator",
+                    "expression": "!(request.userInfo.username in ['system:serviceaccount:gpupool-system:gpupool-operator'])"
+                }
+            ])
         );
         assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],

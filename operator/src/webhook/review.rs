@@ -533,8 +533,10 @@ fn gate_and_stamp(pod: &Pod, spec: &PodSpec, now: Timestamp) -> Patch {
 /// `gpupool.io/admission` gate is denied unless `userInfo.username` is one of
 /// `owners`; changing the `gpupool.io/class` or `gpupool.io/role` label or
 /// the `gpupool.io/enqueued-at` stamp of a pod that requests an extended
-/// resource is denied to everyone (they fix the pod's class, role and place
-/// in the queue). Every other update is allowed, without consulting any store.
+/// resource is denied to every user (they fix the pod's class, role and
+/// place in the queue). Every other update is allowed, without consulting
+/// any store. (The webhook configuration sends no update by the operator
+/// itself here: its own writes are trusted.)
 pub fn validate(request: &AdmissionRequest<Pod>, owners: &Users) -> Decision {
     if request.operation != Operation::Update {
         return Decision::Allow;
