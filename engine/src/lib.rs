@@ -8,6 +8,7 @@
 
 mod capacity;
 mod classes;
+mod facts;
 pub mod fit;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;

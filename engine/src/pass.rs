@@ -10,6 +10,7 @@ use jiff::Timestamp;
 
 use super::capacity::{self, Nodes};
 use super::classes::{Classes, PodClass};
+use super::facts::{Facts, spec_is_current};
 use super::fit;
 use super::message::Message;
 use super::model::{
@@ -80,6 +81,9 @@ pub(crate) struct Ticket<'a> {
     /// `ClassView::pod_has_own_nodes`): decided once, while the pod is at
     /// hand, rather than re-read from it by every step that places it.
     pub own_nodes: bool,
+    /// The lease's spec says what its pod does (see
+    /// [`spec_is_current`]); true without a lease or a pod.
+    pub spec_current: bool,
 }
 
 /// A pod that still runs or may run (it holds its slots until it is gone).
@@ -158,14 +162,23 @@ impl<'a> Pass<'a> {
     /// paired by key, in key order.
     pub fn join(&mut self) {
         let entries = std::mem::take(&mut self.view.entries);
-        for &(pod, lease) in &entries {
-            self.visit(pod, lease);
+        for &(pod, lease, kept) in &entries {
+            self.visit(pod, lease, kept);
         }
         self.view.entries = entries;
     }
 
-    fn visit(&mut self, pod: Option<&'a PodInfo>, lease: Option<&'a LeaseInfo>) {
-        let resolved = pod.map(|p| self.resolve(p));
+    fn visit(
+        &mut self,
+        pod: Option<&'a PodInfo>,
+        lease: Option<&'a LeaseInfo>,
+        kept: Option<&Facts>,
+    ) {
+        let facts = match kept {
+            Some(facts) => *facts,
+            None => self.derive_facts(pod, lease),
+        };
+        let resolved = pod.map(|p| self.class_of(p, &facts));
         let managed_pod = pod.filter(|_| !matches!(resolved, Some(PodClass::Unmanaged) | None));
         // A gated pod the operator manages holds nothing until its lease is
         // admitted; everything else holds what it requests where it is bound
@@ -175,7 +188,7 @@ impl<'a> Pass<'a> {
             _ => false,
         };
         match (pod, lease) {
-            (Some(p), Some(l)) if p.uid != l.spec.pod_uid => {
+            (Some(_), Some(l)) if facts.replaced => {
                 // The pod was replaced: the old lease goes first, the new pod's
                 // lease is created in a later pass (never two for one key).
                 self.plan.delete_leases.push(StaleLease {
@@ -184,12 +197,17 @@ impl<'a> Pass<'a> {
                 });
             }
             (pod, Some(l)) => {
-                let mut t = self.existing(l, pod, resolved, pod_counted);
+                let mut t = self.existing(l, pod, resolved, &facts, pod_counted);
+                t.spec_current = match (facts.spec_current, pod) {
+                    (Some(current), _) => current,
+                    (None, Some(p)) => spec_is_current(l, p, &t),
+                    (None, None) => true,
+                };
                 self.mark_own_nodes(&mut t);
                 self.tickets.push(t);
             }
             (Some(p), None) if is_live(p) => {
-                if let Some(mut t) = self.fresh(p, resolved, pod_counted) {
+                if let Some(mut t) = self.fresh(p, resolved, &facts, pod_counted) {
                     self.mark_own_nodes(&mut t);
                     self.tickets.push(t);
                 }
@@ -198,7 +216,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn resolve(&self, pod: &'a PodInfo) -> PodClass<'a> {
+    pub(crate) fn resolve(&self, pod: &'a PodInfo) -> PodClass<'a> {
         if pod.unmanaged {
             PodClass::Unmanaged
         } else {
@@ -232,7 +250,7 @@ impl<'a> Pass<'a> {
 
     /// The resource a pod of an unknown class would use: the first managed
     /// resource it requests.
-    fn requested_resource(&self, pod: &PodInfo) -> Option<(usize, u32)> {
+    pub(crate) fn requested_resource(&self, pod: &PodInfo) -> Option<(usize, u32)> {
         self.resources
             .iter()
             .enumerate()
@@ -266,6 +284,7 @@ impl<'a> Pass<'a> {
             redrive: false,
             admitted_now: false,
             own_nodes: false,
+            spec_current: true,
         }
     }
 
@@ -273,33 +292,35 @@ impl<'a> Pass<'a> {
         &self,
         pod: &'a PodInfo,
         resolved: Option<PodClass<'a>>,
+        facts: &Facts,
         pod_counted: bool,
     ) -> Option<Ticket<'a>> {
         let resolved = resolved?;
         match resolved {
             PodClass::Unmanaged => return None,
-            PodClass::Unknown(_) if self.requested_resource(pod).is_none() => return None,
+            PodClass::Unknown(_) if facts.requested.is_none() => return None,
             PodClass::Class(_) | PodClass::Unknown(_) => {}
         }
         let mut t = self.blank(&pod.key, Some(pod));
-        self.derive_from_pod(&mut t, pod, resolved);
+        self.derive_from_pod(&mut t, pod, resolved, facts);
         t.pod_counted = pod_counted;
         self.settle(&mut t, LeasePhase::Queued);
         Some(t)
     }
 
-    fn existing(
+    pub(crate) fn existing(
         &self,
         lease: &'a LeaseInfo,
         pod: Option<&'a PodInfo>,
         resolved: Option<PodClass<'a>>,
+        facts: &Facts,
         pod_counted: bool,
     ) -> Ticket<'a> {
         let mut t = self.blank(&lease.key, pod);
         t.lease = Some(lease);
         t.persisted = lease.status.as_ref();
         t.pod_counted = pod_counted;
-        t.class = self.classes.find(&lease.spec.class_name);
+        t.class = facts.lease_class.map(|c| c as usize);
         t.class_name = &lease.spec.class_name;
         t.role = lease.spec.role;
         t.slots = lease.spec.slots;
@@ -307,7 +328,9 @@ impl<'a> Pass<'a> {
             // The pod, not the lease, says what is wanted: class, role and
             // slots are read from it on every pass, so a lease edited behind
             // the operator's back changes nothing (and is put right).
-            Some(p) => self.derive_from_pod(&mut t, p, resolved.unwrap_or(PodClass::Unmanaged)),
+            Some(p) => {
+                self.derive_from_pod(&mut t, p, resolved.unwrap_or(PodClass::Unmanaged), facts)
+            }
             None => {
                 t.res = t.class.map(|c| self.classes.list[c].res);
             }
@@ -331,30 +354,33 @@ impl<'a> Pass<'a> {
     /// Class, role and slots as the pod states them (DESIGN §5.10). A pod
     /// whose class cannot be resolved keeps the class its lease names, with
     /// the slots it requests of the first resource a class manages.
-    fn derive_from_pod(&self, t: &mut Ticket<'a>, pod: &'a PodInfo, resolved: PodClass<'a>) {
+    fn derive_from_pod(
+        &self,
+        t: &mut Ticket<'a>,
+        pod: &'a PodInfo,
+        resolved: PodClass<'a>,
+        facts: &Facts,
+    ) {
+        let requested = facts.requested.map(|(res, slots)| (res as usize, slots));
         match resolved {
             PodClass::Class(c) => {
                 let class = &self.classes.list[c];
                 t.class = Some(c);
                 t.class_name = class.info.name.as_str();
                 t.res = Some(class.res);
-                t.slots = pod
-                    .requests
-                    .get(&class.info.spec.resource_name)
-                    .copied()
-                    .unwrap_or(0);
+                t.slots = facts.class_slots;
             }
             PodClass::Unknown(name) => {
                 t.class = None;
                 t.class_name = name;
-                if let Some((res, slots)) = self.requested_resource(pod) {
+                if let Some((res, slots)) = requested {
                     t.res = Some(res);
                     t.slots = slots;
                 }
             }
             PodClass::Unmanaged => {
                 t.res = t.class.map(|c| self.classes.list[c].res);
-                if let Some((res, slots)) = self.requested_resource(pod) {
+                if let Some((res, slots)) = requested {
                     t.res = Some(res);
                     t.slots = slots;
                 }
@@ -499,21 +525,7 @@ impl<'a> Pass<'a> {
             if lease.missing || t.phase == LeasePhase::Released || !is_live(pod) {
                 continue;
             }
-            // Compared field by field: building the wanted spec for each of
-            // thousands of unchanged leases would allocate three strings each.
-            let GpuLeaseSpec {
-                class_name,
-                pod_name,
-                pod_uid,
-                role,
-                slots,
-            } = &lease.spec;
-            let same = *class_name == t.class_name
-                && **pod_name == *t.key.name
-                && *pod_uid == pod.uid
-                && *role == t.role
-                && *slots == t.slots;
-            if !same {
+            if !t.spec_current {
                 self.plan
                     .lease_specs
                     .insert(t.key.clone(), self.new_spec(t));
@@ -528,8 +540,9 @@ impl<'a> Pass<'a> {
         let entry = self.view.retired?.get(&ObjectKey::new(ns, name))?;
         let lease = entry.lease.as_deref()?;
         let pod = entry.pod.as_deref();
-        let resolved = pod.map(|p| self.resolve(p));
-        self.existing(lease, pod, resolved, false).class
+        let facts = self.derive_facts(pod, Some(lease));
+        let resolved = pod.map(|p| self.class_of(p, &facts));
+        self.existing(lease, pod, resolved, &facts, false).class
     }
 
     /// Index of the ticket for `ns/name`.
@@ -552,8 +565,13 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// A pod and its lease, paired by key; at least one of the two is there.
-pub(crate) type Entry<'a> = (Option<&'a PodInfo>, Option<&'a LeaseInfo>);
+/// A pod and its lease, paired by key (at least one of the two is there),
+/// with their facts when the engine keeps them.
+pub(crate) type Entry<'a> = (
+    Option<&'a PodInfo>,
+    Option<&'a LeaseInfo>,
+    Option<&'a Facts>,
+);
 
 /// What one pass reads: every list sorted by name or key with one entry per
 /// name or key (the first one given wins), so every pass over the same
@@ -575,6 +593,21 @@ pub(crate) struct View<'a> {
 }
 
 impl<'a> View<'a> {
+    /// The classes alone: what deriving an entry's facts reads.
+    pub fn of_classes(classes: Vec<&'a ClassInfo>) -> Self {
+        static NO_EVICTIONS: BTreeSet<ObjectKey> = BTreeSet::new();
+        Self {
+            now: Timestamp::UNIX_EPOCH,
+            classes,
+            nodes: Vec::new(),
+            entries: Vec::new(),
+            retired: None,
+            retired_highest: None,
+            blocked_evictions: &NO_EVICTIONS,
+            progress_limit: None,
+        }
+    }
+
     /// Sorts the snapshot's lists (already-sorted input, as the controller's
     /// caches give it, costs one comparison per element) and pairs pods
     /// with leases by key.
@@ -608,7 +641,7 @@ fn pair_by_key<'a>(pods: &[&'a PodInfo], leases: &[&'a LeaseInfo]) -> Vec<Entry<
         let lease = (order != Ordering::Less).then(|| leases[j]);
         i += usize::from(pod.is_some());
         j += usize::from(lease.is_some());
-        entries.push((pod, lease));
+        entries.push((pod, lease, None));
     }
     entries
 }

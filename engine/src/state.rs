@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
+use super::facts::Facts;
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
-use super::pass::{self, View};
+use super::pass::{self, Pass, View};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
@@ -17,6 +18,9 @@ use super::pass::{self, View};
 pub(crate) struct Entry {
     pub pod: Option<Box<PodInfo>>,
     pub lease: Option<Box<LeaseInfo>>,
+    /// What a pass derives from the two and the kept classes: current
+    /// while the entry is live, derived again when a retired one returns.
+    facts: Facts,
 }
 
 impl Entry {
@@ -34,6 +38,24 @@ impl Entry {
     fn sequence(&self) -> Option<u64> {
         self.lease.as_ref()?.status.as_ref()?.sequence
     }
+}
+
+/// A pass that knows the classes only: what deriving an entry's facts reads.
+fn classes_only(classes: &BTreeMap<String, ClassInfo>) -> Pass<'_> {
+    Pass::index(View::of_classes(classes.values().collect()))
+}
+
+fn derive_facts(pass: &Pass<'_>, entry: &mut Entry) {
+    entry.facts = pass.derive_all_facts(entry.pod.as_deref(), entry.lease.as_deref());
+}
+
+/// True when resolving a pod's class reads the same of both versions of a
+/// class (its name aside, which both share): a class whose status alone
+/// changed leaves every entry's facts as they are.
+fn resolves_alike(a: &ClassInfo, b: &ClassInfo) -> bool {
+    a.spec.resource_name == b.spec.resource_name
+        && a.spec.default == b.spec.default
+        && a.created_at == b.created_at
 }
 
 /// Puts `value` in `slot`, replacing a kept object in place; true when
@@ -152,7 +174,7 @@ impl Engine {
             entries: self
                 .entries
                 .values()
-                .map(|e| (e.pod.as_deref(), e.lease.as_deref()))
+                .map(|e| (e.pod.as_deref(), e.lease.as_deref(), Some(&e.facts)))
                 .collect(),
             retired: Some(&self.retired),
             retired_highest: self.retired_sequences.keys().next_back().copied(),
@@ -179,12 +201,29 @@ impl Engine {
 
     /// Adds or replaces the class of that name.
     pub fn upsert_class(&mut self, class: ClassInfo) {
+        let resolves_alike = self
+            .classes
+            .get(&class.name)
+            .is_some_and(|kept| resolves_alike(kept, &class));
         self.classes.insert(class.name.clone(), class);
+        if !resolves_alike {
+            self.derive_all_facts();
+        }
     }
 
     /// Removes the class `name`; returns what was kept.
     pub fn remove_class(&mut self, name: &str) -> Option<ClassInfo> {
-        self.classes.remove(name)
+        let removed = self.classes.remove(name)?;
+        self.derive_all_facts();
+        Some(removed)
+    }
+
+    /// Derives every live entry's facts again, after the classes changed.
+    fn derive_all_facts(&mut self) {
+        let pass = classes_only(&self.classes);
+        for entry in self.entries.values_mut() {
+            derive_facts(&pass, entry);
+        }
     }
 
     /// Adds or replaces the node of that name.
@@ -233,10 +272,12 @@ impl Engine {
             let out = change(entry);
             if entry.is_empty() {
                 self.entries.remove(key);
-            } else if entry.is_retired()
-                && let Some(entry) = self.entries.remove(key)
-            {
-                self.retire(key.clone(), entry);
+            } else if entry.is_retired() {
+                if let Some(entry) = self.entries.remove(key) {
+                    self.retire(key.clone(), entry);
+                }
+            } else {
+                derive_facts(&classes_only(&self.classes), entry);
             }
             return out;
         }
@@ -254,6 +295,7 @@ impl Engine {
         if entry.is_retired() {
             self.retire(key.clone(), entry);
         } else {
+            derive_facts(&classes_only(&self.classes), &mut entry);
             self.entries.insert(key.clone(), entry);
         }
         out
@@ -528,6 +570,59 @@ mod tests {
         let plan = assert_decides_as_a_full_pass(&engine);
         assert_eq!(plan.evictions.len(), 1);
         assert_eq!(plan.evictions[0].grace_period_seconds, 7);
+    }
+
+    #[test]
+    fn class_changes_that_resolution_reads_derive_every_entry_again() {
+        let mut engine = Engine::new();
+        engine.set_now(at(100));
+        engine.upsert_class(fixtures::class("default"));
+        engine.upsert_node(fixtures::node("n1", 1));
+        let waiting = pod("waiting", 1, 1);
+        engine.upsert_lease(lease(&waiting, "default", None));
+        engine.upsert_pod(waiting);
+        engine.upsert_pod(pod("fresh", 1, 2));
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.create_leases.len(), 1, "the fresh pod is queued");
+
+        // The class now manages another resource: neither pod asks for it.
+        let mut other = fixtures::class("default");
+        other.spec.resource_name = "example.com/gpu".into();
+        engine.upsert_class(other);
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert!(plan.create_leases.is_empty() && plan.admissions.is_empty());
+
+        // Back again, then no longer the default: the unlabelled pods have
+        // no class.
+        engine.upsert_class(fixtures::class("default"));
+        assert_eq!(
+            assert_decides_as_a_full_pass(&engine).create_leases.len(),
+            1
+        );
+        let mut plain = fixtures::class("default");
+        plain.spec.default = false;
+        engine.upsert_class(plain);
+        assert!(
+            assert_decides_as_a_full_pass(&engine)
+                .create_leases
+                .is_empty()
+        );
+
+        // A class added before it in name order moves its index.
+        let mut first = fixtures::class("aaa");
+        first.spec.default = true;
+        engine.upsert_class(first);
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.create_leases[0].spec.class_name, "aaa");
+        engine.remove_class("aaa");
+        assert_decides_as_a_full_pass(&engine);
+
+        // A class whose status alone changes resolves alike.
+        let mut with_status = fixtures::class("default");
+        with_status.status = Some(Default::default());
+        assert!(resolves_alike(&fixtures::class("default"), &with_status));
+        engine.upsert_class(with_status);
+        assert_decides_as_a_full_pass(&engine);
     }
 
     #[test]
