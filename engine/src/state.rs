@@ -626,6 +626,48 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_spec_edited_behind_the_operator_is_rewritten_until_it_matches_the_pod() {
+        let mut engine = Engine::new();
+        engine.set_now(at(100));
+        engine.upsert_class(fixtures::class("default"));
+        engine.upsert_node(fixtures::node("n1", 4));
+        let p = pod("a", 2, 1);
+        let mut edited = lease(&p, "default", None);
+        engine.upsert_lease(edited.clone());
+        engine.upsert_pod(p.clone());
+        assert!(
+            assert_decides_as_a_full_pass(&engine)
+                .lease_specs
+                .is_empty()
+        );
+
+        edited.spec.slots = 1;
+        engine.upsert_lease(edited.clone());
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.lease_specs.get(&key("a")).map(|s| s.slots), Some(2));
+
+        // The rewrite lands: nothing more to write.
+        edited.spec.slots = 2;
+        engine.upsert_lease(edited.clone());
+        assert!(
+            assert_decides_as_a_full_pass(&engine)
+                .lease_specs
+                .is_empty()
+        );
+
+        // The pod, not the lease, changes role: the lease follows it.
+        engine.upsert_pod(PodInfo {
+            role: RoleLabel::Valid(Role::Helper),
+            ..p
+        });
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(
+            plan.lease_specs.get(&key("a")).map(|s| s.role),
+            Some(Role::Helper)
+        );
+    }
+
+    #[test]
     fn a_pod_and_its_lease_share_one_entry_that_goes_with_the_last_of_them() {
         let mut engine = Engine::new();
         let p = pod("a", 1, 0);

@@ -138,6 +138,13 @@ enum Event {
     Pdb {
         refuses: bool,
     },
+    /// Someone edits a lease's spec behind the operator's back: its slots,
+    /// and with `flip` its role.
+    EditLease {
+        pick: u8,
+        slots: u32,
+        flip: bool,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -158,6 +165,8 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (any::<u8>(), 0u32..=4).prop_map(|(pick, alloc)| Event::Resize { pick, alloc }),
         2 => (1u32..=40).prop_map(|secs| Event::Tick { secs }),
         1 => any::<bool>().prop_map(|refuses| Event::Pdb { refuses }),
+        1 => (any::<u8>(), 1u32..=3, any::<bool>())
+            .prop_map(|(pick, slots, flip)| Event::EditLease { pick, slots, flip }),
     ]
 }
 
@@ -183,6 +192,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
 }
 
 /// The simulated cluster: the API server's objects and a few counters.
+#[derive(Clone)]
 struct World {
     s: Snapshot,
     next_uid: u64,
@@ -372,6 +382,19 @@ impl World {
                 self.s.now += jiff::SignedDuration::from_secs(i64::from(secs));
             }
             Event::Pdb { refuses } => self.pdb_refuses = refuses,
+            Event::EditLease { pick, slots, flip } => {
+                if !self.s.leases.is_empty() {
+                    let i = usize::from(pick) % self.s.leases.len();
+                    let spec = &mut self.s.leases[i].spec;
+                    spec.slots = slots;
+                    if flip {
+                        spec.role = match spec.role {
+                            Role::Primary => Role::Helper,
+                            Role::Helper => Role::Primary,
+                        };
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -437,7 +460,9 @@ impl World {
                 .filter(|s| s.node.as_deref() == Some(node.as_str()) && s.phase.holds_slots())
                 .flat_map(|s| s.gpus.iter().map(|g| g.index))
                 .collect();
-            let slots = self.s.leases[i].spec.slots;
+            // The kubelet allocates what the pod requests, whatever its
+            // lease says.
+            let slots = pod.requests.get(fixtures::RESOURCE).copied().unwrap_or(0);
             let chosen: Vec<LeaseGpu> = (0..16u32)
                 .filter(|g| !taken.contains(g))
                 .take(slots as usize)
@@ -510,6 +535,14 @@ impl World {
 
     fn apply_step(&mut self, plan: &Plan, step: &Step) -> Result<(), TestCaseError> {
         match *step {
+            Step::Spec(ref key) => {
+                if let (Some(l), Some(spec)) = (
+                    self.s.leases.iter_mut().find(|l| &l.key == key),
+                    plan.lease_specs.get(key),
+                ) {
+                    l.spec = spec.clone();
+                }
+            }
             Step::Create(i) => {
                 let n = &plan.create_leases[i];
                 prop_assert!(
@@ -621,7 +654,23 @@ impl World {
     }
 
     /// Invariants a plan must satisfy against the state it was computed from.
+    /// Checks the plan against the world with each lease's spec as the
+    /// plan leaves it: a spec someone edited is rewritten from its pod in
+    /// the same pass, and the pass decides by the pod.
     fn check_plan(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        if plan.lease_specs.is_empty() {
+            return self.check_plan_as_written(plan);
+        }
+        let mut rewritten = self.clone();
+        for l in &mut rewritten.s.leases {
+            if let Some(spec) = plan.lease_specs.get(&l.key) {
+                l.spec = spec.clone();
+            }
+        }
+        rewritten.check_plan_as_written(plan)
+    }
+
+    fn check_plan_as_written(&self, plan: &Plan) -> Result<(), TestCaseError> {
         // Deletions only ever target leases of replaced pods.
         for d in &plan.delete_leases {
             let pod = self.s.pods.iter().find(|p| p.key == d.key);
@@ -868,6 +917,7 @@ impl World {
             let plan = self.pass(None, false)?;
             if plan.create_leases.is_empty()
                 && plan.delete_leases.is_empty()
+                && plan.lease_specs.is_empty()
                 && plan.admissions.is_empty()
                 && plan.evictions.is_empty()
                 && plan.lease_statuses.is_empty()
@@ -909,6 +959,7 @@ enum Step {
     Admit(usize),
     Evict(usize),
     Status(ObjectKey),
+    Spec(ObjectKey),
 }
 
 fn steps(plan: &Plan, statuses_first: bool) -> Vec<Step> {
@@ -918,6 +969,7 @@ fn steps(plan: &Plan, statuses_first: bool) -> Vec<Step> {
         out.push(Step::CreateStatus(i));
     }
     out.extend((0..plan.delete_leases.len()).map(Step::Delete));
+    out.extend(plan.lease_specs.keys().cloned().map(Step::Spec));
     let statuses: Vec<Step> = plan
         .all_lease_statuses()
         .map(|(k, _)| k.clone())
