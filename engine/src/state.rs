@@ -80,6 +80,10 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// unless released for a preemption) are kept apart, so a pass costs what
 /// is live and queued, not every pod that ever ran and is not yet deleted.
 ///
+/// What a pass derives from a pod and its lease alone (their facts) is
+/// kept with the entry, derived again whenever the entry changes and, for
+/// every entry, whenever a class changes in what resolution reads.
+///
 /// Guarantee: after any sequence of updates, [`Engine::decide`] returns the
 /// same plan as [`crate::decide`] on [`Engine::to_snapshot`].
 #[derive(Debug, Clone, Default)]
