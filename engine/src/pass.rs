@@ -326,8 +326,8 @@ impl<'a> Pass<'a> {
         t.slots = lease.spec.slots;
         match pod {
             // The pod, not the lease, says what is wanted: class, role and
-            // slots are read from it on every pass, so a lease edited behind
-            // the operator's back changes nothing (and is put right).
+            // slots are taken from it, so a lease edited behind the
+            // operator's back changes nothing (and is put right).
             Some(p) => {
                 self.derive_from_pod(&mut t, p, resolved.unwrap_or(PodClass::Unmanaged), facts)
             }
