@@ -10,9 +10,11 @@
 //! strings (UIDs, names, resource names) these comparisons would touch:
 //! the pass is bound by fetching what it reads from memory.
 
+use gpupool_api::LeasePhase;
+
 use super::classes::PodClass;
 use super::model::{LeaseInfo, PodInfo};
-use super::pass::{Pass, Ticket};
+use super::pass::{Pass, Ticket, is_live};
 
 /// A pod's class as [`PodClass`] says it, by index into the pass's
 /// classes, so that it can be kept between passes.
@@ -42,6 +44,13 @@ pub(crate) struct Facts {
     /// Whether the lease's spec says what its pod does; `None` until a
     /// ticket is built (a pass over a snapshot compares on the way).
     pub spec_current: Option<bool>,
+    /// The lease holds slots for a live pod that runs without the gate,
+    /// and its persisted status is exactly what a pass wants for it. What
+    /// a pass wants for such a lease depends on the entry alone until a
+    /// step of the pass changes its phase (only preemption does, and the
+    /// pass checks the phase), so its status is not compared again. Never
+    /// set by a pass over a snapshot.
+    pub quiet: bool,
 }
 
 impl<'a> Pass<'a> {
@@ -71,6 +80,7 @@ impl<'a> Pass<'a> {
                 .map(|c| c as u32),
             replaced: matches!((pod, lease), (Some(p), Some(l)) if p.uid != l.spec.pod_uid),
             spec_current: None,
+            quiet: false,
         }
     }
 
@@ -87,6 +97,11 @@ impl<'a> Pass<'a> {
         {
             let t = self.existing(l, Some(p), Some(self.class_of(p, &facts)), &facts, false);
             facts.spec_current = Some(spec_is_current(l, p, &t));
+            facts.quiet = is_live(p)
+                && !p.gated
+                && !l.missing
+                && matches!(t.phase, LeasePhase::Admitted | LeasePhase::Bound)
+                && self.wants_no_write(&t);
         }
         facts
     }

@@ -84,6 +84,8 @@ pub(crate) struct Ticket<'a> {
     /// The lease's spec says what its pod does (see
     /// [`spec_is_current`]); true without a lease or a pod.
     pub spec_current: bool,
+    /// See [`Facts::quiet`].
+    pub quiet: bool,
 }
 
 /// A pod that still runs or may run (it holds its slots until it is gone).
@@ -203,6 +205,7 @@ impl<'a> Pass<'a> {
                     (None, Some(p)) => spec_is_current(l, p, &t),
                     (None, None) => true,
                 };
+                t.quiet = facts.quiet;
                 self.mark_own_nodes(&mut t);
                 self.tickets.push(t);
             }
@@ -285,6 +288,7 @@ impl<'a> Pass<'a> {
             admitted_now: false,
             own_nodes: false,
             spec_current: true,
+            quiet: false,
         }
     }
 

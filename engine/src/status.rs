@@ -63,6 +63,17 @@ fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
 }
 
 impl Pass<'_> {
+    /// True when the ticket's lease needs no status write: the persisted
+    /// status is the one this pass wants (which then reads no clock).
+    pub(crate) fn wants_no_write(&self, t: &Ticket<'_>) -> bool {
+        let mut scratch = String::with_capacity(MESSAGE_CAPACITY);
+        t.message != Message::Unchanged
+            && matches!(
+                self.differs(t, &times(t, self.now), &mut scratch),
+                Change::None
+            )
+    }
+
     /// How the ticket's wanted status differs from the persisted one;
     /// `scratch` is reused to render messages without allocating per lease.
     fn differs(&self, t: &Ticket<'_>, times: &Times, scratch: &mut String) -> Change {
@@ -159,6 +170,9 @@ impl Pass<'_> {
                     }
                 }
                 Some(_) if t.message == Message::Unchanged => {}
+                // A quiet holder whose phase no step of this pass changed
+                // wants its persisted status (see `Facts::quiet`).
+                Some(_) if t.quiet && t.persisted.is_some_and(|p| p.phase == t.phase) => {}
                 Some(_) => {
                     let times = times(t, self.now);
                     match self.differs(t, &times, &mut scratch) {
