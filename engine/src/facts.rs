@@ -86,7 +86,7 @@ impl<'a> Pass<'a> {
 
     /// All the facts of `pod` and `lease`, `spec_current` included, as
     /// the kept engine stores them.
-    pub fn derive_all_facts(
+    pub fn derive_kept_facts(
         &self,
         pod: Option<&'a PodInfo>,
         lease: Option<&'a LeaseInfo>,

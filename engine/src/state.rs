@@ -45,8 +45,8 @@ fn classes_only(classes: &BTreeMap<String, ClassInfo>) -> Pass<'_> {
     Pass::index(View::of_classes(classes.values().collect()))
 }
 
-fn derive_facts(pass: &Pass<'_>, entry: &mut Entry) {
-    entry.facts = pass.derive_all_facts(entry.pod.as_deref(), entry.lease.as_deref());
+fn refresh_facts(pass: &Pass<'_>, entry: &mut Entry) {
+    entry.facts = pass.derive_kept_facts(entry.pod.as_deref(), entry.lease.as_deref());
 }
 
 /// True when resolving a pod's class reads the same of both versions of a
@@ -211,22 +211,22 @@ impl Engine {
             .is_some_and(|kept| resolves_alike(kept, &class));
         self.classes.insert(class.name.clone(), class);
         if !resolves_alike {
-            self.derive_all_facts();
+            self.refresh_every_entry();
         }
     }
 
     /// Removes the class `name`; returns what was kept.
     pub fn remove_class(&mut self, name: &str) -> Option<ClassInfo> {
         let removed = self.classes.remove(name)?;
-        self.derive_all_facts();
+        self.refresh_every_entry();
         Some(removed)
     }
 
     /// Derives every live entry's facts again, after the classes changed.
-    fn derive_all_facts(&mut self) {
+    fn refresh_every_entry(&mut self) {
         let pass = classes_only(&self.classes);
         for entry in self.entries.values_mut() {
-            derive_facts(&pass, entry);
+            refresh_facts(&pass, entry);
         }
     }
 
@@ -281,7 +281,7 @@ impl Engine {
                     self.retire(key.clone(), entry);
                 }
             } else {
-                derive_facts(&classes_only(&self.classes), entry);
+                refresh_facts(&classes_only(&self.classes), entry);
             }
             return out;
         }
@@ -299,7 +299,7 @@ impl Engine {
         if entry.is_retired() {
             self.retire(key.clone(), entry);
         } else {
-            derive_facts(&classes_only(&self.classes), &mut entry);
+            refresh_facts(&classes_only(&self.classes), &mut entry);
             self.entries.insert(key.clone(), entry);
         }
         out
@@ -444,6 +444,16 @@ mod tests {
         }
     }
 
+    /// An engine at time 100 with the default class and node `n1` of
+    /// `slots` slots.
+    fn default_class_and_one_node(slots: u32) -> Engine {
+        let mut engine = Engine::new();
+        engine.set_now(at(100));
+        engine.upsert_class(fixtures::class("default"));
+        engine.upsert_node(fixtures::node("n1", slots));
+        engine
+    }
+
     /// The kept engine decides as a pass over its own snapshot does.
     fn assert_decides_as_a_full_pass(engine: &Engine) -> Plan {
         let plan = engine.decide();
@@ -453,10 +463,7 @@ mod tests {
 
     #[test]
     fn finished_pods_and_released_leases_are_retired_until_they_change() {
-        let mut engine = Engine::new();
-        engine.set_now(at(100));
-        engine.upsert_class(fixtures::class("default"));
-        engine.upsert_node(fixtures::node("n1", 1));
+        let mut engine = default_class_and_one_node(1);
         let done = finished("done");
         engine.upsert_pod(done.clone());
         engine.upsert_lease(lease(&done, "default", released(7)));
@@ -578,10 +585,7 @@ mod tests {
 
     #[test]
     fn class_changes_that_resolution_reads_derive_every_entry_again() {
-        let mut engine = Engine::new();
-        engine.set_now(at(100));
-        engine.upsert_class(fixtures::class("default"));
-        engine.upsert_node(fixtures::node("n1", 1));
+        let mut engine = default_class_and_one_node(1);
         let waiting = pod("waiting", 1, 1);
         engine.upsert_lease(lease(&waiting, "default", None));
         engine.upsert_pod(waiting);
@@ -631,10 +635,7 @@ mod tests {
 
     #[test]
     fn a_lease_spec_edited_behind_the_operator_is_rewritten_until_it_matches_the_pod() {
-        let mut engine = Engine::new();
-        engine.set_now(at(100));
-        engine.upsert_class(fixtures::class("default"));
-        engine.upsert_node(fixtures::node("n1", 4));
+        let mut engine = default_class_and_one_node(4);
         let p = pod("a", 2, 1);
         let mut edited = lease(&p, "default", None);
         engine.upsert_lease(edited.clone());
