@@ -1099,6 +1099,7 @@ async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use super::super::overlay::lists::LeasePasses;
     use super::super::test_api::{api_server, lease, queued_lease, written_behind};
     use super::*;
 
@@ -1118,8 +1119,7 @@ mod tests {
     }
 
     fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<GpuLease>>) -> Vec<Option<LeasePhase>> {
-        let mut leases = overlay.leases(cached, Instant::now());
-        overlay.lay_assumed(&mut leases);
+        let leases = LeasePasses::default().pass(overlay, &cached, &[], Instant::now());
         leases
             .iter()
             .map(|l| l.status.as_ref().map(|s| s.phase))

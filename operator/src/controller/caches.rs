@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 
 use super::cached_pod::CachedPod;
+use super::changes::ChangeLog;
 use super::translate;
 use crate::engine::{self, ClassInfo, NodeInfo, PodInfo};
 use crate::metrics::Metrics;
@@ -39,9 +40,24 @@ pub struct Caches {
     /// Every node in the engine's form, kept in step with `nodes` by the
     /// node watch, so an admission review converts no node.
     pub node_index: NodeIndex,
+    /// The keys each watch changed since the decision loop last looked.
+    pub changes: CacheChanges,
     /// Which caches hold their first full list (Pods, Nodes,
     /// GpuLeaseClasses, GpuLeases), and whether all do.
     synced: watch::Receiver<Synced>,
+}
+
+/// One [`ChangeLog`] per cache, fed by its watch.
+#[derive(Clone, Default)]
+pub struct CacheChanges {
+    /// Pods.
+    pub pods: ChangeLog,
+    /// Nodes.
+    pub nodes: ChangeLog,
+    /// GpuLeaseClasses.
+    pub classes: ChangeLog,
+    /// GpuLeases.
+    pub leases: ChangeLog,
 }
 
 /// First-list state of the four caches.
@@ -59,6 +75,7 @@ impl Caches {
     /// Starts the four watches; each event notifies `changed`.
     pub fn start(client: &Client, changed: Arc<Notify>, metrics: &Metrics) -> Self {
         let node_index = NodeIndex::default();
+        let changes = CacheChanges::default();
         let mut caches = Self {
             pods: watch(
                 Api::all(client.clone()),
@@ -66,6 +83,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "pods",
+                changes.pods.clone(),
                 |_| {},
             ),
             nodes: watch(
@@ -74,6 +92,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "nodes",
+                changes.nodes.clone(),
                 node_index.updater(),
             ),
             classes: watch(
@@ -82,6 +101,7 @@ impl Caches {
                 changed.clone(),
                 metrics,
                 "classes",
+                changes.classes.clone(),
                 |_| {},
             ),
             leases: watch(
@@ -90,9 +110,11 @@ impl Caches {
                 changed,
                 metrics,
                 "leases",
+                changes.leases.clone(),
                 |_| {},
             ),
             node_index,
+            changes,
             synced: watch::channel(Synced::default()).1,
         };
         caches.synced = track_sync(&caches);
@@ -121,6 +143,32 @@ impl Caches {
                 what: CACHE_NAMES[i],
                 timeout,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Caches {
+    /// Caches over stores a test fills through their writers, recording
+    /// what it writes in `changes` itself.
+    pub(crate) fn of_stores(
+        pods: Store<CachedPod>,
+        nodes: Store<Node>,
+        classes: Store<GpuLeaseClass>,
+        leases: Store<GpuLease>,
+    ) -> Self {
+        let synced = Synced {
+            each: [true; 4],
+            broken: false,
+        };
+        Self {
+            pods,
+            nodes,
+            classes,
+            leases,
+            node_index: NodeIndex::default(),
+            changes: CacheChanges::default(),
+            synced: watch::channel(synced).1,
         }
     }
 }
@@ -190,7 +238,8 @@ fn watch<K>(
     changed: Arc<Notify>,
     metrics: &Metrics,
     what: &'static str,
-    on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
+    log: ChangeLog,
+    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -201,12 +250,16 @@ where
         .default_backoff()
         .modify(trim)
         .reflect(writer);
+    let on_event = move |event: &watcher::Event<K>| {
+        on_event(event);
+        log.record(event);
+    };
     tokio::spawn(drive(stream, changed, metrics.clone(), what, on_event));
     reader
 }
 
 /// Follows a watch: each event, once its store holds it, goes to `on_event`
-/// and then wakes the decision loop.
+/// (which records its key) and then wakes the decision loop.
 async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     changed: Arc<Notify>,

@@ -1,143 +1,197 @@
 //! The engine's state kept across passes, fed only what changed.
 //!
-//! A watch cache hands out the same `Arc` for an object until a watch event
-//! replaces it, and the overlay keeps the same `Arc` for a write it lays
-//! over the cache. So an object whose `Arc` a pass has already translated
-//! is unchanged: only new `Arc`s are translated and handed to the
-//! [`Engine`], and keys whose object went away are removed from it. With
-//! 16,000 pods and leases, a pass after one event translates one object
-//! instead of all of them, and the engine never re-sorts its input.
+//! Each watch records the keys its events touched ([`ChangeLog`]); a pass
+//! looks at those keys, and at the keys the controller's own writes are
+//! laid over ([`Overlay`]), and at nothing else. For each key it asks the
+//! cache and the overlay what the pass sees, and hands the engine a new
+//! translation only when that is another object (a watch cache hands out
+//! the same `Arc` for an object until an event replaces it, and the overlay
+//! keeps the same `Arc` for a write it lays over the cache). With 16,000
+//! pods and leases, a pass after one event looks at a handful of keys and
+//! translates one object. After a re-list, at the first pass, and when the
+//! classes' resources change, every key is looked at, by the same rule.
 
 use std::collections::BTreeSet;
-use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
 
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::addr_hash::{AddrMap, addr};
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
-use super::key_hash::HashMap;
+use super::changes::Changes;
+use super::key_hash::{HashMap, HashSet, parts_of};
 use super::overlay::Overlay;
 use super::translate;
 use crate::engine::{Engine, Eviction, ObjectKey};
 
-/// One object a pass saw, by the address of its `Arc`.
-struct Seen<K, Q> {
-    /// Held so that the address cannot be reused by another object.
+/// What the engine was last fed for one key.
+struct FedObject<K> {
+    /// The object it was translated from. Held, so that an equal address
+    /// next pass means the same object.
     obj: Arc<K>,
-    /// Its key when it translated to something the engine keeps.
-    key: Option<Q>,
     /// The pass-dependent bit it was translated with (evicted, missing).
     flag: bool,
-    /// The last pass that saw it.
-    mark: u64,
+    /// Whether it translated: the engine keeps an entry for the key.
+    kept: bool,
+    /// Leases only: the lease as the cache showed it, under a held or
+    /// assumed one (see [`Overlay::lay_lease`]).
+    shown: Option<Arc<K>>,
 }
 
-/// What [`Mirror::sync`] asks the engine to do.
-pub enum Change<Q, V> {
-    /// Keep `V` for key `Q` (new or replaced).
-    Upsert(V),
-    /// Nothing is kept for `Q` any more.
-    Remove(Q),
+/// What [`Fed::feed`] asks the engine to do for a key.
+pub enum Change<V> {
+    /// Keep `V`, translated with the given flag (new or replaced).
+    Upsert(V, bool),
+    /// Nothing is kept for the key any more.
+    Remove,
 }
 
-/// The objects of one kind the engine was last fed, by `Arc` address, and
-/// which address each engine key came from.
-pub struct Mirror<K, Q> {
-    by_ptr: AddrMap<Seen<K, Q>>,
-    ptr_of: HashMap<Q, usize>,
-    mark: u64,
+/// The objects of one kind the engine was last fed, by key.
+pub struct Fed<K> {
+    by_key: HashMap<ObjectKey, FedObject<K>>,
 }
 
-impl<K, Q> Default for Mirror<K, Q> {
+impl<K> Default for Fed<K> {
     fn default() -> Self {
         Self {
-            by_ptr: AddrMap::default(),
-            ptr_of: HashMap::default(),
-            mark: 0,
+            by_key: HashMap::default(),
         }
     }
 }
 
-impl<K, Q: Hash + Eq + Clone> Mirror<K, Q> {
-    /// Brings the engine in line with `objs`: `translate` is called for
-    /// objects not seen before (or whose `flag` changed) and `apply` gets an
-    /// upsert for each of them that translates, and a removal for each key
-    /// whose object is gone.
+impl<K> Fed<K> {
+    /// Brings the engine's entry for `key` in line with `view` (the object
+    /// a pass sees and its flag, or nothing): `translate` is called only
+    /// when the object or the flag differs from what was fed last, and
+    /// `apply` gets an upsert when it translates, or a removal when the
+    /// engine kept something for `key` and no longer should.
     ///
-    /// Guarantee: afterwards the engine keeps, for each key in `objs`, the
-    /// translation of an object in `objs` with that key (the caches hold
-    /// one per key), and nothing for keys not in `objs`.
-    pub fn sync<V>(
+    /// Guarantee: afterwards the engine keeps, for `key`, the translation
+    /// of the viewed object, or nothing when there is none or it does not
+    /// translate.
+    pub fn feed<V>(
         &mut self,
-        objs: Vec<Arc<K>>,
-        flag: impl Fn(&Q) -> bool,
-        mut translate: impl FnMut(&K) -> Option<(Q, V)>,
-        mut apply: impl FnMut(Change<Q, V>, bool),
+        key: &ObjectKey,
+        view: Option<(Arc<K>, bool)>,
+        shown: Option<Arc<K>>,
+        translate: impl FnOnce(&K) -> Option<V>,
+        mut apply: impl FnMut(Change<V>),
     ) {
-        self.mark += 1;
-        let mark = self.mark;
-        for obj in objs {
-            let ptr = addr(&obj);
-            if let Some(seen) = self.by_ptr.get_mut(&ptr)
-                && seen.key.as_ref().is_none_or(|k| flag(k) == seen.flag)
-            {
-                seen.mark = mark;
-                continue;
+        let Some((obj, flag)) = view else {
+            if self.by_key.remove(key).is_some_and(|old| old.kept) {
+                apply(Change::Remove);
             }
-            let (key, seen_flag) = match translate(&obj) {
-                Some((key, value)) => {
-                    let f = flag(&key);
-                    self.ptr_of.insert(key.clone(), ptr);
-                    apply(Change::Upsert(value), f);
-                    (Some(key), f)
-                }
-                None => (None, false),
-            };
-            self.by_ptr.insert(
-                ptr,
-                Seen {
-                    obj,
-                    key,
-                    flag: seen_flag,
-                    mark,
-                },
-            );
+            return;
+        };
+        if let Some(old) = self.by_key.get_mut(key)
+            && Arc::ptr_eq(&old.obj, &obj)
+            && old.flag == flag
+        {
+            old.shown = shown;
+            return;
         }
-        let ptr_of = &mut self.ptr_of;
-        self.by_ptr.retain(|&ptr, seen| {
-            if seen.mark == mark {
-                return true;
+        let kept = match translate(&obj) {
+            Some(value) => {
+                apply(Change::Upsert(value, flag));
+                true
             }
-            // Removed only when no newer object holds the key.
-            if let Some(key) = seen.key.take()
-                && ptr_of.get(&key) == Some(&ptr)
-            {
-                ptr_of.remove(&key);
-                apply(Change::Remove(key), false);
+            None => {
+                if self.by_key.get(key).is_some_and(|old| old.kept) {
+                    apply(Change::Remove);
+                }
+                false
             }
-            false
-        });
+        };
+        self.by_key.insert(
+            key.clone(),
+            FedObject {
+                obj,
+                flag,
+                kept,
+                shown,
+            },
+        );
     }
 
     /// The object the engine's entry for `key` was translated from.
-    pub fn get(&self, key: &Q) -> Option<&Arc<K>> {
-        self.by_ptr.get(self.ptr_of.get(key)?).map(|s| &s.obj)
+    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<K>> {
+        self.by_key.get(key).filter(|f| f.kept).map(|f| &f.obj)
+    }
+
+    /// What the cache showed for `key` when it was last fed (leases).
+    fn shown(&self, key: &ObjectKey) -> Option<&Arc<K>> {
+        self.by_key.get(key)?.shown.as_ref()
+    }
+
+    /// Forgets everything, removing each kept entry through `remove`.
+    fn clear(&mut self, mut remove: impl FnMut(&ObjectKey)) {
+        for (key, fed) in self.by_key.drain() {
+            if fed.kept {
+                remove(&key);
+            }
+        }
     }
 
     /// Number of keys the engine keeps from this kind.
-    pub fn len(&self) -> usize {
-        self.ptr_of.len()
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_key.values().filter(|f| f.kept).count()
     }
+}
 
-    /// True when the engine keeps nothing of this kind.
-    pub fn is_empty(&self) -> bool {
-        self.ptr_of.is_empty()
+/// The cached object with `key`.
+fn cached<K>(store: &Store<K>, key: &ObjectKey) -> Option<Arc<K>>
+where
+    K: Resource + Clone,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let mut at = ObjectRef::new(&key.name);
+    if !key.namespace.is_empty() {
+        at = at.within(&key.namespace);
     }
+    store.get(&at)
+}
+
+/// The keys a pass looks at for one kind: those a watch changed (or every
+/// cached and fed key after a re-list), those the overlay holds something
+/// for now, and those it held when the last pass ended (`last`, which this
+/// empties: the overlay may have let go of them since).
+fn keys_to_look_at<K>(
+    changes: Changes,
+    store: &Store<K>,
+    fed: &Fed<K>,
+    overlay_keys: impl Iterator<Item = ObjectKey>,
+    last: &mut Vec<ObjectKey>,
+) -> HashSet<ObjectKey>
+where
+    K: Resource + Clone,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let mut keys = match changes {
+        Changes::Keys(keys) => keys,
+        Changes::Everything => store
+            .state()
+            .iter()
+            .filter_map(|o| parts_of(o.as_ref()).map(|(ns, name)| ObjectKey::new(ns, name)))
+            .chain(fed.by_key.keys().cloned())
+            .collect(),
+    };
+    keys.extend(overlay_keys);
+    keys.extend(last.drain(..));
+    keys
+}
+
+/// The overlay keys of each kind when the last pass ended.
+#[derive(Default)]
+struct OverlayKeys {
+    classes: Vec<ObjectKey>,
+    pods: Vec<ObjectKey>,
+    leases: Vec<ObjectKey>,
 }
 
 /// The engine and the objects it was fed, kept by the decision loop from
@@ -147,10 +201,11 @@ pub struct Kept {
     engine: Engine,
     /// The class resources nodes and pods were translated for.
     resources: BTreeSet<String>,
-    classes: Mirror<GpuLeaseClass, String>,
-    nodes: Mirror<Node, String>,
-    pods: Mirror<CachedPod, ObjectKey>,
-    leases: Mirror<GpuLease, ObjectKey>,
+    classes: Fed<GpuLeaseClass>,
+    nodes: Fed<Node>,
+    pods: Fed<CachedPod>,
+    leases: Fed<GpuLease>,
+    last_overlay_keys: OverlayKeys,
 }
 
 /// One decision pass's inputs: the engine brought up to date, and the raw
@@ -158,8 +213,8 @@ pub struct Kept {
 pub struct PassInput<'k> {
     /// What the engine decides on.
     pub engine: &'k Engine,
-    pods: &'k Mirror<CachedPod, ObjectKey>,
-    leases: &'k Mirror<GpuLease, ObjectKey>,
+    pods: &'k Fed<CachedPod>,
+    leases: &'k Fed<GpuLease>,
 }
 
 impl PassInput<'_> {
@@ -193,17 +248,33 @@ impl Kept {
             nodes,
             pods,
             leases,
+            last_overlay_keys: last,
         } = self;
         engine.set_now(now);
-        classes.sync(
-            overlay.classes(caches.classes.state(), at),
-            |_| false,
-            |c| translate::class_info(c).map(|i| (i.name.clone(), i)),
-            |change, _| match change {
-                Change::Upsert(c) => engine.upsert_class(c),
-                Change::Remove(name) => drop(engine.remove_class(&name)),
-            },
+        let changes = &caches.changes;
+
+        let class_keys = keys_to_look_at(
+            changes.classes.take(),
+            &caches.classes,
+            classes,
+            overlay.class_keys().cloned(),
+            &mut last.classes,
         );
+        for key in &class_keys {
+            let view = overlay.lay_class(key, cached(&caches.classes, key), at);
+            classes.feed(
+                key,
+                view.map(|c| (c, false)),
+                None,
+                translate::class_info,
+                |change| match change {
+                    Change::Upsert(c, _) => engine.upsert_class(c),
+                    Change::Remove => drop(engine.remove_class(&key.name)),
+                },
+            );
+        }
+
+        let (mut node_changes, mut pod_changes) = (changes.nodes.take(), changes.pods.take());
         let wanted: BTreeSet<String> = engine
             .classes()
             .values()
@@ -212,69 +283,104 @@ impl Kept {
         if wanted != *resources {
             // Nodes and pods are translated for the classes' resources only:
             // a new resource means translating them all again.
-            *nodes = Mirror::default();
-            *pods = Mirror::default();
-            let names: Vec<String> = engine.nodes().keys().cloned().collect();
-            names.iter().for_each(|n| drop(engine.remove_node(n)));
-            let keys: Vec<ObjectKey> = engine.pods().map(|p| p.key.clone()).collect();
-            keys.iter().for_each(|k| drop(engine.remove_pod(k)));
+            nodes.clear(|key| drop(engine.remove_node(&key.name)));
+            pods.clear(|key| drop(engine.remove_pod(key)));
+            (node_changes, pod_changes) = (Changes::Everything, Changes::Everything);
             *resources = wanted;
         }
-        nodes.sync(
-            caches.nodes.state(),
-            |_| false,
-            |n| translate::node_info(n, resources).map(|i| (i.name.clone(), i)),
-            |change, _| match change {
-                Change::Upsert(n) => engine.upsert_node(n),
-                Change::Remove(name) => drop(engine.remove_node(&name)),
-            },
-        );
 
-        let pod_objs = overlay.pods(caches.pods.state(), at);
-        let mut lease_objs = overlay.leases(caches.leases.state(), at);
-        overlay.hold_vanished(
-            &mut lease_objs,
-            || {
-                pod_objs
-                    .iter()
-                    .filter_map(|p| p.metadata.uid.as_deref())
-                    .collect()
-            },
-            at,
+        let node_keys = keys_to_look_at(
+            node_changes,
+            &caches.nodes,
+            nodes,
+            std::iter::empty(),
+            &mut Vec::new(),
         );
-        overlay.lay_assumed(&mut lease_objs);
-        leases.sync(
-            lease_objs,
-            |key| overlay.is_missing(key, at),
-            |l| translate::lease_info(l).map(|i| (i.key.clone(), i)),
-            |change, missing| match change {
-                Change::Upsert(mut l) => {
-                    l.missing = missing;
-                    engine.upsert_lease(l);
-                }
-                Change::Remove(key) => drop(engine.remove_lease(&key)),
-            },
+        for key in &node_keys {
+            nodes.feed(
+                key,
+                cached(&caches.nodes, key).map(|n| (n, false)),
+                None,
+                |n| translate::node_info(n, resources),
+                |change| match change {
+                    Change::Upsert(n, _) => engine.upsert_node(n),
+                    Change::Remove => drop(engine.remove_node(&key.name)),
+                },
+            );
+        }
+
+        let lease_keys = keys_to_look_at(
+            changes.leases.take(),
+            &caches.leases,
+            leases,
+            overlay.lease_keys().cloned(),
+            &mut last.leases,
         );
-        pods.sync(
-            pod_objs,
-            |key| overlay.is_evicted(key),
-            // A pod without a creation time (no API server sends one) keeps
-            // the time it was first seen.
-            |p| {
-                let mut info = translate::pod_info(&p.to_pod(), resources, now)?;
-                info.unmanaged = unmanaged_namespaces
-                    .iter()
-                    .any(|ns| **ns == *info.key.namespace);
-                Some((info.key.clone(), info))
-            },
-            |change, evicted| match change {
-                Change::Upsert(mut p) => {
-                    p.terminating |= evicted;
-                    engine.upsert_pod(p);
-                }
-                Change::Remove(key) => drop(engine.remove_pod(&key)),
-            },
+        for key in &lease_keys {
+            // A lease is named like its pod, in its pod's namespace.
+            let pod_cached = |lease: &GpuLease| {
+                cached(&caches.pods, key)
+                    .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
+            };
+            let view = overlay.lay_lease(
+                key,
+                cached(&caches.leases, key),
+                leases.shown(key),
+                pod_cached,
+                at,
+            );
+            let missing = overlay.is_missing(key, at);
+            leases.feed(
+                key,
+                view.laid.map(|l| (l, missing)),
+                view.shown,
+                translate::lease_info,
+                |change| match change {
+                    Change::Upsert(mut l, missing) => {
+                        l.missing = missing;
+                        engine.upsert_lease(l);
+                    }
+                    Change::Remove => drop(engine.remove_lease(key)),
+                },
+            );
+        }
+
+        let pod_keys = keys_to_look_at(
+            pod_changes,
+            &caches.pods,
+            pods,
+            overlay.pod_keys().cloned(),
+            &mut last.pods,
         );
+        for key in &pod_keys {
+            let view = overlay.lay_pod(key, cached(&caches.pods, key), at);
+            let evicted = overlay.is_evicted(key);
+            pods.feed(
+                key,
+                view.map(|p| (p, evicted)),
+                None,
+                // A pod without a creation time (no API server sends one)
+                // keeps the time it was first seen.
+                |p| {
+                    let mut info = translate::pod_info(&p.to_pod(), resources, now)?;
+                    info.unmanaged = unmanaged_namespaces
+                        .iter()
+                        .any(|ns| **ns == *info.key.namespace);
+                    Some(info)
+                },
+                |change| match change {
+                    Change::Upsert(mut p, evicted) => {
+                        p.terminating |= evicted;
+                        engine.upsert_pod(p);
+                    }
+                    Change::Remove => drop(engine.remove_pod(key)),
+                },
+            );
+        }
+
+        last.classes.extend(overlay.class_keys().cloned());
+        last.leases.extend(overlay.lease_keys().cloned());
+        last.pods.extend(overlay.pod_keys().cloned());
         PassInput {
             engine,
             pods,
@@ -310,92 +416,575 @@ impl Kept {
 mod tests {
     use std::cell::Cell;
     use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use gpupool_api::LeasePhase;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+    use proptest::prelude::*;
+    use serde_json::json;
 
     use super::*;
+    use crate::controller::caches::CacheChanges;
+    use crate::engine::Plan;
 
-    /// An object: its key and a value; a value of 0 does not translate.
-    type Obj = (String, u32);
+    /// A value of 0 does not translate.
+    type Obj = u32;
 
-    /// Runs one sync into `kept`, returning how many objects were translated.
-    fn sync(
-        mirror: &mut Mirror<Obj, String>,
+    /// Feeds `obj` for `key` into `kept`; returns whether it was translated.
+    fn feed(
+        fed: &mut Fed<Obj>,
         kept: &mut BTreeMap<String, (u32, bool)>,
-        objs: &[Arc<Obj>],
-        flagged: &[&str],
-    ) -> usize {
-        let translated = Cell::new(0);
-        mirror.sync(
-            objs.to_vec(),
-            |k| flagged.contains(&k.as_str()),
-            |(k, v)| {
-                translated.set(translated.get() + 1);
-                (*v > 0).then(|| (k.clone(), (k.clone(), *v)))
+        key: &str,
+        view: Option<(&Arc<Obj>, bool)>,
+    ) -> bool {
+        let translated = Cell::new(false);
+        let k = ObjectKey::new("ns", key);
+        fed.feed(
+            &k,
+            view.map(|(o, f)| (o.clone(), f)),
+            None,
+            |v| {
+                translated.set(true);
+                (*v > 0).then_some(*v)
             },
-            |change, flag| match change {
-                Change::Upsert((k, v)) => drop(kept.insert(k, (v, flag))),
-                Change::Remove(k) => assert!(kept.remove(&k).is_some(), "{k} was kept"),
+            |change| match change {
+                Change::Upsert(v, flag) => drop(kept.insert(key.to_owned(), (v, flag))),
+                Change::Remove => assert!(kept.remove(key).is_some(), "{key} was kept"),
             },
         );
         translated.get()
     }
 
-    fn obj(k: &str, v: u32) -> Arc<Obj> {
-        Arc::new((k.to_owned(), v))
-    }
-
     #[test]
-    fn only_new_objects_are_translated_and_gone_keys_are_removed() {
-        let (mut mirror, mut kept) = (Mirror::default(), BTreeMap::new());
-        let (a, b, none) = (obj("a", 1), obj("b", 2), obj("n", 0));
-        let all = [a.clone(), b.clone(), none.clone()];
-        assert_eq!(sync(&mut mirror, &mut kept, &all, &[]), 3);
-        assert_eq!(
-            kept,
-            BTreeMap::from([("a".into(), (1, false)), ("b".into(), (2, false))])
+    fn only_another_object_or_flag_is_translated_and_gone_keys_are_removed() {
+        let (mut fed, mut kept) = (Fed::default(), BTreeMap::new());
+        let (a, a2, none) = (Arc::new(1), Arc::new(1), Arc::new(0));
+        assert!(feed(&mut fed, &mut kept, "a", Some((&a, false))));
+        assert!(
+            !feed(&mut fed, &mut kept, "a", Some((&a, false))),
+            "same object"
         );
-        assert_eq!(mirror.len(), 2);
-        assert_eq!(
-            sync(&mut mirror, &mut kept, &all, &[]),
-            0,
-            "nothing changed"
+        assert!(
+            feed(&mut fed, &mut kept, "a", Some((&a2, false))),
+            "an equal copy is another object"
         );
-
-        // b replaced by a new object, a gone, the untranslatable one stays.
-        let b2 = obj("b", 5);
-        assert_eq!(sync(&mut mirror, &mut kept, &[b2.clone(), none], &[]), 1);
-        assert_eq!(kept, BTreeMap::from([("b".into(), (5, false))]));
-        assert!(Arc::ptr_eq(mirror.get(&"b".into()).expect("b"), &b2));
-        assert!(mirror.get(&"a".into()).is_none());
-
-        // Everything gone.
-        assert_eq!(sync(&mut mirror, &mut kept, &[], &[]), 0);
-        assert!(kept.is_empty() && mirror.is_empty());
-    }
-
-    #[test]
-    fn a_changed_flag_translates_the_object_again() {
-        let (mut mirror, mut kept) = (Mirror::default(), BTreeMap::new());
-        let a = obj("a", 1);
-        sync(&mut mirror, &mut kept, std::slice::from_ref(&a), &[]);
-        assert_eq!(
-            sync(&mut mirror, &mut kept, std::slice::from_ref(&a), &["a"]),
-            1
+        assert!(
+            feed(&mut fed, &mut kept, "a", Some((&a2, true))),
+            "the flag changed"
         );
         assert_eq!(kept["a"], (1, true));
-        assert_eq!(
-            sync(&mut mirror, &mut kept, std::slice::from_ref(&a), &["a"]),
-            0
+        assert!(feed(&mut fed, &mut kept, "n", Some((&none, false))));
+        assert!(
+            !feed(&mut fed, &mut kept, "n", Some((&none, false))),
+            "remembered untranslated"
         );
-        assert_eq!(sync(&mut mirror, &mut kept, &[a], &[]), 1);
-        assert_eq!(kept["a"], (1, false));
+        assert_eq!(fed.len(), 1);
+        assert!(Arc::ptr_eq(
+            fed.get(&ObjectKey::new("ns", "a")).expect("a"),
+            &a2
+        ));
+        assert!(fed.get(&ObjectKey::new("ns", "n")).is_none());
+
+        assert!(!feed(&mut fed, &mut kept, "a", None));
+        assert!(!feed(&mut fed, &mut kept, "n", None));
+        assert!(kept.is_empty() && fed.len() == 0);
     }
 
     #[test]
     fn an_object_that_no_longer_translates_leaves_the_engine() {
-        let (mut mirror, mut kept) = (Mirror::default(), BTreeMap::new());
-        sync(&mut mirror, &mut kept, &[obj("a", 1)], &[]);
-        assert_eq!(sync(&mut mirror, &mut kept, &[obj("a", 0)], &[]), 1);
+        let (mut fed, mut kept) = (Fed::default(), BTreeMap::new());
+        feed(&mut fed, &mut kept, "a", Some((&Arc::new(1), false)));
+        assert!(feed(&mut fed, &mut kept, "a", Some((&Arc::new(0), false))));
         assert!(kept.is_empty(), "{kept:?}");
-        assert!(mirror.get(&"a".into()).is_none());
+        assert!(fed.get(&ObjectKey::new("ns", "a")).is_none());
+    }
+
+    /// The caches as a watch fills them: each write goes to the store and
+    /// then to its change log.
+    struct Cluster {
+        caches: Caches,
+        pods: Writer<CachedPod>,
+        nodes: Writer<Node>,
+        classes: Writer<GpuLeaseClass>,
+        leases: Writer<GpuLease>,
+        version: u64,
+    }
+
+    impl Cluster {
+        fn new() -> Self {
+            let (pods_r, pods) = reflector::store();
+            let (nodes_r, nodes) = reflector::store();
+            let (classes_r, classes) = reflector::store();
+            let (leases_r, leases) = reflector::store();
+            Self {
+                caches: Caches::of_stores(pods_r, nodes_r, classes_r, leases_r),
+                pods,
+                nodes,
+                classes,
+                leases,
+                version: 100,
+            }
+        }
+
+        fn next_version(&mut self) -> String {
+            self.version += 1;
+            self.version.to_string()
+        }
+
+        fn event<K: Resource + Clone>(
+            writer: &mut Writer<K>,
+            log: &super::super::changes::ChangeLog,
+            event: watcher::Event<K>,
+        ) where
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+        {
+            writer.apply_watcher_event(&event);
+            log.record(&event);
+        }
+    }
+
+    fn pod_object(
+        name: &str,
+        uid: u8,
+        rv: &str,
+        gated: bool,
+        deleting: bool,
+        slots: u8,
+    ) -> CachedPod {
+        let mut v = json!({
+            "metadata": {
+                "namespace": "ns", "name": name, "uid": format!("pod-{uid}"),
+                "resourceVersion": rv, "creationTimestamp": "2026-01-01T00:00:00Z"
+            },
+            "spec": {"containers": [{"name": "c", "image": "i"}]}
+        });
+        if slots > 0 {
+            v["spec"]["containers"][0]["resources"] =
+                json!({"limits": {"gpupool/slot": slots.to_string()}});
+        }
+        if gated {
+            v["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+        }
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
+        }
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn lease_object(name: &str, uid: u8, pod_uid: u8, rv: &str, phase: LeasePhase) -> GpuLease {
+        let mut lease = crate::controller::test_api::lease(name, rv, phase);
+        lease.metadata.uid = Some(format!("lease-{uid}"));
+        lease.spec.pod_uid = format!("pod-{pod_uid}");
+        lease
+    }
+
+    fn node_object(name: &str, slots: u8) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"gpupool/slot": slots.to_string()}}
+        }))
+        .expect("node")
+    }
+
+    fn class_object(resource: &str, rv: &str) -> GpuLeaseClass {
+        serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+            "metadata": {"name": "default", "uid": "c", "resourceVersion": rv},
+            "spec": {"default": true, "resourceName": resource}
+        }))
+        .expect("class")
+    }
+
+    const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+    const PHASES: [LeasePhase; 4] = [
+        LeasePhase::Queued,
+        LeasePhase::Admitted,
+        LeasePhase::Bound,
+        LeasePhase::Released,
+    ];
+
+    /// One thing that happens between or at passes.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Pod {
+            name: usize,
+            uid: u8,
+            gated: bool,
+            deleting: bool,
+            slots: u8,
+        },
+        DeletePod {
+            name: usize,
+        },
+        Lease {
+            name: usize,
+            uid: u8,
+            pod_uid: u8,
+            phase: usize,
+        },
+        DeleteLease {
+            name: usize,
+        },
+        Node {
+            name: usize,
+            slots: u8,
+        },
+        DeleteNode {
+            name: usize,
+        },
+        Class {
+            other_resource: bool,
+        },
+        Relist,
+        /// The controller's confirmed lease write, `ahead` versions past the cache's.
+        WroteLease {
+            name: usize,
+            uid: u8,
+            pod_uid: u8,
+            ahead: i8,
+            phase: usize,
+            created: bool,
+        },
+        DeletedLease {
+            name: usize,
+            uid: u8,
+        },
+        Assumed {
+            name: usize,
+            phase: usize,
+        },
+        Landed {
+            name: usize,
+        },
+        WrotePod {
+            name: usize,
+            uid: u8,
+            ahead: i8,
+        },
+        Evicted {
+            name: usize,
+            uid: u8,
+        },
+        ForgotPod {
+            name: usize,
+        },
+        Wait {
+            seconds: u8,
+        },
+        Pass,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let name = 0..NAMES.len();
+        let phase = 0..PHASES.len();
+        prop_oneof![
+            (
+                name.clone(),
+                0..2u8,
+                any::<bool>(),
+                prop::bool::weighted(0.2),
+                0..3u8
+            )
+                .prop_map(|(name, uid, gated, deleting, slots)| Step::Pod {
+                    name,
+                    uid,
+                    gated,
+                    deleting,
+                    slots
+                }),
+            name.clone().prop_map(|name| Step::DeletePod { name }),
+            (name.clone(), 0..2u8, 0..2u8, phase.clone()).prop_map(
+                |(name, uid, pod_uid, phase)| Step::Lease {
+                    name,
+                    uid,
+                    pod_uid,
+                    phase
+                }
+            ),
+            name.clone().prop_map(|name| Step::DeleteLease { name }),
+            (0..2usize, 0..4u8).prop_map(|(name, slots)| Step::Node { name, slots }),
+            (0..2usize).prop_map(|name| Step::DeleteNode { name }),
+            prop::bool::weighted(0.2).prop_map(|other_resource| Step::Class { other_resource }),
+            Just(Step::Relist),
+            (
+                name.clone(),
+                0..2u8,
+                0..2u8,
+                -1..3i8,
+                phase.clone(),
+                any::<bool>()
+            )
+                .prop_map(|(name, uid, pod_uid, ahead, phase, created)| {
+                    Step::WroteLease {
+                        name,
+                        uid,
+                        pod_uid,
+                        ahead,
+                        phase,
+                        created,
+                    }
+                }),
+            (name.clone(), 0..2u8).prop_map(|(name, uid)| Step::DeletedLease { name, uid }),
+            (name.clone(), phase).prop_map(|(name, phase)| Step::Assumed { name, phase }),
+            name.clone().prop_map(|name| Step::Landed { name }),
+            (name.clone(), 0..2u8, -1..3i8).prop_map(|(name, uid, ahead)| Step::WrotePod {
+                name,
+                uid,
+                ahead
+            }),
+            (name.clone(), 0..2u8).prop_map(|(name, uid)| Step::Evicted { name, uid }),
+            name.prop_map(|name| Step::ForgotPod { name }),
+            prop_oneof![0..3u8, Just(31), Just(61), Just(121)]
+                .prop_map(|seconds| Step::Wait { seconds }),
+            Just(Step::Pass),
+            Just(Step::Pass),
+            Just(Step::Pass),
+        ]
+    }
+
+    /// What a pass's input says, as text both sides can be compared by.
+    fn described(input: &PassInput<'_>) -> (Vec<String>, Plan) {
+        let engine = input.engine;
+        let mut lines: Vec<String> = engine
+            .classes()
+            .values()
+            .map(|c| format!("{c:?}"))
+            .collect();
+        lines.extend(engine.nodes().values().map(|n| format!("{n:?}")));
+        lines.extend(
+            engine
+                .pods()
+                .map(|p| format!("{p:?} from {:?}", input.pod(&p.key))),
+        );
+        lines.extend(
+            engine
+                .leases()
+                .map(|l| format!("{l:?} from {:?}", input.lease(&l.key))),
+        );
+        lines.sort();
+        (lines, engine.decide())
+    }
+
+    /// Runs `steps` against two kept engines on the same caches: one looks
+    /// only at what the change logs and the overlay name, the other at
+    /// every key, every pass. Returns the first pass at which they differ.
+    fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+        let mut cluster = Cluster::new();
+        let mut everything = cluster.caches.clone();
+        everything.changes = CacheChanges::default();
+        let (mut fed, mut full) = (Kept::default(), Kept::default());
+        let (mut fed_overlay, mut full_overlay) = (Overlay::default(), Overlay::default());
+        let t0 = Instant::now();
+        let mut elapsed = Duration::ZERO;
+        let key = |name: usize| ObjectKey::new("ns", NAMES[name]);
+        let lease_rv = |cluster: &Cluster, name: usize, ahead: i8| -> String {
+            let cached = cached(&cluster.caches.leases, &key(name))
+                .and_then(|l| l.metadata.resource_version.clone())
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(100);
+            (cached + i64::from(ahead)).to_string()
+        };
+        Cluster::event(
+            &mut cluster.classes,
+            &cluster.caches.changes.classes.clone(),
+            watcher::Event::Apply(class_object("gpupool/slot", "1")),
+        );
+        for (n, step) in steps.iter().enumerate() {
+            let at = t0 + elapsed;
+            let changes = cluster.caches.changes.clone();
+            match step.clone() {
+                Step::Pod {
+                    name,
+                    uid,
+                    gated,
+                    deleting,
+                    slots,
+                } => {
+                    let rv = cluster.next_version();
+                    let pod = pod_object(NAMES[name], uid, &rv, gated, deleting, slots);
+                    Cluster::event(&mut cluster.pods, &changes.pods, watcher::Event::Apply(pod));
+                }
+                Step::DeletePod { name } => {
+                    if let Some(pod) = cached(&cluster.caches.pods, &key(name)) {
+                        Cluster::event(
+                            &mut cluster.pods,
+                            &changes.pods,
+                            watcher::Event::Delete((*pod).clone()),
+                        );
+                    }
+                }
+                Step::Lease {
+                    name,
+                    uid,
+                    pod_uid,
+                    phase,
+                } => {
+                    let rv = cluster.next_version();
+                    let lease = lease_object(NAMES[name], uid, pod_uid, &rv, PHASES[phase]);
+                    Cluster::event(
+                        &mut cluster.leases,
+                        &changes.leases,
+                        watcher::Event::Apply(lease),
+                    );
+                }
+                Step::DeleteLease { name } => {
+                    if let Some(lease) = cached(&cluster.caches.leases, &key(name)) {
+                        Cluster::event(
+                            &mut cluster.leases,
+                            &changes.leases,
+                            watcher::Event::Delete((*lease).clone()),
+                        );
+                    }
+                }
+                Step::Node { name, slots } => {
+                    let node = node_object(NAMES[name], slots);
+                    Cluster::event(
+                        &mut cluster.nodes,
+                        &changes.nodes,
+                        watcher::Event::Apply(node),
+                    );
+                }
+                Step::DeleteNode { name } => {
+                    if let Some(node) =
+                        cached(&cluster.caches.nodes, &ObjectKey::new("", NAMES[name]))
+                    {
+                        Cluster::event(
+                            &mut cluster.nodes,
+                            &changes.nodes,
+                            watcher::Event::Delete((*node).clone()),
+                        );
+                    }
+                }
+                Step::Class { other_resource } => {
+                    let rv = cluster.next_version();
+                    let resource = if other_resource {
+                        "example.com/gpu"
+                    } else {
+                        "gpupool/slot"
+                    };
+                    Cluster::event(
+                        &mut cluster.classes,
+                        &changes.classes,
+                        watcher::Event::Apply(class_object(resource, &rv)),
+                    );
+                }
+                Step::Relist => {
+                    // A re-list that finds the same objects (their copies).
+                    let pods = cluster.caches.pods.state();
+                    Cluster::event(&mut cluster.pods, &changes.pods, watcher::Event::Init);
+                    for p in pods {
+                        Cluster::event(
+                            &mut cluster.pods,
+                            &changes.pods,
+                            watcher::Event::InitApply((*p).clone()),
+                        );
+                    }
+                    Cluster::event(&mut cluster.pods, &changes.pods, watcher::Event::InitDone);
+                }
+                Step::WroteLease {
+                    name,
+                    uid,
+                    pod_uid,
+                    ahead,
+                    phase,
+                    created,
+                } => {
+                    let rv = lease_rv(&cluster, name, ahead);
+                    let lease = lease_object(NAMES[name], uid, pod_uid, &rv, PHASES[phase]);
+                    fed_overlay.record_lease(lease.clone(), created, at);
+                    full_overlay.record_lease(lease, created, at);
+                }
+                Step::DeletedLease { name, uid } => {
+                    let uid = format!("lease-{uid}");
+                    fed_overlay.record_lease_deleted(key(name), uid.clone(), at);
+                    full_overlay.record_lease_deleted(key(name), uid, at);
+                }
+                Step::Assumed { name, phase } => {
+                    let lease = lease_object(NAMES[name], 0, 0, "", PHASES[phase]);
+                    fed_overlay.assume_lease(key(name), lease.clone());
+                    full_overlay.assume_lease(key(name), lease);
+                }
+                Step::Landed { name } => {
+                    fed_overlay.forget_assumed(&key(name));
+                    full_overlay.forget_assumed(&key(name));
+                }
+                Step::WrotePod { name, uid, ahead } => {
+                    let cached_rv = cached(&cluster.caches.pods, &key(name))
+                        .and_then(|p| p.metadata.resource_version.clone())
+                        .and_then(|v| v.parse::<i64>().ok())
+                        .unwrap_or(100);
+                    let rv = (cached_rv + i64::from(ahead)).to_string();
+                    let pod = pod_object(NAMES[name], uid, &rv, false, false, 1);
+                    fed_overlay.record_pod(pod.clone(), at);
+                    full_overlay.record_pod(pod, at);
+                }
+                Step::Evicted { name, uid } => {
+                    let uid = format!("pod-{uid}");
+                    fed_overlay.record_evicted(key(name), uid.clone(), at);
+                    full_overlay.record_evicted(key(name), uid, at);
+                }
+                Step::ForgotPod { name } => {
+                    fed_overlay.forget_pod(&key(name));
+                    full_overlay.forget_pod(&key(name));
+                }
+                Step::Wait { seconds } => elapsed += Duration::from_secs(seconds.into()),
+                Step::Pass => {
+                    let now = Timestamp::from_second(1_800_000_000 + elapsed.as_secs() as i64)
+                        .expect("timestamp");
+                    for log in [
+                        &everything.changes.pods,
+                        &everything.changes.nodes,
+                        &everything.changes.classes,
+                        &everything.changes.leases,
+                    ] {
+                        log.everything();
+                    }
+                    let a = described(&fed.sync(&cluster.caches, &mut fed_overlay, &[], now, at));
+                    let b = described(&full.sync(&everything, &mut full_overlay, &[], now, at));
+                    prop_assert_eq!(a, b, "pass after step {}", n);
+                    prop_assert_eq!(fed_overlay.len(), full_overlay.len());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Looking only at changed and overlaid keys feeds the engine
+        /// exactly what looking at every key does.
+        #[test]
+        fn looking_at_changed_keys_feeds_what_looking_at_every_key_does(
+            steps in prop::collection::vec(step(), 1..60)
+        ) {
+            run(&steps)?;
+        }
+    }
+
+    #[test]
+    fn a_lease_deleted_before_its_pod_is_held_then_recreated() {
+        let steps = [
+            Step::Pod {
+                name: 0,
+                uid: 0,
+                gated: true,
+                deleting: false,
+                slots: 1,
+            },
+            Step::Lease {
+                name: 0,
+                uid: 0,
+                pod_uid: 0,
+                phase: 0,
+            },
+            Step::Pass,
+            Step::DeleteLease { name: 0 },
+            Step::Pass,
+            Step::Wait { seconds: 2 },
+            Step::Pass,
+        ];
+        run(&steps).expect("equal");
     }
 }

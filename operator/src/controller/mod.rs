@@ -9,10 +9,10 @@
 //! the leader passes; losing leadership aborts the pass and every write in
 //! flight.
 
-pub mod addr_hash;
 pub mod apply;
 pub mod cached_pod;
 pub mod caches;
+pub mod changes;
 pub mod error;
 pub mod events;
 pub mod kept;

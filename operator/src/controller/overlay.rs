@@ -3,9 +3,16 @@
 //! Watches lag writes. A pass that decided on a cache still showing a pod as
 //! gated, or a lease as Queued, after the previous pass admitted it, could
 //! admit the same slot twice. So every successful write is remembered here
-//! and laid over the cache when a pass takes its snapshot, until the cache
-//! shows that object at a resourceVersion at least as new (or the object was
-//! replaced or deleted).
+//! and laid over the cache, key by key, until the cache shows that object
+//! at a resourceVersion at least as new (or the object was replaced or
+//! deleted).
+//!
+//! A pass asks about every key the overlay holds something for (its
+//! `*_keys` methods), every pass: that is when what the overlay holds is
+//! compared with the cache and its time limits are applied. A `lay_*` call
+//! that forgets what it held for a key answers as it would have without
+//! it, so a key the overlay let go of needs looking at only once more, in
+//! the next pass, for what happened to it between the two.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +20,9 @@ use std::time::{Duration, Instant};
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use kube::Resource;
 
-use super::addr_hash::ByAddress;
 use super::cached_pod::CachedPod;
-use super::key_hash::{HashMap, HashSet, KeyHashes, parts_of};
-use crate::engine::{KeyParts, ObjectKey};
+use super::key_hash::{HashMap, parts_of};
+use crate::engine::ObjectKey;
 
 /// How long a lease the controller created may be missing from the cache
 /// before the overlay forgets it (it was deleted before the watch showed it).
@@ -53,13 +59,7 @@ pub struct Overlay {
     classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
     /// Leases as writes still in flight will leave them.
     assumed: HashMap<ObjectKey, Arc<GpuLease>>,
-    /// The leases the cache showed at the last pass, by address; holding
-    /// them keeps their addresses from going to other leases.
-    last_leases: ByAddress<GpuLease, ()>,
     vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
-    pod_keys: KeyHashes<CachedPod>,
-    lease_keys: KeyHashes<GpuLease>,
-    class_keys: KeyHashes<GpuLeaseClass>,
 }
 
 /// True when `cached` is at least as new as `written`. resourceVersions are
@@ -82,80 +82,54 @@ fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
     Some(ObjectKey::new(namespace, name))
 }
 
-/// `cached` with `written` laid over it and `tombstones` taken out; an
-/// object is read only when its key hash is one of theirs (see
-/// [`KeyHashes`]).
-fn merge<K: Resource>(
-    cached: Vec<Arc<K>>,
-    hashes: &mut KeyHashes<K>,
+fn same_uid<K: Resource>(obj: &K, uid: &str) -> bool {
+    obj.meta().uid.as_deref() == Some(uid)
+}
+
+/// `cached` (what the cache holds for `key`) with the controller's write
+/// of it laid over, while the cache lags behind that write; a write the
+/// cache caught up with, or whose object it replaced or lost, is forgotten
+/// (unless the controller just created the object and the watch has not
+/// shown it yet).
+fn lay_written<K: Resource>(
     written: &mut HashMap<ObjectKey, Written<K>>,
-    tombstones: Option<&mut HashMap<ObjectKey, Gone>>,
+    key: &ObjectKey,
+    cached: Option<Arc<K>>,
     now: Instant,
-) -> Vec<Arc<K>> {
-    hashes.next_pass();
-    let mut empty = HashMap::default();
-    let tombstones = tombstones.unwrap_or(&mut empty);
-    if written.is_empty() && tombstones.is_empty() {
-        // Asked all the same, so the memo keeps what the cache holds.
-        for obj in &cached {
-            hashes.of(obj);
-        }
+) -> Option<Arc<K>> {
+    let Some(w) = written.get(key) else {
         return cached;
-    }
-    let wanted = hashes.of_keys(written.keys().chain(tombstones.keys()));
-    let mut seen_written = HashSet::default();
-    let mut caught_up = HashSet::default();
-    let mut seen_tombstones = HashSet::default();
-    let mut out = Vec::with_capacity(cached.len() + written.len());
-    for obj in cached {
-        let parts = hashes
-            .of(&obj)
-            .filter(|h| wanted.contains(h))
-            .and_then(|_| parts_of(obj.as_ref()));
-        let Some(parts) = parts else {
-            out.push(obj);
-            continue;
-        };
-        let probe: &dyn KeyParts = &parts;
-        if let Some((key, gone)) = tombstones.get_key_value(probe)
-            && obj.meta().uid.as_deref() == Some(gone.uid.as_str())
-        {
-            seen_tombstones.insert(key.clone());
-            continue;
-        }
-        if let Some((key, w)) = written.get_key_value(probe) {
-            let same_object = obj.meta().uid == w.object.meta().uid;
-            if same_object
+    };
+    match cached {
+        Some(obj) => {
+            let lagging = obj.meta().uid == w.object.meta().uid
                 && !is_at_least(
                     obj.meta().resource_version.as_deref(),
                     w.object.meta().resource_version.as_deref(),
-                )
-            {
-                seen_written.insert(key.clone());
-                out.push(w.object.clone());
-                continue;
+                );
+            if lagging {
+                return Some(w.object.clone());
             }
-            caught_up.insert(key.clone());
+            written.remove(key);
+            Some(obj)
         }
-        out.push(obj);
-    }
-    // Keep what the cache still lags on; drop what it caught up with, and
-    // what it lost (deleted) unless the controller just created it.
-    written.retain(|key, w| {
-        if seen_written.contains(key) {
-            return true;
-        }
-        !caught_up.contains(key) && w.created && now.duration_since(w.at) < CREATED_TTL
-    });
-    for (key, w) in written.iter() {
-        if !seen_written.contains(key) {
-            out.push(w.object.clone());
+        None if w.created && now.duration_since(w.at) < CREATED_TTL => Some(w.object.clone()),
+        None => {
+            written.remove(key);
+            None
         }
     }
-    tombstones.retain(|key, gone| {
-        seen_tombstones.contains(key) && now.duration_since(gone.at) < TOMBSTONE_TTL
-    });
-    out
+}
+
+/// What a pass sees of one lease key.
+#[derive(Debug, Default)]
+pub struct LeaseView {
+    /// The lease as the cache shows it, with the controller's confirmed
+    /// writes laid over it and its deletions taken out.
+    pub shown: Option<Arc<GpuLease>>,
+    /// What the pass decides on: `shown`, or the lease held after it
+    /// vanished, with a write still in flight laid over either.
+    pub laid: Option<Arc<GpuLease>>,
 }
 
 impl Overlay {
@@ -192,13 +166,15 @@ impl Overlay {
         );
     }
 
-    /// The cached classes with the controller's newer status writes laid over them.
-    pub fn classes(
+    /// What a pass sees of the class `key`: `cached` with the controller's
+    /// newer status write laid over it.
+    pub fn lay_class(
         &mut self,
-        cached: Vec<Arc<GpuLeaseClass>>,
+        key: &ObjectKey,
+        cached: Option<Arc<GpuLeaseClass>>,
         now: Instant,
-    ) -> Vec<Arc<GpuLeaseClass>> {
-        merge(cached, &mut self.class_keys, &mut self.classes, None, now)
+    ) -> Option<Arc<GpuLeaseClass>> {
+        lay_written(&mut self.classes, key, cached, now)
     }
 
     /// Lays `lease` over the caches as a write still in flight will leave
@@ -212,35 +188,6 @@ impl Overlay {
     /// recorded on its own) or was abandoned.
     pub fn forget_assumed(&mut self, key: &ObjectKey) {
         self.assumed.remove(key);
-    }
-
-    /// Replaces or adds, in `leases`, the leases that writes in flight will
-    /// leave. Applied after [`Overlay::hold_vanished`], so an assumed lease is
-    /// never taken for one the API server showed.
-    pub fn lay_assumed(&mut self, leases: &mut Vec<Arc<GpuLease>>) {
-        if self.assumed.is_empty() {
-            return;
-        }
-        let wanted = self.lease_keys.of_keys(self.assumed.keys());
-        let mut laid = HashSet::default();
-        for lease in leases.iter_mut() {
-            if self
-                .lease_keys
-                .of(lease)
-                .is_some_and(|h| wanted.contains(&h))
-                && let Some(parts) = parts_of(lease.as_ref())
-                && let Some((key, assumed)) = self.assumed.get_key_value(&parts as &dyn KeyParts)
-            {
-                laid.insert(key);
-                *lease = assumed.clone();
-            }
-        }
-        leases.extend(
-            self.assumed
-                .iter()
-                .filter(|(key, _)| !laid.contains(*key))
-                .map(|(_, lease)| lease.clone()),
-        );
     }
 
     /// Remembers that the lease object with `uid` was deleted.
@@ -274,103 +221,107 @@ impl Overlay {
         self.pods.remove(key);
     }
 
-    /// The cached leases with the controller's newer writes laid over them.
-    pub fn leases(&mut self, cached: Vec<Arc<GpuLease>>, now: Instant) -> Vec<Arc<GpuLease>> {
-        merge(
-            cached,
-            &mut self.lease_keys,
-            &mut self.leases,
-            Some(&mut self.deleted_leases),
-            now,
-        )
-    }
-
-    /// The cached pods with the controller's newer writes laid over them.
-    pub fn pods(&mut self, cached: Vec<Arc<CachedPod>>, now: Instant) -> Vec<Arc<CachedPod>> {
-        let pods = merge(cached, &mut self.pod_keys, &mut self.pods, None, now);
-        if !self.evicted.is_empty() {
-            let wanted = self.pod_keys.of_keys(self.evicted.keys());
-            let mut still_pending = HashSet::default();
-            for p in &pods {
-                let parts = self
-                    .pod_keys
-                    .of(p)
-                    .filter(|h| wanted.contains(h))
-                    .and_then(|_| parts_of(p.as_ref()));
-                let Some(parts) = parts else {
-                    continue;
-                };
-                if let Some((key, gone)) = self.evicted.get_key_value(&parts as &dyn KeyParts)
-                    && p.meta().uid.as_deref() == Some(gone.uid.as_str())
-                    && p.meta().deletion_timestamp.is_none()
-                {
-                    still_pending.insert(key.clone());
-                }
-            }
-            self.evicted.retain(|key, gone| {
-                still_pending.contains(key) && now.duration_since(gone.at) < TOMBSTONE_TTL
-            });
-        }
-        pods
-    }
-
-    /// Keeps the snapshot consistent across the two watches: when the
-    /// garbage collector deletes a lease because its pod is gone, the lease
-    /// watch may report it before the pod watch does. Until the pod leaves the
-    /// cache too (or [`VANISHED_TTL`] passes), the last seen lease stays in
-    /// `leases`, so a departing pod is never taken for a new one without a
-    /// lease; and a lease deleted while its pod lives is recreated from it
-    /// (see [`Overlay::is_missing`]), keeping its sequence.
-    ///
-    /// Only what changed since the last pass is looked at, by address: an
-    /// object the cache still shows is the same `Arc` again. A key the
-    /// cache shows now but did not show as this object last pass is among
-    /// the newly shown ones, so a newer version of a lease is never taken
-    /// for a vanished one. `cached_pod_uids` is called only when a lease is
-    /// held or has just gone.
-    pub fn hold_vanished<'p>(
+    /// What a pass sees of the pod `key`: `cached` with the controller's
+    /// newer write laid over it. Also forgets the pod's eviction once the
+    /// pod shows it (it is terminating or gone), so [`Overlay::is_evicted`]
+    /// answers for this pass.
+    pub fn lay_pod(
         &mut self,
-        leases: &mut Vec<Arc<GpuLease>>,
-        cached_pod_uids: impl FnOnce() -> HashSet<&'p str>,
+        key: &ObjectKey,
+        cached: Option<Arc<CachedPod>>,
         now: Instant,
-    ) {
-        // What the cache showed is kept from pass to pass, not rebuilt: a
-        // lease shown again is only marked.
-        self.last_leases.next_pass();
-        let mut newly_shown: HashSet<(&str, &str)> = HashSet::default();
-        for l in leases.iter() {
-            if self.last_leases.see(l, |_| ()).1 {
-                newly_shown.extend(parts_of(l.as_ref()));
+    ) -> Option<Arc<CachedPod>> {
+        let pod = lay_written(&mut self.pods, key, cached, now);
+        if let Some(gone) = self.evicted.get(key) {
+            let pending = pod.as_ref().is_some_and(|p| {
+                same_uid(p.as_ref(), &gone.uid) && p.meta().deletion_timestamp.is_none()
+            });
+            if !pending || now.duration_since(gone.at) >= TOMBSTONE_TTL {
+                self.evicted.remove(key);
             }
         }
-        let is_present =
-            |key: &ObjectKey| newly_shown.contains(&(key.namespace.as_ref(), key.name.as_ref()));
-        let mut gone: Vec<(ObjectKey, Arc<GpuLease>)> = Vec::new();
-        self.last_leases.sweep(|lease, ()| {
-            if let Some(key) = key_of(lease.as_ref())
-                && !is_present(&key)
-            {
-                gone.push((key, lease));
+        pod
+    }
+
+    /// What a pass sees of the lease `key`, given what the cache holds for
+    /// it and what the previous pass saw as shown (`last_shown`).
+    ///
+    /// A lease the controller deleted stays hidden until the cache drops it.
+    /// A lease the cache showed last pass and no longer shows, while its
+    /// pod (`pod_cached`: the pod cache holds the pod named like the lease,
+    /// with the lease's pod UID) is still cached, is held: the garbage
+    /// collector deletes a lease after its pod, and the lease watch may
+    /// report it first, so a departing pod is never taken for a new one
+    /// without a lease. It is held until the pod leaves the cache, the
+    /// cache shows the lease again, or [`VANISHED_TTL`] passes; a lease
+    /// deleted while its pod lives is recreated from it (see
+    /// [`Overlay::is_missing`]), keeping its sequence. A write in flight
+    /// is laid over whatever is left.
+    pub fn lay_lease(
+        &mut self,
+        key: &ObjectKey,
+        cached: Option<Arc<GpuLease>>,
+        last_shown: Option<&Arc<GpuLease>>,
+        pod_cached: impl Fn(&GpuLease) -> bool,
+        now: Instant,
+    ) -> LeaseView {
+        let cached = match self.deleted_leases.get(key) {
+            None => cached,
+            Some(gone) => {
+                let hidden = cached
+                    .as_ref()
+                    .is_some_and(|l| same_uid(l.as_ref(), &gone.uid))
+                    && now.duration_since(gone.at) < TOMBSTONE_TTL;
+                if !hidden {
+                    self.deleted_leases.remove(key);
+                }
+                cached.filter(|_| !hidden)
             }
-        });
-        if !self.vanished.is_empty() || !gone.is_empty() {
-            let pod_uids = cached_pod_uids();
-            let pod_cached = |l: &GpuLease| pod_uids.contains(l.spec.pod_uid.as_str());
-            self.vanished.retain(|key, (lease, at)| {
-                !is_present(key) && pod_cached(lease) && now.duration_since(*at) < VANISHED_TTL
-            });
-            for (key, lease) in gone {
-                if !self.deleted_leases.contains_key(&key)
-                    && !self.vanished.contains_key(&key)
-                    && pod_cached(&lease)
+        };
+        let shown = lay_written(&mut self.leases, key, cached, now);
+        match self.vanished.get(key) {
+            Some((lease, at)) => {
+                if shown.is_some() || !pod_cached(lease) || now.duration_since(*at) >= VANISHED_TTL
                 {
-                    self.vanished.insert(key, (lease, now));
+                    self.vanished.remove(key);
+                }
+            }
+            None => {
+                if shown.is_none()
+                    && let Some(last) = last_shown
+                    && !self.deleted_leases.contains_key(key)
+                    && pod_cached(last)
+                {
+                    self.vanished.insert(key.clone(), (last.clone(), now));
                 }
             }
         }
-        // Added after the marking, which counts only what the cache showed:
-        // a held lease must not be taken as shown, nor held again.
-        leases.extend(self.vanished.values().map(|(l, _)| l.clone()));
+        let laid = self
+            .assumed
+            .get(key)
+            .or_else(|| self.vanished.get(key).map(|(l, _)| l))
+            .or(shown.as_ref())
+            .cloned();
+        LeaseView { shown, laid }
+    }
+
+    /// Every class key the overlay holds something for.
+    pub fn class_keys(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.classes.keys()
+    }
+
+    /// Every pod key the overlay holds something for.
+    pub fn pod_keys(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.pods.keys().chain(self.evicted.keys())
+    }
+
+    /// Every lease key the overlay holds something for.
+    pub fn lease_keys(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.leases
+            .keys()
+            .chain(self.deleted_leases.keys())
+            .chain(self.assumed.keys())
+            .chain(self.vanished.keys())
     }
 
     /// True when the lease `key` is held because it vanished at least
@@ -412,14 +363,96 @@ impl Overlay {
     }
 }
 
+/// The overlay laid over whole lists, as passes that look at every key
+/// do: what tests read.
+#[cfg(test)]
+pub(crate) mod lists {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn keys<'a, K: Resource + 'a>(
+        cached: &'a [Arc<K>],
+        more: impl Iterator<Item = &'a ObjectKey>,
+    ) -> BTreeSet<ObjectKey> {
+        cached
+            .iter()
+            .filter_map(|o| key_of(o.as_ref()))
+            .chain(more.cloned())
+            .collect()
+    }
+
+    fn find<K: Resource>(cached: &[Arc<K>], key: &ObjectKey) -> Option<Arc<K>> {
+        cached
+            .iter()
+            .find(|o| key_of(o.as_ref()).as_ref() == Some(key))
+            .cloned()
+    }
+
+    /// Passes over lease lists; remembers what each showed.
+    #[derive(Default)]
+    pub struct LeasePasses {
+        shown: HashMap<ObjectKey, Arc<GpuLease>>,
+    }
+
+    impl LeasePasses {
+        /// One pass: the leases it decides on, in key order. `pod_uids`
+        /// are the UIDs of the cached pods.
+        pub fn pass(
+            &mut self,
+            o: &mut Overlay,
+            cached: &[Arc<GpuLease>],
+            pod_uids: &[&str],
+            now: Instant,
+        ) -> Vec<Arc<GpuLease>> {
+            let mut out = Vec::new();
+            let looked_at = keys(cached, o.lease_keys().chain(self.shown.keys()));
+            for key in looked_at {
+                let view = o.lay_lease(
+                    &key,
+                    find(cached, &key),
+                    self.shown.get(&key),
+                    |l| pod_uids.contains(&l.spec.pod_uid.as_str()),
+                    now,
+                );
+                match view.shown {
+                    Some(shown) => drop(self.shown.insert(key, shown)),
+                    None => drop(self.shown.remove(&key)),
+                }
+                out.extend(view.laid);
+            }
+            out
+        }
+    }
+
+    /// One pass over a pod list, in key order.
+    pub fn pods(o: &mut Overlay, cached: &[Arc<CachedPod>], now: Instant) -> Vec<Arc<CachedPod>> {
+        let looked_at = keys(cached, o.pod_keys().collect::<Vec<_>>().into_iter());
+        looked_at
+            .iter()
+            .filter_map(|key| o.lay_pod(key, find(cached, key), now))
+            .collect()
+    }
+
+    /// One pass over a class list, in key order.
+    pub fn classes(
+        o: &mut Overlay,
+        cached: &[Arc<GpuLeaseClass>],
+        now: Instant,
+    ) -> Vec<Arc<GpuLeaseClass>> {
+        let looked_at = keys(cached, o.class_keys().collect::<Vec<_>>().into_iter());
+        looked_at
+            .iter()
+            .filter_map(|key| o.lay_class(key, find(cached, key), now))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::lists::{self, LeasePasses};
     use super::*;
     use serde_json::json;
-
-    fn pod_uids<const N: usize>(uids: [&str; N]) -> HashSet<&str> {
-        uids.into_iter().collect()
-    }
 
     fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> GpuLease {
         serde_json::from_value(json!({
@@ -429,6 +462,10 @@ mod tests {
             "status": {"phase": phase}
         }))
         .expect("lease")
+    }
+
+    fn leases<const N: usize>(list: [GpuLease; N]) -> Vec<Arc<GpuLease>> {
+        list.into_iter().map(Arc::new).collect()
     }
 
     fn phases(leases: &[Arc<GpuLease>]) -> Vec<(String, String)> {
@@ -459,45 +496,35 @@ mod tests {
     #[test]
     fn written_status_wins_until_the_cache_catches_up() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         o.record_lease(lease("a", "u", "11", "Admitted"), false, t0);
-        let stale = vec![Arc::new(lease("a", "u", "10", "Queued"))];
-        let merged = o.leases(stale, t0);
+        let stale = leases([lease("a", "u", "10", "Queued")]);
+        let merged = passes.pass(&mut o, &stale, &[], t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Admitted)".into())]);
         assert_eq!(o.len(), 1);
-        let fresh = vec![Arc::new(lease("a", "u", "12", "Bound"))];
-        let merged = o.leases(fresh, t0);
+        let fresh = leases([lease("a", "u", "12", "Bound")]);
+        let merged = passes.pass(&mut o, &fresh, &[], t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Bound)".into())]);
         assert!(o.is_empty(), "caught up: forgotten");
     }
 
-    /// Objects are read once and known by address after that: a write
-    /// recorded after its lease was already seen, and unchanged, by
-    /// earlier passes is laid over it all the same, and so are a deletion
-    /// and an assumed write.
+    /// A write, a deletion and an assumed write recorded after earlier
+    /// passes saw their leases unchanged are laid over them all the same.
     #[test]
     fn a_write_to_an_object_earlier_passes_saw_unchanged_is_laid_over_it() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         let cached: Vec<Arc<GpuLease>> = ["a", "b", "c"]
             .into_iter()
             .map(|n| Arc::new(lease(n, n, "10", "Queued")))
             .collect();
         for _ in 0..3 {
-            assert_eq!(o.leases(cached.clone(), t0).len(), 3);
+            assert_eq!(passes.pass(&mut o, &cached, &[], t0).len(), 3);
         }
         o.record_lease(lease("b", "b", "11", "Admitted"), false, t0);
         o.record_lease_deleted(ObjectKey::new("ns", "c"), "c".into(), t0);
-        let mut merged = o.leases(cached.clone(), t0);
-        assert_eq!(
-            phases(&merged),
-            vec![
-                ("a".into(), "Some(Queued)".into()),
-                ("b".into(), "Some(Admitted)".into())
-            ]
-        );
         o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "a", "10", "Admitted"));
-        o.lay_assumed(&mut merged);
+        let merged = passes.pass(&mut o, &cached, &[], t0);
         assert_eq!(
             phases(&merged),
             vec![
@@ -509,14 +536,16 @@ mod tests {
 
     #[test]
     fn a_written_class_status_wins_until_the_cache_catches_up() {
-        let class = |rv: &str, capacity: u32| -> GpuLeaseClass {
-            serde_json::from_value(json!({
-                "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
-                "metadata": {"name": "default", "uid": "c", "resourceVersion": rv},
-                "spec": {},
-                "status": {"capacity": capacity}
-            }))
-            .expect("class")
+        let class = |rv: &str, capacity: u32| -> Arc<GpuLeaseClass> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+                    "metadata": {"name": "default", "uid": "c", "resourceVersion": rv},
+                    "spec": {},
+                    "status": {"capacity": capacity}
+                }))
+                .expect("class"),
+            )
         };
         let capacity = |cs: &[Arc<GpuLeaseClass>]| -> Vec<u32> {
             cs.iter()
@@ -525,28 +554,29 @@ mod tests {
         };
         let t0 = Instant::now();
         let mut o = Overlay::default();
-        o.record_class(class("8", 4), t0);
-        assert_eq!(capacity(&o.classes(vec![Arc::new(class("7", 2))], t0)), [4]);
-        assert_eq!(capacity(&o.classes(vec![Arc::new(class("9", 6))], t0)), [6]);
+        o.record_class((*class("8", 4)).clone(), t0);
+        assert_eq!(o.class_keys().count(), 1, "a pass looks at it");
+        assert_eq!(capacity(&lists::classes(&mut o, &[class("7", 2)], t0)), [4]);
+        assert_eq!(capacity(&lists::classes(&mut o, &[class("9", 6)], t0)), [6]);
         assert!(o.is_empty(), "caught up: forgotten");
         // A class deleted after its status write is not brought back.
-        o.record_class(class("10", 4), t0);
-        assert!(o.classes(vec![], t0).is_empty());
+        o.record_class((*class("10", 4)).clone(), t0);
+        assert!(lists::classes(&mut o, &[], t0).is_empty());
         assert!(o.is_empty());
     }
 
     #[test]
     fn assumed_leases_replace_or_join_the_list_until_forgotten() {
-        let mut o = Overlay::default();
-        let mut leases = vec![
-            Arc::new(lease("a", "u", "1", "Admitted")),
-            Arc::new(lease("b", "v", "1", "Queued")),
-        ];
+        let t0 = Instant::now();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let cached = leases([
+            lease("a", "u", "1", "Admitted"),
+            lease("b", "v", "1", "Queued"),
+        ]);
         o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "u", "1", "Released"));
         o.assume_lease(ObjectKey::new("ns", "new"), lease("new", "", "", "Queued"));
-        o.lay_assumed(&mut leases);
         assert_eq!(
-            phases(&leases),
+            phases(&passes.pass(&mut o, &cached, &[], t0)),
             vec![
                 ("a".into(), "Some(Released)".into()),
                 ("b".into(), "Some(Queued)".into()),
@@ -557,115 +587,132 @@ mod tests {
         o.forget_assumed(&ObjectKey::new("ns", "a"));
         o.forget_assumed(&ObjectKey::new("ns", "new"));
         assert!(o.is_empty());
-        let mut cached = vec![Arc::new(lease("a", "u", "1", "Admitted"))];
-        o.lay_assumed(&mut cached);
-        assert_eq!(phases(&cached), vec![("a".into(), "Some(Admitted)".into())]);
+        assert_eq!(
+            phases(&passes.pass(&mut o, &cached[..1], &[], t0)),
+            vec![("a".into(), "Some(Admitted)".into())]
+        );
     }
 
     #[test]
     fn created_leases_appear_before_the_watch_shows_them_then_expire() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         o.record_lease(lease("new", "u", "5", "Queued"), true, t0);
-        assert_eq!(o.leases(vec![], t0).len(), 1);
+        assert_eq!(passes.pass(&mut o, &[], &[], t0).len(), 1);
         // A status write after the create keeps it a created lease.
         o.record_lease(lease("new", "u", "6", "Queued"), false, t0);
-        assert_eq!(o.leases(vec![], t0 + Duration::from_secs(1)).len(), 1);
-        assert!(o.leases(vec![], t0 + CREATED_TTL).is_empty());
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(passes.pass(&mut o, &[], &[], t1).len(), 1);
+        assert!(passes.pass(&mut o, &[], &[], t0 + CREATED_TTL).is_empty());
         assert!(o.is_empty());
     }
 
     #[test]
     fn a_written_lease_gone_from_the_cache_is_gone() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         o.record_lease(lease("a", "u", "11", "Released"), false, t0);
-        assert!(o.leases(vec![], t0).is_empty());
+        assert!(passes.pass(&mut o, &[], &[], t0).is_empty());
         assert!(o.is_empty());
     }
 
     #[test]
     fn replaced_objects_are_not_masked() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         o.record_lease(lease("a", "old", "50", "Admitted"), false, t0);
-        let merged = o.leases(vec![Arc::new(lease("a", "new", "3", "Queued"))], t0);
+        let merged = passes.pass(&mut o, &leases([lease("a", "new", "3", "Queued")]), &[], t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Queued)".into())]);
+        assert!(o.is_empty());
     }
 
     #[test]
     fn deleted_leases_are_hidden_until_the_cache_drops_them() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
         o.record_lease_deleted(ObjectKey::new("ns", "a"), "u".into(), t0);
-        let cached = vec![
-            Arc::new(lease("a", "u", "1", "Queued")),
-            Arc::new(lease("b", "v", "1", "Queued")),
-        ];
-        assert_eq!(phases(&o.leases(cached, t0)).len(), 1);
+        let cached = leases([
+            lease("a", "u", "1", "Queued"),
+            lease("b", "v", "1", "Queued"),
+        ]);
+        // Its pod is still cached, yet a deleted lease is not held.
+        assert_eq!(phases(&passes.pass(&mut o, &cached, &["p"], t0)).len(), 1);
+        assert_eq!(
+            phases(&passes.pass(&mut o, &cached[1..], &["p"], t0)).len(),
+            1
+        );
+        assert!(o.is_empty());
         // A new lease of the same name (another uid) is shown.
-        let renewed = vec![Arc::new(lease("a", "u2", "9", "Queued"))];
-        assert_eq!(o.leases(renewed, t0).len(), 1);
+        o.record_lease_deleted(ObjectKey::new("ns", "a"), "u".into(), t0);
+        let renewed = leases([lease("a", "u2", "9", "Queued")]);
+        assert_eq!(passes.pass(&mut o, &renewed, &[], t0).len(), 1);
+        assert!(o.is_empty());
+        // Hidden no longer than the tombstone lasts.
+        o.record_lease_deleted(ObjectKey::new("ns", "a"), "u2".into(), t0);
+        assert!(passes.pass(&mut o, &renewed, &[], t0).is_empty());
+        assert_eq!(
+            passes.pass(&mut o, &renewed, &[], t0 + TOMBSTONE_TTL).len(),
+            1
+        );
         assert!(o.is_empty());
     }
 
     #[test]
     fn a_lease_gone_before_its_pod_is_held_until_the_pod_goes() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
-        let pods = pod_uids(["p"]);
-        let mut leases = vec![Arc::new(lease("a", "u", "1", "Preempting"))];
-        o.hold_vanished(&mut leases, || pods.clone(), t0);
-        assert_eq!(leases.len(), 1);
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let a = leases([lease("a", "u", "1", "Preempting")]);
+        assert_eq!(passes.pass(&mut o, &a, &["p"], t0).len(), 1);
         // The lease watch drops it; the pod (uid "p") is still cached.
-        let mut leases = vec![];
-        o.hold_vanished(&mut leases, || pods.clone(), t0);
-        assert_eq!(
-            phases(&leases),
-            vec![("a".into(), "Some(Preempting)".into())]
-        );
+        let held = passes.pass(&mut o, &[], &["p"], t0);
+        assert_eq!(phases(&held), vec![("a".into(), "Some(Preempting)".into())]);
+        assert!(!o.is_missing(&ObjectKey::new("ns", "a"), t0));
+        assert!(o.is_missing(&ObjectKey::new("ns", "a"), t0 + RECREATE_AFTER));
+        assert_eq!(o.next_recreation(t0), Some(t0 + RECREATE_AFTER));
         // The pod leaves the cache: so does the held lease.
-        let mut leases = vec![];
-        o.hold_vanished(&mut leases, HashSet::default, t0);
-        assert!(leases.is_empty());
+        assert!(passes.pass(&mut o, &[], &[], t0).is_empty());
         assert!(o.is_empty());
         // Held at most VANISHED_TTL when the pod stays.
-        let mut leases = vec![Arc::new(lease("b", "v", "1", "Bound"))];
-        o.hold_vanished(&mut leases, || pods.clone(), t0);
-        let mut leases = vec![];
-        o.hold_vanished(&mut leases, || pods.clone(), t0);
-        assert_eq!(leases.len(), 1);
-        let mut leases = vec![];
-        o.hold_vanished(&mut leases, || pods.clone(), t0 + VANISHED_TTL);
-        assert!(leases.is_empty());
+        let b = leases([lease("b", "v", "1", "Bound")]);
+        passes.pass(&mut o, &b, &["p"], t0);
+        assert_eq!(passes.pass(&mut o, &[], &["p"], t0).len(), 1);
+        assert!(
+            passes
+                .pass(&mut o, &[], &["p"], t0 + VANISHED_TTL)
+                .is_empty()
+        );
+        assert!(o.is_empty());
     }
 
     #[test]
     fn an_unchanged_or_replaced_lease_is_never_held() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
-        let first = Arc::new(lease("a", "u", "1", "Queued"));
-        let mut leases = vec![first.clone()];
-        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
-        // The same object again: no set of pods is built for it.
-        let mut leases = vec![first];
-        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
-        // The watch replaced it with a newer version: still one lease, and
-        // still no set of pods.
-        let mut leases = vec![Arc::new(lease("a", "u", "2", "Admitted"))];
-        o.hold_vanished(&mut leases, || panic!("a newer version"), t0);
-        assert_eq!(phases(&leases), vec![("a".into(), "Some(Admitted)".into())]);
+        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let first = leases([lease("a", "u", "1", "Queued")]);
+        passes.pass(&mut o, &first, &["p"], t0);
+        passes.pass(&mut o, &first, &["p"], t0);
+        // The watch replaced it with a newer version: still one lease.
+        let newer = leases([lease("a", "u", "2", "Admitted")]);
+        let seen = passes.pass(&mut o, &newer, &["p"], t0);
+        assert_eq!(phases(&seen), vec![("a".into(), "Some(Admitted)".into())]);
         assert!(o.is_empty(), "nothing held");
 
         // It vanishes while its pod stays: held, beside another lease's
         // newer version.
-        let b1 = Arc::new(lease("b", "v", "3", "Queued"));
-        let mut leases = vec![leases[0].clone(), b1];
-        o.hold_vanished(&mut leases, || panic!("nothing vanished"), t0);
-        let mut leases = vec![Arc::new(lease("b", "v", "4", "Admitted"))];
-        o.hold_vanished(&mut leases, || pod_uids(["p"]), t0);
+        passes.pass(
+            &mut o,
+            &[newer[0].clone(), Arc::new(lease("b", "v", "3", "Queued"))],
+            &["p"],
+            t0,
+        );
+        let seen = passes.pass(
+            &mut o,
+            &leases([lease("b", "v", "4", "Admitted")]),
+            &["p"],
+            t0,
+        );
         assert_eq!(
-            phases(&leases),
+            phases(&seen),
             vec![
                 ("a".into(), "Some(Admitted)".into()),
                 ("b".into(), "Some(Admitted)".into())
@@ -673,11 +720,12 @@ mod tests {
         );
         assert_eq!(o.len(), 1, "a is held");
         // The watch shows it again (a newer version): no longer held.
-        let b = leases[0].clone();
-        let mut leases = vec![b, Arc::new(lease("a", "u", "5", "Bound"))];
-        o.hold_vanished(&mut leases, || pod_uids(["p"]), t0);
+        let back = leases([
+            lease("a", "u", "5", "Bound"),
+            lease("b", "v", "4", "Admitted"),
+        ]);
         assert_eq!(
-            phases(&leases),
+            phases(&passes.pass(&mut o, &back, &["p"], t0)),
             vec![
                 ("a".into(), "Some(Bound)".into()),
                 ("b".into(), "Some(Admitted)".into())
@@ -686,25 +734,26 @@ mod tests {
         assert!(o.is_empty(), "nothing held");
     }
 
+    fn pod(rv: &str, gated: bool, deleting: bool) -> Arc<CachedPod> {
+        let mut v = json!({
+            "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": rv},
+            "spec": {"containers": []}
+        });
+        if gated {
+            v["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+        }
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(v).expect("pod"))
+    }
+
     #[test]
     fn admitted_pods_and_evictions() {
         let t0 = Instant::now();
-        let pod = |rv: &str, gated: bool, deleting: bool| -> CachedPod {
-            let mut v = json!({
-                "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": rv},
-                "spec": {"containers": []}
-            });
-            if gated {
-                v["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
-            }
-            if deleting {
-                v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-            }
-            serde_json::from_value(v).expect("pod")
-        };
         let mut o = Overlay::default();
-        o.record_pod(pod("8", false, false), t0);
-        let merged = o.pods(vec![Arc::new(pod("7", true, false))], t0);
+        o.record_pod((*pod("8", false, false)).clone(), t0);
+        let merged = lists::pods(&mut o, &[pod("7", true, false)], t0);
         assert!(
             merged[0]
                 .spec
@@ -713,15 +762,25 @@ mod tests {
                 .is_none(),
             "the admitted version is used"
         );
-        o.pods(vec![Arc::new(pod("8", false, false))], t0);
+        lists::pods(&mut o, &[pod("8", false, false)], t0);
         assert!(o.is_empty());
 
         let key = ObjectKey::new("ns", "p");
         o.record_evicted(key.clone(), "u".into(), t0);
-        o.pods(vec![Arc::new(pod("9", false, false))], t0);
+        assert_eq!(o.pod_keys().count(), 1, "a pass looks at it");
+        lists::pods(&mut o, &[pod("9", false, false)], t0);
         assert!(o.is_evicted(&key));
-        o.pods(vec![Arc::new(pod("10", false, true))], t0);
+        lists::pods(&mut o, &[pod("10", false, true)], t0);
         assert!(!o.is_evicted(&key), "the cache shows it terminating");
+
+        // Gone from the cache, or unconfirmed for too long: forgotten.
+        o.record_evicted(key.clone(), "u".into(), t0);
+        lists::pods(&mut o, &[], t0);
+        assert!(!o.is_evicted(&key));
+        o.record_evicted(key.clone(), "u".into(), t0);
+        lists::pods(&mut o, &[pod("11", false, false)], t0 + TOMBSTONE_TTL);
+        assert!(!o.is_evicted(&key));
+        assert!(o.is_empty());
     }
 
     #[test]
@@ -744,7 +803,7 @@ mod tests {
         .expect("cached pod");
         let mut o = Overlay::default();
         o.record_pod(written, Instant::now());
-        let merged = o.pods(vec![Arc::new(cached)], Instant::now());
+        let merged = lists::pods(&mut o, &[Arc::new(cached)], Instant::now());
         assert_eq!(merged.len(), 1);
         let kept = &merged[0];
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("8"));

@@ -1,0 +1,161 @@
+//! Which objects a watch changed since the decision loop last looked.
+//!
+//! A pass brings the engine up to date by looking only at the keys a watch
+//! event touched (and at the keys of the controller's own writes, see
+//! [`super::overlay`]), so its cost follows what changed, not how many pods
+//! and leases the caches hold. A watch that lists again (a restart, or a
+//! resourceVersion too old) may have missed deletions, so it asks for one
+//! full look instead.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kube::Resource;
+use kube::runtime::watcher;
+
+use super::key_hash::{HashSet, parts_of};
+use crate::engine::ObjectKey;
+
+/// What changed in one watch cache since [`ChangeLog::take`] last ran.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// Anything may have changed: look at every object.
+    Everything,
+    /// Only these keys changed (added, replaced or deleted).
+    Keys(HashSet<ObjectKey>),
+}
+
+#[derive(Debug)]
+struct Pending {
+    keys: HashSet<ObjectKey>,
+    everything: bool,
+}
+
+/// The keys one watch changed, shared between the watch task (which
+/// records) and the decision loop (which takes). Cheap to clone.
+///
+/// Guarantee: every object the cache changed after the last
+/// [`ChangeLog::take`] is named by the next one (or that one says
+/// [`Changes::Everything`]); the first take says `Everything`. A key is
+/// held once however often it changes, so the log never holds more keys
+/// than the cache holds objects plus those deleted since the last take.
+#[derive(Debug, Clone)]
+pub struct ChangeLog(Arc<Mutex<Pending>>);
+
+impl Default for ChangeLog {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(Pending {
+            keys: HashSet::default(),
+            everything: true,
+        })))
+    }
+}
+
+impl ChangeLog {
+    /// Records one watch event, after the cache has applied it.
+    pub fn record<K: Resource>(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
+                if let Some((namespace, name)) = parts_of(obj) {
+                    self.lock().keys.insert(ObjectKey::new(namespace, name));
+                }
+            }
+            // A re-list replaces the cache's contents when it completes;
+            // what it dropped was never announced one by one.
+            watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {
+                self.everything();
+            }
+        }
+    }
+
+    /// Asks the next [`ChangeLog::take`] for a full look.
+    pub fn everything(&self) {
+        let mut pending = self.lock();
+        pending.everything = true;
+        pending.keys = HashSet::default();
+    }
+
+    /// What changed since the last take; the log starts empty again.
+    pub fn take(&self) -> Changes {
+        let mut pending = self.lock();
+        if std::mem::take(&mut pending.everything) {
+            pending.keys = HashSet::default();
+            return Changes::Everything;
+        }
+        Changes::Keys(std::mem::take(&mut pending.keys))
+    }
+
+    /// A holder that panicked left a whole set behind (each change is one
+    /// insert), so a poisoned lock is used on.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn obj(name: Option<&str>) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: name.map(str::to_owned),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn keys(names: &[&str]) -> Changes {
+        Changes::Keys(names.iter().map(|n| ObjectKey::new("ns", *n)).collect())
+    }
+
+    #[test]
+    fn the_first_take_is_everything_then_only_changed_keys() {
+        let log = ChangeLog::default();
+        log.record(&watcher::Event::Apply(obj(Some("a"))));
+        assert_eq!(log.take(), Changes::Everything);
+        assert_eq!(log.take(), keys(&[]));
+
+        log.record(&watcher::Event::Apply(obj(Some("a"))));
+        log.record(&watcher::Event::Apply(obj(Some("a"))));
+        log.record(&watcher::Event::Delete(obj(Some("b"))));
+        log.record(&watcher::Event::Apply(obj(None)));
+        assert_eq!(
+            log.take(),
+            keys(&["a", "b"]),
+            "each key once; nameless skipped"
+        );
+        assert_eq!(log.take(), keys(&[]));
+    }
+
+    #[test]
+    fn a_relist_asks_for_everything() {
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(obj(Some("a"))),
+            watcher::Event::InitDone,
+        ] {
+            let log = ChangeLog::default();
+            assert_eq!(log.take(), Changes::Everything);
+            log.record(&watcher::Event::Apply(obj(Some("b"))));
+            log.record(&event);
+            assert_eq!(log.take(), Changes::Everything, "after {event:?}");
+            assert_eq!(log.take(), keys(&[]));
+        }
+    }
+
+    #[test]
+    fn clones_share_one_log() {
+        let log = ChangeLog::default();
+        let watch_side = log.clone();
+        log.take();
+        watch_side.record(&watcher::Event::Apply(obj(Some("a"))));
+        assert_eq!(log.take(), keys(&["a"]));
+        watch_side.everything();
+        assert_eq!(log.take(), Changes::Everything);
+    }
+}
