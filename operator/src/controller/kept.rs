@@ -492,6 +492,31 @@ mod tests {
     }
 
     #[test]
+    fn what_the_cache_showed_is_kept_even_when_nothing_is_translated() {
+        let mut fed: Fed<Obj> = Fed::default();
+        let key = ObjectKey::new("ns", "a");
+        let (laid, shown, newer) = (Arc::new(1), Arc::new(2), Arc::new(3));
+        let mut feed_shown = |shown: &Arc<Obj>| {
+            let translated = Cell::new(false);
+            fed.feed(
+                &key,
+                Some((laid.clone(), false)),
+                Some(shown.clone()),
+                |v| {
+                    translated.set(true);
+                    Some(*v)
+                },
+                |_| {},
+            );
+            translated.get()
+        };
+        assert!(feed_shown(&shown));
+        // An assumed write still laid over a lease the watch replaced.
+        assert!(!feed_shown(&newer), "the laid object is the same");
+        assert!(Arc::ptr_eq(fed.shown(&key).expect("shown"), &newer));
+    }
+
+    #[test]
     fn an_object_that_no_longer_translates_leaves_the_engine() {
         let (mut fed, mut kept) = (Fed::default(), BTreeMap::new());
         feed(&mut fed, &mut kept, "a", Some((&Arc::new(1), false)));
@@ -944,8 +969,87 @@ mod tests {
                     let b = described(&full.sync(&everything, &mut full_overlay, &[], now, at));
                     prop_assert_eq!(a, b, "pass after step {}", n);
                     prop_assert_eq!(fed_overlay.len(), full_overlay.len());
+                    fed_as_laid(&fed, &cluster.caches, &mut fed_overlay, at)
+                        .map_err(|e| TestCaseError::fail(format!("after step {n}: {e}")))?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// What `kept` was fed is, key by key, what the cache and the overlay
+    /// show now (asked again at the same instant, which changes nothing:
+    /// a pass already applied the overlay's time limits): every cached,
+    /// overlaid or fed key, not only those a pass looked at.
+    fn fed_as_laid(
+        kept: &Kept,
+        caches: &Caches,
+        overlay: &mut Overlay,
+        at: Instant,
+    ) -> Result<(), String> {
+        fn all_keys<K: Resource>(
+            store: &[Arc<K>],
+            fed: &Fed<K>,
+            more: Vec<ObjectKey>,
+        ) -> Vec<ObjectKey> {
+            let mut keys: Vec<ObjectKey> = store
+                .iter()
+                .filter_map(|o| parts_of(o.as_ref()).map(|(ns, n)| ObjectKey::new(ns, n)))
+                .chain(fed.by_key.keys().cloned())
+                .chain(more)
+                .collect();
+            keys.sort();
+            keys.dedup();
+            keys
+        }
+        fn check<K>(
+            fed: &Fed<K>,
+            key: &ObjectKey,
+            view: Option<(Arc<K>, bool)>,
+        ) -> Result<(), String> {
+            match (fed.by_key.get(key), view) {
+                (None, None) => Ok(()),
+                (Some(f), Some((obj, flag))) if Arc::ptr_eq(&f.obj, &obj) && f.flag == flag => {
+                    Ok(())
+                }
+                (f, v) => Err(format!(
+                    "{key:?}: fed {:?}, laid {:?}",
+                    f.map(|f| f.flag),
+                    v.map(|(_, flag)| flag)
+                )),
+            }
+        }
+        let pod_keys: Vec<ObjectKey> = overlay.pod_keys().cloned().collect();
+        for key in all_keys(&caches.pods.state(), &kept.pods, pod_keys) {
+            let view = overlay.lay_pod(&key, cached(&caches.pods, &key), at);
+            check(
+                &kept.pods,
+                &key,
+                view.map(|p| (p, overlay.is_evicted(&key))),
+            )?;
+        }
+        let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
+        for key in all_keys(&caches.leases.state(), &kept.leases, lease_keys) {
+            let pod_cached = |l: &GpuLease| {
+                cached(&caches.pods, &key)
+                    .is_some_and(|p| p.metadata.uid.as_deref() == Some(l.spec.pod_uid.as_str()))
+            };
+            let view = overlay.lay_lease(
+                &key,
+                cached(&caches.leases, &key),
+                kept.leases.shown(&key),
+                pod_cached,
+                at,
+            );
+            let missing = overlay.is_missing(&key, at);
+            check(&kept.leases, &key, view.laid.map(|l| (l, missing)))?;
+        }
+        for key in all_keys(&caches.nodes.state(), &kept.nodes, Vec::new()) {
+            check(
+                &kept.nodes,
+                &key,
+                cached(&caches.nodes, &key).map(|n| (n, false)),
+            )?;
         }
         Ok(())
     }
