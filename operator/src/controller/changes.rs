@@ -15,6 +15,13 @@ use kube::runtime::watcher;
 use super::key_hash::{HashSet, parts_of};
 use crate::engine::ObjectKey;
 
+/// Keys a log holds before it gives up naming them and asks for a full
+/// look instead. A replica that does not lead never takes from its logs,
+/// and every pod deleted while it follows would otherwise stay named; past
+/// this many changes, a full look (a few milliseconds at 16,000 objects)
+/// is no dearer than looking at each.
+pub const MAX_KEYS: usize = 16_384;
+
 /// What changed in one watch cache since [`ChangeLog::take`] last ran.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Changes {
@@ -36,8 +43,8 @@ struct Pending {
 /// Guarantee: every object the cache changed after the last
 /// [`ChangeLog::take`] is named by the next one (or that one says
 /// [`Changes::Everything`]); the first take says `Everything`. A key is
-/// held once however often it changes, so the log never holds more keys
-/// than the cache holds objects plus those deleted since the last take.
+/// held once however often it changes, and never more than [`MAX_KEYS`]
+/// keys are held.
 #[derive(Debug, Clone)]
 pub struct ChangeLog(Arc<Mutex<Pending>>);
 
@@ -55,9 +62,20 @@ impl ChangeLog {
     pub fn record<K: Resource>(&self, event: &watcher::Event<K>) {
         match event {
             watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
-                if let Some((namespace, name)) = parts_of(obj) {
-                    self.lock().keys.insert(ObjectKey::new(namespace, name));
+                let Some((namespace, name)) = parts_of(obj) else {
+                    return;
+                };
+                let mut pending = self.lock();
+                if pending.everything {
+                    return;
                 }
+                let key = ObjectKey::new(namespace, name);
+                if pending.keys.len() >= MAX_KEYS && !pending.keys.contains(&key) {
+                    pending.everything = true;
+                    pending.keys = HashSet::default();
+                    return;
+                }
+                pending.keys.insert(key);
             }
             // A re-list replaces the cache's contents when it completes;
             // what it dropped was never announced one by one.
@@ -146,6 +164,26 @@ mod tests {
             assert_eq!(log.take(), Changes::Everything, "after {event:?}");
             assert_eq!(log.take(), keys(&[]));
         }
+    }
+
+    #[test]
+    fn a_log_nobody_takes_from_stays_bounded() {
+        let log = ChangeLog::default();
+        log.take();
+        for i in 0..MAX_KEYS {
+            log.record(&watcher::Event::Delete(obj(Some(&format!("p{i}")))));
+        }
+        log.record(&watcher::Event::Apply(obj(Some("p0"))));
+        assert_eq!(log.lock().keys.len(), MAX_KEYS, "a known key adds nothing");
+        log.record(&watcher::Event::Delete(obj(Some("one-more"))));
+        assert!(log.lock().keys.is_empty(), "the keys are let go");
+        log.record(&watcher::Event::Apply(obj(Some("after"))));
+        assert!(
+            log.lock().keys.is_empty(),
+            "a full look is due: nothing named"
+        );
+        assert_eq!(log.take(), Changes::Everything);
+        assert_eq!(log.take(), keys(&[]));
     }
 
     #[test]
