@@ -13,7 +13,7 @@ use kube::Resource;
 use kube::runtime::watcher;
 
 use super::key_hash::{HashSet, parts_of};
-use crate::engine::ObjectKey;
+use crate::engine::{KeyParts, ObjectKey};
 
 /// Keys a log holds before it gives up naming them and asks for a full
 /// look instead. A replica that does not lead never takes from its logs,
@@ -69,13 +69,16 @@ impl ChangeLog {
                 if pending.everything {
                     return;
                 }
-                let key = ObjectKey::new(namespace, name);
-                if pending.keys.len() >= MAX_KEYS && !pending.keys.contains(&key) {
+                // An object changed again before the pass looked: no new key.
+                if pending.keys.contains(&(namespace, name) as &dyn KeyParts) {
+                    return;
+                }
+                if pending.keys.len() >= MAX_KEYS {
                     pending.everything = true;
                     pending.keys = HashSet::default();
                     return;
                 }
-                pending.keys.insert(key);
+                pending.keys.insert(ObjectKey::new(namespace, name));
             }
             // A re-list replaces the cache's contents when it completes;
             // what it dropped was never announced one by one.
