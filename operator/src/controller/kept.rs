@@ -36,8 +36,6 @@ struct FedObject<K> {
     obj: Arc<K>,
     /// The pass-dependent bit it was translated with (evicted, missing).
     flag: bool,
-    /// Whether it translated: the engine keeps an entry for the key.
-    kept: bool,
     /// Leases only: the lease as the cache showed it, under a held or
     /// assumed one (see [`Overlay::lay_lease`]).
     shown: Option<Arc<K>>,
@@ -51,7 +49,10 @@ pub enum Change<V> {
     Remove,
 }
 
-/// The objects of one kind the engine was last fed, by key.
+/// The objects of one kind the engine keeps an entry for, by key. An
+/// object that does not translate (a pod that asks for no class's
+/// resource, say) is not remembered: a cluster's other pods cost nothing
+/// here, and a pass looks at such a key again only when it changes.
 pub struct Fed<K> {
     by_key: HashMap<ObjectKey, FedObject<K>>,
 }
@@ -83,7 +84,7 @@ impl<K> Fed<K> {
         mut apply: impl FnMut(Change<V>),
     ) {
         let Some((obj, flag)) = view else {
-            if self.by_key.remove(key).is_some_and(|old| old.kept) {
+            if self.by_key.remove(key).is_some() {
                 apply(Change::Remove);
             }
             return;
@@ -95,32 +96,23 @@ impl<K> Fed<K> {
             old.shown = shown;
             return;
         }
-        let kept = match translate(&obj) {
+        match translate(&obj) {
             Some(value) => {
                 apply(Change::Upsert(value, flag));
-                true
+                self.by_key
+                    .insert(key.clone(), FedObject { obj, flag, shown });
             }
             None => {
-                if self.by_key.get(key).is_some_and(|old| old.kept) {
+                if self.by_key.remove(key).is_some() {
                     apply(Change::Remove);
                 }
-                false
             }
-        };
-        self.by_key.insert(
-            key.clone(),
-            FedObject {
-                obj,
-                flag,
-                kept,
-                shown,
-            },
-        );
+        }
     }
 
     /// The object the engine's entry for `key` was translated from.
     pub fn get(&self, key: &ObjectKey) -> Option<&Arc<K>> {
-        self.by_key.get(key).filter(|f| f.kept).map(|f| &f.obj)
+        self.by_key.get(key).map(|f| &f.obj)
     }
 
     /// What the cache showed for `key` when it was last fed (leases).
@@ -130,17 +122,15 @@ impl<K> Fed<K> {
 
     /// Forgets everything, removing each kept entry through `remove`.
     fn clear(&mut self, mut remove: impl FnMut(&ObjectKey)) {
-        for (key, fed) in self.by_key.drain() {
-            if fed.kept {
-                remove(&key);
-            }
+        for key in self.by_key.drain().map(|(key, _)| key) {
+            remove(&key);
         }
     }
 
     /// Number of keys the engine keeps from this kind.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.by_key.values().filter(|f| f.kept).count()
+        self.by_key.len()
     }
 }
 
@@ -476,8 +466,8 @@ mod tests {
         assert_eq!(kept["a"], (1, true));
         assert!(feed(&mut fed, &mut kept, "n", Some((&none, false))));
         assert!(
-            !feed(&mut fed, &mut kept, "n", Some((&none, false))),
-            "remembered untranslated"
+            feed(&mut fed, &mut kept, "n", Some((&none, false))),
+            "not remembered: translated again when looked at again"
         );
         assert_eq!(fed.len(), 1);
         assert!(Arc::ptr_eq(
@@ -969,7 +959,7 @@ mod tests {
                     let b = described(&full.sync(&everything, &mut full_overlay, &[], now, at));
                     prop_assert_eq!(a, b, "pass after step {}", n);
                     prop_assert_eq!(fed_overlay.len(), full_overlay.len());
-                    fed_as_laid(&fed, &cluster.caches, &mut fed_overlay, at)
+                    fed_as_laid(&fed, &cluster.caches, &mut fed_overlay, now, at)
                         .map_err(|e| TestCaseError::fail(format!("after step {n}: {e}")))?;
                 }
             }
@@ -985,6 +975,7 @@ mod tests {
         kept: &Kept,
         caches: &Caches,
         overlay: &mut Overlay,
+        now: Timestamp,
         at: Instant,
     ) -> Result<(), String> {
         fn all_keys<K: Resource>(
@@ -1006,9 +997,11 @@ mod tests {
             fed: &Fed<K>,
             key: &ObjectKey,
             view: Option<(Arc<K>, bool)>,
+            translates: impl Fn(&K) -> bool,
         ) -> Result<(), String> {
             match (fed.by_key.get(key), view) {
                 (None, None) => Ok(()),
+                (None, Some((obj, _))) if !translates(&obj) => Ok(()),
                 (Some(f), Some((obj, flag))) if Arc::ptr_eq(&f.obj, &obj) && f.flag == flag => {
                     Ok(())
                 }
@@ -1026,6 +1019,7 @@ mod tests {
                 &kept.pods,
                 &key,
                 view.map(|p| (p, overlay.is_evicted(&key))),
+                |p| translate::pod_info(&p.to_pod(), &kept.resources, now).is_some(),
             )?;
         }
         let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
@@ -1042,13 +1036,16 @@ mod tests {
                 at,
             );
             let missing = overlay.is_missing(&key, at);
-            check(&kept.leases, &key, view.laid.map(|l| (l, missing)))?;
+            check(&kept.leases, &key, view.laid.map(|l| (l, missing)), |l| {
+                translate::lease_info(l).is_some()
+            })?;
         }
         for key in all_keys(&caches.nodes.state(), &kept.nodes, Vec::new()) {
             check(
                 &kept.nodes,
                 &key,
                 cached(&caches.nodes, &key).map(|n| (n, false)),
+                |n| translate::node_info(n, &kept.resources).is_some(),
             )?;
         }
         Ok(())
