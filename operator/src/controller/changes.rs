@@ -190,6 +190,25 @@ mod tests {
     }
 
     #[test]
+    fn a_log_whose_holder_panicked_is_used_on() {
+        let log = ChangeLog::default();
+        log.take();
+        log.record(&watcher::Event::Apply(obj(Some("a"))));
+        let poisoner = log.clone();
+        let panicked = std::thread::spawn(move || {
+            let _held = poisoner.lock();
+            panic!("a holder dies with the lock");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert!(log.0.is_poisoned());
+        log.record(&watcher::Event::Apply(obj(Some("b"))));
+        assert_eq!(log.take(), keys(&["a", "b"]), "nothing recorded was lost");
+        log.everything();
+        assert_eq!(log.take(), Changes::Everything);
+    }
+
+    #[test]
     fn clones_share_one_log() {
         let log = ChangeLog::default();
         let watch_side = log.clone();

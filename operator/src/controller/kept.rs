@@ -120,7 +120,7 @@ impl<K> Fed<K> {
         self.by_key.get(key)?.shown.as_ref()
     }
 
-    /// Forgets everything, removing each kept entry through `remove`.
+    /// Forgets everything, removing each entry from the engine through `remove`.
     fn clear(&mut self, mut remove: impl FnMut(&ObjectKey)) {
         for key in self.by_key.drain().map(|(key, _)| key) {
             remove(&key);
