@@ -123,6 +123,11 @@ fn main() {
     for (name, rss, anon) in rss_by_mapping(plugin.pid()).iter().take(8) {
         println!("  {rss:>7} {anon:>7}  {name}");
     }
+    // What the plugin said while it found the GPUs and registered.
+    println!("plugin log until then:");
+    for line in plugin.logs().lines().take(40) {
+        println!("  {line}");
+    }
 
     // The client drives its connection on the calling thread, so a call's
     // latency is the plugin's answer plus the socket round trip, not thread
