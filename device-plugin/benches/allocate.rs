@@ -11,6 +11,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/smaps.rs"]
+mod smaps;
 
 use std::time::{Duration, Instant};
 
@@ -40,41 +42,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 
 fn vm_rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmRSS")
-}
-
-/// Resident KiB (total, anonymous) per mapping name from `/proc/<pid>/smaps`,
-/// largest first: a file's path, `[heap]`, `[stack]`, or `[anonymous]`.
-fn rss_by_mapping(pid: u32) -> Vec<(String, u64, u64)> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("proc smaps");
-    let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-    let mut current = String::new();
-    let kib = |line: &str| -> u64 {
-        line.split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            // A mapping header: address perms offset dev inode [name].
-            current = line
-                .split_whitespace()
-                .nth(5)
-                .unwrap_or("[anonymous]")
-                .to_owned();
-        } else if first == "Rss:" {
-            totals.entry(current.clone()).or_default().0 += kib(line);
-        } else if first == "Anonymous:" {
-            totals.entry(current.clone()).or_default().1 += kib(line);
-        }
-    }
-    let mut list: Vec<(String, u64, u64)> = totals
-        .into_iter()
-        .map(|(name, (rss, anon))| (name, rss, anon))
-        .collect();
-    list.sort_by_key(|entry| std::cmp::Reverse(entry.1));
-    list
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -120,7 +87,8 @@ fn main() {
         status_kib(plugin.pid(), "RssFile"),
     );
     println!("largest mappings (RSS KiB, of which anonymous):");
-    for (name, rss, anon) in rss_by_mapping(plugin.pid()).iter().take(8) {
+    let mappings = smaps::mappings(&plugin.pid().to_string());
+    for (name, rss, anon) in smaps::rss_by_name(&mappings).iter().take(8) {
         println!("  {rss:>7} {anon:>7}  {name}");
     }
     // What the plugin said while it found the GPUs and registered.

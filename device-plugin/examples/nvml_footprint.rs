@@ -18,68 +18,17 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeMap;
+
+#[path = "../tests/common/smaps.rs"]
+mod smaps;
+
+use smaps::Mapping;
 use std::process::ExitCode;
 
 use gpupool_device_plugin::discovery::Discovery;
 use gpupool_device_plugin::discovery::nvml::{LiveNvml, NvmlDiscovery};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
-
-/// One mapping of `/proc/self/smaps` (keyed by its start address): name, size and
-/// resident KiB (of which anonymous).
-#[derive(Debug, Clone)]
-struct Mapping {
-    name: String,
-    size_kib: u64,
-    rss_kib: u64,
-    anon_kib: u64,
-}
-
-fn mappings() -> BTreeMap<String, Mapping> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-    let mut out = BTreeMap::new();
-    let mut current: Option<(String, Mapping)> = None;
-    let kib = |line: &str| -> u64 {
-        line.split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            if let Some((start, mapping)) = current.take() {
-                out.insert(start, mapping);
-            }
-            let start = first.split('-').next().unwrap_or(first).to_owned();
-            let name = line
-                .split_whitespace()
-                .nth(5)
-                .unwrap_or("[anonymous]")
-                .to_owned();
-            current = Some((
-                start,
-                Mapping {
-                    name,
-                    size_kib: 0,
-                    rss_kib: 0,
-                    anon_kib: 0,
-                },
-            ));
-        } else if let Some((_, mapping)) = current.as_mut() {
-            match first {
-                "Size:" => mapping.size_kib = kib(line),
-                "Rss:" => mapping.rss_kib = kib(line),
-                "Anonymous:" => mapping.anon_kib = kib(line),
-                _ => {}
-            }
-        }
-    }
-    if let Some((start, mapping)) = current {
-        out.insert(start, mapping);
-    }
-    out
-}
 
 fn status(field: &str) -> String {
     std::fs::read_to_string("/proc/self/status")
@@ -103,39 +52,38 @@ fn stage(name: &str) {
 /// Mappings that are new since `before`, or grew, summed by name (largest
 /// first); a new unnamed mapping is listed with its size, so a malloc arena
 /// (64 MiB reserved) tells itself apart from a buffer.
-fn report_growth(before: &BTreeMap<String, Mapping>) {
-    let after = mappings();
-    let mut by_name: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-    let mut anonymous = Vec::new();
-    for (start, mapping) in &after {
-        let old = before.get(start);
-        let rss = mapping.rss_kib - old.map_or(0, |m| m.rss_kib.min(mapping.rss_kib));
-        let anon = mapping.anon_kib - old.map_or(0, |m| m.anon_kib.min(mapping.anon_kib));
-        if rss == 0 {
+fn report_growth(before: &[Mapping]) {
+    let before: BTreeMap<&str, &Mapping> = before.iter().map(|m| (m.start.as_str(), m)).collect();
+    let mut grown = Vec::new();
+    let mut new_unnamed = Vec::new();
+    for mapping in smaps::mappings("self") {
+        let old = before.get(mapping.start.as_str());
+        let mut growth = Mapping {
+            rss_kib: mapping.rss_kib - old.map_or(0, |m| m.rss_kib.min(mapping.rss_kib)),
+            anon_kib: mapping.anon_kib - old.map_or(0, |m| m.anon_kib.min(mapping.anon_kib)),
+            ..mapping
+        };
+        if growth.rss_kib == 0 {
             continue;
         }
-        if mapping.name == "[anonymous]" && old.is_none() {
-            anonymous.push((start.clone(), mapping.clone()));
+        if old.is_none() {
+            if growth.name == "[anonymous]" {
+                new_unnamed.push(growth.clone());
+            }
+            growth.name = format!("(new) {}", growth.name);
         }
-        let entry = by_name.entry(mapping.name.clone()).or_default();
-        entry.0 += rss;
-        entry.1 += anon;
-        entry.2 += u64::from(old.is_none());
+        grown.push(growth);
     }
-    let mut rows: Vec<_> = by_name.into_iter().collect();
-    rows.sort_by_key(|(_, (rss, _, _))| std::cmp::Reverse(*rss));
-    println!(
-        "resident growth since start, by mapping (KiB rss, of which anonymous; new mappings):"
-    );
-    for (name, (rss, anon, new)) in rows {
-        println!("  {rss:>7} {anon:>7}  {new:>3} new  {name}");
+    println!("resident growth since start, by mapping (KiB rss, of which anonymous):");
+    for (name, rss, anon) in smaps::rss_by_name(&grown) {
+        println!("  {rss:>7} {anon:>7}  {name}");
     }
-    anonymous.sort_by_key(|(_, m)| std::cmp::Reverse(m.rss_kib));
+    new_unnamed.sort_by_key(|m| std::cmp::Reverse(m.rss_kib));
     println!("new unnamed mappings (KiB size, rss):");
-    for (start, mapping) in anonymous.iter().take(12) {
+    for m in new_unnamed.iter().take(12) {
         println!(
-            "  {start}  size {:>8}  rss {:>7}",
-            mapping.size_kib, mapping.rss_kib
+            "  {}  size {:>8}  rss {:>7}",
+            m.start, m.size_kib, m.rss_kib
         );
     }
 }
@@ -143,7 +91,7 @@ fn report_growth(before: &BTreeMap<String, Mapping>) {
 fn main() -> ExitCode {
     let init_only = std::env::args().any(|a| a == "--init-only");
     let no_attach = std::env::args().any(|a| a == "--no-attach");
-    let before = mappings();
+    let before = smaps::mappings("self");
     stage("start");
     if init_only {
         let flags = if no_attach {
