@@ -14,6 +14,7 @@ pub mod fit;
 pub mod fixtures;
 mod message;
 pub mod model;
+mod parked;
 mod pass;
 mod preempt;
 mod queue;

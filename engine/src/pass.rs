@@ -17,6 +17,7 @@ use super::model::{
     ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
     StaleLease,
 };
+use super::parked::Parked;
 
 /// Who a preempted helper makes room for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,21 +123,77 @@ pub(crate) struct Pass<'a> {
     pub resources: Vec<&'a str>,
     pub nodes: Nodes<'a>,
     pub classes: Classes<'a>,
-    /// Tickets in key order.
+    /// Tickets of the visited entries in key order (the first `joined`),
+    /// then those of parked leases the queue step decided one by one.
     pub tickets: Vec<Ticket<'a>>,
+    /// How many tickets [`Pass::join`] built.
+    pub joined: usize,
     /// Per class (same order as `classes`): the leases left queued.
-    pub queues: Vec<ClassQueue>,
+    pub queues: Vec<Queued>,
+    /// Parked leases the queue step left queued without a ticket.
+    pub parked_out: Vec<ParkedOutcome<'a>>,
+    /// Parked leases the queue step counted rather than visited.
+    pub parked_skipped: Vec<SkippedRun>,
     /// Slots held back on nodes for primaries whose helpers are being
     /// evicted: primary ticket → (node, slots).
     pub reservations: BTreeMap<usize, Vec<(u32, u32)>>,
     pub plan: Plan,
 }
 
-/// Leases of one class left waiting after the queue step, by position.
+/// Leases of one class waiting for the queue step, in FIFO order.
 #[derive(Debug, Default)]
 pub(crate) struct ClassQueue {
     pub primaries: Vec<usize>,
     pub helpers: Vec<usize>,
+}
+
+/// One lease left queued: a ticket, or a parked lease's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiter {
+    Ticket(usize),
+    /// Index into [`Pass::parked_out`].
+    Parked(usize),
+    /// Index into [`Pass::parked_skipped`].
+    Skipped(usize),
+}
+
+/// The end of a FIFO's parked leases the queue step counted rather than
+/// visited (see `Pass::skip_parked`): all `Queued`, none of them among the
+/// statuses a progress limit lets through.
+#[derive(Debug)]
+pub(crate) struct SkippedRun {
+    pub class: usize,
+    pub role: Role,
+    pub count: u32,
+    /// How many of them could fit some day (the rest are too large).
+    pub waiting: u32,
+    /// The fewest slots any of those that wait asks for.
+    pub fewest_waiting_slots: Option<u32>,
+}
+
+/// Leases of one class left waiting after the queue step, by position.
+#[derive(Debug, Default)]
+pub(crate) struct Queued {
+    pub primaries: Vec<Waiter>,
+    pub helpers: Vec<Waiter>,
+}
+
+/// What the queue step decided for a parked lease it left queued without
+/// building its ticket: the phase stays `Queued`, so only the position and
+/// the message can differ from the persisted status.
+#[derive(Debug)]
+pub(crate) struct ParkedOutcome<'a> {
+    pub key: &'a ObjectKey,
+    pub entry: &'a crate::state::Entry,
+    /// Its class, by index.
+    pub class: usize,
+    pub role: Role,
+    pub position: u32,
+    pub message: Message<'a>,
+    /// Able to fit some day (see [`Ticket::waits`]).
+    pub waits: bool,
+    /// Its position or message differs from the persisted status.
+    pub moved: bool,
 }
 
 impl<'a> Pass<'a> {
@@ -148,6 +205,9 @@ impl<'a> Pass<'a> {
         Pass {
             now: view.now,
             tickets: Vec::with_capacity(view.entries.len() + 16),
+            joined: 0,
+            parked_out: Vec::new(),
+            parked_skipped: Vec::new(),
             view,
             resources,
             nodes,
@@ -168,6 +228,19 @@ impl<'a> Pass<'a> {
             self.visit(pod, lease, kept);
         }
         self.view.entries = entries;
+        self.joined = self.tickets.len();
+    }
+
+    /// Builds the ticket of a parked lease, as [`Pass::join`] would have,
+    /// and returns its index.
+    pub fn materialize(&mut self, entry: &'a crate::state::Entry) -> Option<usize> {
+        let before = self.tickets.len();
+        self.visit(
+            entry.pod.as_deref(),
+            entry.lease.as_deref(),
+            Some(&entry.facts),
+        );
+        (self.tickets.len() > before).then_some(before)
     }
 
     fn visit(
@@ -549,10 +622,10 @@ impl<'a> Pass<'a> {
         self.existing(lease, pod, resolved, &facts, false).class
     }
 
-    /// Index of the ticket for `ns/name`.
+    /// Index of the ticket for `ns/name` among those [`Pass::join`] built.
     pub fn find_ticket(&self, key: &str) -> Option<usize> {
         let (ns, name) = key.split_once('/')?;
-        self.tickets
+        self.tickets[..self.joined]
             .binary_search_by(|t| (&*t.key.namespace, &*t.key.name).cmp(&(ns, name)))
             .ok()
     }
@@ -590,8 +663,11 @@ pub(crate) struct View<'a> {
     /// Entries the kept state set apart as retired (see
     /// [`crate::Engine`]): no ticket is built for them.
     pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
-    /// The highest sequence a retired lease carries.
+    /// The highest sequence a retired or parked lease carries.
     pub retired_highest: Option<u64>,
+    /// The kept state's parked leases, when the pass walks them in their
+    /// FIFOs rather than as entries (see [`crate::parked`]).
+    pub parked: Option<&'a Parked>,
     pub blocked_evictions: &'a BTreeSet<ObjectKey>,
     pub progress_limit: Option<usize>,
 }
@@ -607,6 +683,7 @@ impl<'a> View<'a> {
             entries: Vec::new(),
             retired: None,
             retired_highest: None,
+            parked: None,
             blocked_evictions: &NO_EVICTIONS,
             progress_limit: None,
         }
@@ -625,6 +702,7 @@ impl<'a> View<'a> {
             entries: pair_by_key(&pods, &leases),
             retired: None,
             retired_highest: None,
+            parked: None,
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }

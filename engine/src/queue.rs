@@ -8,8 +8,105 @@ use gpupool_api::{LeasePhase, Ordering, Placement, Role};
 use super::capacity::Nodes;
 use super::fit;
 use super::message::Message;
-use super::model::{Admission, Plan};
-use super::pass::{ClassQueue, Pass, Ticket};
+use super::model::{Admission, ObjectKey, Plan};
+use super::parked::{Fifo, Lease, Tail};
+use super::pass::{ClassQueue, ParkedOutcome, Pass, Queued, SkippedRun, Ticket, Waiter};
+use super::status::QUEUE_HEAD;
+
+/// The next lease a FIFO decides on: a ticket, or a parked lease (its
+/// place in the FIFO and the lease).
+#[derive(Clone, Copy)]
+enum Next<'a> {
+    Ticket(usize),
+    Parked(&'a (u64, ObjectKey), &'a Lease),
+}
+
+/// A FIFO's tickets and parked leases, merged in (sequence, key) order.
+struct Merge<'a> {
+    /// The tickets with their (sequence, key), in that order.
+    tickets: Vec<(Option<u64>, &'a ObjectKey, usize)>,
+    next_ticket: usize,
+    fifo: Option<&'a Fifo>,
+    parked:
+        Option<std::iter::Peekable<std::collections::btree_map::Iter<'a, (u64, ObjectKey), Lease>>>,
+    /// The parked leases taken so far, by slots, and how many tolerate.
+    taken: BTreeMap<u32, usize>,
+    taken_count: usize,
+    taken_tolerating: usize,
+}
+
+/// The parked leases of a FIFO not taken yet, when no ticket comes
+/// between them.
+struct Rest {
+    count: usize,
+    /// How many ask for each number of slots, fewest first.
+    slots: Vec<(u32, usize)>,
+    tolerating: usize,
+}
+
+impl<'a> Merge<'a> {
+    fn new(tickets: Vec<(Option<u64>, &'a ObjectKey, usize)>, fifo: Option<&'a Fifo>) -> Self {
+        Self {
+            tickets,
+            next_ticket: 0,
+            fifo,
+            parked: fifo.map(|f| f.leases.iter().peekable()),
+            taken: BTreeMap::new(),
+            taken_count: 0,
+            taken_tolerating: 0,
+        }
+    }
+
+    /// The parked leases left, when every ticket left comes after all of
+    /// them.
+    fn rest(&self) -> Option<Rest> {
+        let fifo = self.fifo?;
+        if let Some(&(sequence, key, _)) = self.tickets.get(self.next_ticket) {
+            let (last, _) = fifo.leases.last_key_value()?;
+            if (Some(last.0), &last.1) > (sequence, key) {
+                return None;
+            }
+        }
+        let slots = fifo
+            .slots
+            .iter()
+            .map(|(&slots, &n)| (slots, n - self.taken.get(&slots).copied().unwrap_or(0)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        Some(Rest {
+            count: fifo.len() - self.taken_count,
+            slots,
+            tolerating: fifo.tolerating - self.taken_tolerating,
+        })
+    }
+
+    /// Passes over the parked leases left (see [`Merge::rest`]).
+    fn skip_rest(&mut self) {
+        self.parked = None;
+    }
+}
+
+impl<'a> Iterator for Merge<'a> {
+    type Item = Next<'a>;
+
+    fn next(&mut self) -> Option<Next<'a>> {
+        let ticket = self.tickets.get(self.next_ticket).copied();
+        let parked = self.parked.as_mut().and_then(|p| {
+            p.next_if(|(place, _)| {
+                ticket.is_none_or(|(sequence, key, _)| (Some(place.0), &place.1) < (sequence, key))
+            })
+        });
+        if let Some((place, lease)) = parked {
+            *self.taken.entry(lease.summary.slots).or_default() += 1;
+            self.taken_count += 1;
+            self.taken_tolerating += usize::from(lease.summary.tolerates);
+            return Some(Next::Parked(place, lease));
+        }
+        let (_, _, t) = ticket?;
+        self.next_ticket += 1;
+        Some(Next::Ticket(t))
+    }
+}
 
 /// The nodes a queued pod may go to.
 enum Eligible {
@@ -54,7 +151,7 @@ pub(crate) fn place(
     best.map(|(_, n)| n)
 }
 
-impl Pass<'_> {
+impl<'a> Pass<'a> {
     /// Decides every valid class over one shared capacity: first the
     /// primaries of every class (classes in name order), then the helpers of
     /// every class. A helper never takes a node that a waiting primary of any
@@ -79,23 +176,32 @@ impl Pass<'_> {
             q.helpers
                 .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
         }
+        let parked = self.view.parked;
+        let tails: Vec<Option<&'a Tail>> = self
+            .classes
+            .list
+            .iter()
+            .map(|c| parked.and_then(|p| p.tails.get(c.name())))
+            .collect();
         self.reserve_for_preemptions();
-        self.requeue_contested_redrives(&mut by_class);
-        self.requeue_redrives_behind_the_queue(&mut by_class);
+        self.requeue_contested_redrives(&mut by_class, &tails);
+        self.requeue_redrives_behind_the_queue(&mut by_class, &tails);
         let mut waiting = Vec::with_capacity(by_class.len());
         let mut primaries = Vec::with_capacity(by_class.len());
         for (c, q) in by_class.iter().enumerate() {
-            let (queued, w) = self.run_role(c, Role::Primary, &q.primaries, 0, &[]);
+            let order = self.merge(&q.primaries, tails[c].map(|t| &t.primaries));
+            let (queued, w) = self.run_role(c, Role::Primary, order, 0, &[]);
             primaries.push(queued);
             waiting.push(w);
         }
         let closed = self.nodes_closed_to_helpers(&primaries);
         self.queues = Vec::with_capacity(by_class.len());
         for (c, (q, primaries)) in by_class.into_iter().zip(primaries).enumerate() {
+            let order = self.merge(&q.helpers, tails[c].map(|t| &t.helpers));
             let helpers = self
-                .run_role(c, Role::Helper, &q.helpers, waiting[c], &closed[c])
+                .run_role(c, Role::Helper, order, waiting[c], &closed[c])
                 .0;
-            self.queues.push(ClassQueue { primaries, helpers });
+            self.queues.push(Queued { primaries, helpers });
         }
         // What is still held back for waiting primaries is not in use: the
         // class status reports it as free.
@@ -113,7 +219,7 @@ impl Pass<'_> {
     /// waiting primary of another class using the same resource could be
     /// placed. (A class's own waiting primaries hold back all of its helpers
     /// in `run_role`, unless `admitWhileQueued` allows them.)
-    fn nodes_closed_to_helpers(&self, primaries: &[Vec<usize>]) -> Vec<Vec<bool>> {
+    fn nodes_closed_to_helpers(&self, primaries: &[Vec<Waiter>]) -> Vec<Vec<bool>> {
         let n = self.nodes.list.len();
         let mut wanted: Vec<Option<Vec<bool>>> = vec![None; primaries.len()];
         for (c, queued) in primaries.iter().enumerate() {
@@ -122,7 +228,24 @@ impl Pass<'_> {
             // class's plain nodes: only the smallest request among them
             // matters (a node large enough for it is wanted).
             let mut plain_min: Option<u32> = None;
-            for &t in queued {
+            for &w in queued {
+                let t = match w {
+                    Waiter::Ticket(t) => t,
+                    Waiter::Parked(o) => {
+                        let o = &self.parked_out[o];
+                        let slots = o.entry.facts.class_slots;
+                        if o.waits {
+                            plain_min = Some(plain_min.map_or(slots, |m| m.min(slots)));
+                        }
+                        continue;
+                    }
+                    Waiter::Skipped(s) => {
+                        if let Some(slots) = self.parked_skipped[s].fewest_waiting_slots {
+                            plain_min = Some(plain_min.map_or(slots, |m| m.min(slots)));
+                        }
+                        continue;
+                    }
+                };
                 if !self.tickets[t].waits {
                     continue;
                 }
@@ -195,10 +318,10 @@ impl Pass<'_> {
         &mut self,
         c: usize,
         role: Role,
-        order: &[usize],
+        mut order: Merge<'a>,
         waiting_primaries: u32,
         closed: &[bool],
-    ) -> (Vec<usize>, u32) {
+    ) -> (Vec<Waiter>, u32) {
         let spec = &self.classes.list[c].info.spec;
         let strict = spec.admission.ordering == Ordering::StrictFIFO;
         let placement = spec.admission.placement;
@@ -207,26 +330,89 @@ impl Pass<'_> {
         let res = self.classes.list[c].res;
         let class_nodes = self.classes.list[c].nodes.len();
         let mut queued = Vec::new();
+        // Parked leases passed over in bulk, beyond the one entry of
+        // `queued` that stands for them: they are behind the others.
+        let mut skipped = 0u32;
         let mut waiting = 0u32;
         let mut blocked: Option<usize> = None;
         // Free slots of the class, recomputed only after an admission.
         let mut class_free: Option<u64> = None;
+        // Parked leases of this FIFO whose position or message moved.
+        let mut moved = 0usize;
+        let mut scratch = String::new();
         // Where in this FIFO the primaries that slots are held for stand:
-        // few, so found once per run rather than per ticket.
+        // few, so found once per run rather than per ticket. (Slots are
+        // held only while a pass visits every parked lease as a ticket.)
         let reserved_in_order: Vec<(usize, usize)> =
             if role == Role::Primary && !self.reservations.is_empty() {
                 order
+                    .tickets
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| self.reservations.contains_key(t))
-                    .map(|(pos, &t)| (t, pos))
+                    .filter(|(_, (_, _, t))| self.reservations.contains_key(t))
+                    .map(|(pos, &(_, _, t))| (t, pos))
                     .collect()
             } else {
                 Vec::new()
             };
-        for (at, &t) in order.iter().enumerate() {
+        let mut at = 0usize;
+        while let Some(next) = order.next() {
+            at += 1;
+            let at = at - 1;
+            let ahead = queued.len() as u32 + skipped;
+            let t = match next {
+                Next::Ticket(t) => t,
+                Next::Parked(place, lease) => {
+                    let head = blocked.filter(|_| strict);
+                    let outcome = self.decide_parked(
+                        (c, role),
+                        (place, lease),
+                        ahead,
+                        held_back.then_some(waiting_primaries),
+                        head,
+                        &mut class_free,
+                        &mut scratch,
+                    );
+                    match outcome {
+                        // Not closed ahead of it: decided as a ticket.
+                        None => match self.materialize(&lease.entry) {
+                            Some(t) => t,
+                            None => {
+                                debug_assert!(false, "a parked lease always has a ticket");
+                                continue;
+                            }
+                        },
+                        Some(outcome) => {
+                            waiting += u32::from(outcome.waits);
+                            moved += usize::from(outcome.moved);
+                            queued.push(Waiter::Parked(self.parked_out.len()));
+                            self.parked_out.push(outcome);
+                            // Under a progress limit, once more leases of
+                            // this FIFO moved than the limit lets through,
+                            // the ones behind them are neither written nor
+                            // needed to tell that the limit cut the
+                            // progress: what is left of the FIFO is counted,
+                            // not visited, when its outcome is the same for
+                            // every lease (the class status lists the head).
+                            let closed = held_back || head.is_some();
+                            let bulk = self.view.progress_limit.is_some_and(|l| moved > l)
+                                && ahead as usize + 1 >= QUEUE_HEAD
+                                && (closed || self.classes.list[c].plain_nodes.is_empty());
+                            if let Some(rest) = order.rest().filter(|_| bulk)
+                                && let Some(run) = self.skip_parked(c, role, &rest, closed)
+                            {
+                                skipped += run.count - 1;
+                                waiting += run.waiting;
+                                queued.push(Waiter::Skipped(self.parked_skipped.len()));
+                                self.parked_skipped.push(run);
+                                order.skip_rest();
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
             let slots = self.tickets[t].slots;
-            let ahead = queued.len() as u32;
             let eligible = self.eligible(c, t);
             let class = &self.classes.list[c];
             let (list, largest): (&[u32], u32) = match &eligible {
@@ -364,9 +550,161 @@ impl Pass<'_> {
             ticket.phase = LeasePhase::Queued;
             ticket.position = Some(ahead + 1);
             ticket.message = message;
-            queued.push(t);
+            queued.push(Waiter::Ticket(t));
         }
         (queued, waiting)
+    }
+
+    /// A FIFO's tickets (in (sequence, key) order) and its parked leases,
+    /// to be merged in that order.
+    fn merge(&self, tickets: &[usize], parked: Option<&'a Fifo>) -> Merge<'a> {
+        let tickets = tickets
+            .iter()
+            .map(|&t| (self.tickets[t].sequence, self.tickets[t].key, t))
+            .collect();
+        Merge::new(tickets, parked)
+    }
+
+    /// True when the parked lease's pod may use other nodes of class `c`
+    /// than the plain ones (see `ClassView::pod_has_own_nodes`): only a pod
+    /// with tolerations can, and only where the class has guarded nodes.
+    fn parked_has_own_nodes(&self, c: usize, lease: &Lease) -> bool {
+        let class = &self.classes.list[c];
+        if !lease.summary.tolerates || class.guarded_nodes.is_empty() {
+            return false;
+        }
+        lease
+            .entry
+            .pod
+            .as_deref()
+            .is_none_or(|pod| class.pod_has_own_nodes(pod, &self.nodes))
+    }
+
+    /// The outcome the queue step gives the parked lease at `place` when
+    /// it is the same whatever the lease: no node of the class is open to
+    /// plain pods or large enough, helpers are held back (the number of
+    /// waiting primaries), or `head` blocks the StrictFIFO. `None` when
+    /// the lease must be decided as a ticket.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_parked(
+        &self,
+        (c, role): (usize, Role),
+        (place, lease): (&'a (u64, ObjectKey), &'a Lease),
+        ahead: u32,
+        held_back: Option<u32>,
+        head: Option<usize>,
+        class_free: &mut Option<u64>,
+        scratch: &mut String,
+    ) -> Option<ParkedOutcome<'a>> {
+        if self.parked_has_own_nodes(c, lease) {
+            return None;
+        }
+        let class = &self.classes.list[c];
+        let slots = lease.summary.slots;
+        let class_nodes = class.nodes.len();
+        let (message, waits) = if class.nodes.is_empty() {
+            (Message::NoClassNode(c), false)
+        } else if class.plain_nodes.is_empty() {
+            (
+                Message::NoPodNode {
+                    class: c,
+                    class_nodes,
+                },
+                false,
+            )
+        } else if class.largest_plain < slots {
+            (
+                Message::TooLarge {
+                    slots,
+                    largest: class.largest_plain,
+                },
+                false,
+            )
+        } else if let Some(primaries) = held_back {
+            (
+                Message::PrimariesWaiting {
+                    primaries,
+                    class: c,
+                },
+                true,
+            )
+        } else if let Some(head) = head {
+            let free =
+                *class_free.get_or_insert_with(|| self.nodes.free_on(class.res, &class.nodes));
+            let message = Message::Behind {
+                role,
+                ahead,
+                head: self.tickets[head].key,
+                head_slots: self.tickets[head].slots,
+                free,
+                nodes: class_nodes,
+            };
+            (message, true)
+        } else {
+            return None;
+        };
+        let position = ahead + 1;
+        // The phase stays Queued: only the position or the message can move.
+        let moved = lease.summary.position != Some(position) || {
+            scratch.clear();
+            message.render(&self.classes, scratch);
+            let persisted = lease.entry.lease.as_ref().and_then(|l| l.status.as_ref());
+            persisted.is_none_or(|s| s.message.as_deref() != Some(scratch.as_str()))
+        };
+        Some(ParkedOutcome {
+            key: &place.1,
+            entry: &lease.entry,
+            class: c,
+            role,
+            position,
+            message,
+            waits,
+            moved,
+        })
+    }
+
+    /// Passes over the `rest` of a FIFO of class `c` at once, when every
+    /// lease in it gets the same outcome: the queue is closed ahead of
+    /// them (`closed`: helpers held back or a blocked StrictFIFO), or no
+    /// node is open to plain pods. `None` when some lease in it may use
+    /// nodes of its own, and must be decided apart.
+    fn skip_parked(&self, c: usize, role: Role, rest: &Rest, closed: bool) -> Option<SkippedRun> {
+        let class = &self.classes.list[c];
+        if rest.count == 0 || (rest.tolerating > 0 && !class.guarded_nodes.is_empty()) {
+            return None;
+        }
+        let open = !class.plain_nodes.is_empty();
+        debug_assert!(closed || !open, "only a closed FIFO is passed over");
+        // Those that can fit some day wait; the rest are too large.
+        let fitting = || {
+            rest.slots
+                .iter()
+                .filter(move |&&(slots, _)| open && slots <= class.largest_plain)
+        };
+        Some(SkippedRun {
+            class: c,
+            role,
+            count: rest.count as u32,
+            waiting: fitting().map(|&(_, n)| n as u32).sum(),
+            fewest_waiting_slots: fitting().map(|&(slots, _)| slots).next(),
+        })
+    }
+
+    /// True when the parked lease could fit some day on the nodes of
+    /// class `c` it may use.
+    fn parked_may_fit(&self, c: usize, lease: &Lease) -> bool {
+        let class = &self.classes.list[c];
+        let slots = lease.summary.slots;
+        if !self.parked_has_own_nodes(c, lease) {
+            return class.largest_plain >= slots;
+        }
+        let Some(pod) = lease.entry.pod.as_deref() else {
+            return false;
+        };
+        class.nodes.iter().any(|&n| {
+            self.nodes.alloc(class.res, n) >= slots
+                && fit::pod_fits_node(pod, self.nodes.list[n as usize])
+        })
     }
 
     /// Under StrictFIFO, a primary whose admission never reached its pod
@@ -374,13 +712,29 @@ impl Pass<'_> {
     /// sequence waits and could fit some day (for instance because that one's
     /// node went away and it was queued again): its pod never started, so
     /// requeueing costs nothing, and the earlier primary is admitted first.
-    fn requeue_redrives_behind_the_queue(&mut self, by_class: &mut [ClassQueue]) {
+    fn requeue_redrives_behind_the_queue(
+        &mut self,
+        by_class: &mut [ClassQueue],
+        tails: &[Option<&'a Tail>],
+    ) {
         for (c, queue) in by_class.iter_mut().enumerate() {
             let class = &self.classes.list[c];
             if class.info.spec.admission.ordering != Ordering::StrictFIFO {
                 continue;
             }
+            let redriven =
+                |t: &Ticket<'_>| t.redrive && t.role == Role::Primary && t.class == Some(c);
+            if !self.tickets.iter().any(redriven) {
+                continue;
+            }
             let res = class.res;
+            let earliest_parked = tails[c].and_then(|tail| {
+                tail.primaries
+                    .leases
+                    .iter()
+                    .find(|(_, lease)| self.parked_may_fit(c, lease))
+                    .map(|(place, _)| place.0)
+            });
             let earliest = queue
                 .primaries
                 .iter()
@@ -395,6 +749,7 @@ impl Pass<'_> {
                     }
                 })
                 .filter_map(|t| self.tickets[t].sequence)
+                .chain(earliest_parked)
                 .min();
             let Some(earliest) = earliest else {
                 continue;
@@ -402,9 +757,7 @@ impl Pass<'_> {
             let mut requeued = false;
             for i in 0..self.tickets.len() {
                 let t = &self.tickets[i];
-                if !(t.redrive && t.role == Role::Primary && t.class == Some(c))
-                    || t.sequence.is_none_or(|s| s < earliest)
-                {
+                if !redriven(t) || t.sequence.is_none_or(|s| s < earliest) {
                     continue;
                 }
                 if let (Some(res), Some(node)) = (t.res, t.node_idx) {
@@ -433,9 +786,15 @@ impl Pass<'_> {
     /// own class queue (unless `admitWhileQueued`), or on a node of another
     /// class whose primaries queue. It goes back to its queue, and its slots
     /// to the pool, before any primary is decided.
-    fn requeue_contested_redrives(&mut self, by_class: &mut [ClassQueue]) {
+    fn requeue_contested_redrives(
+        &mut self,
+        by_class: &mut [ClassQueue],
+        tails: &[Option<&'a Tail>],
+    ) {
         let queuing: Vec<usize> = (0..by_class.len())
-            .filter(|&c| !by_class[c].primaries.is_empty())
+            .filter(|&c| {
+                !by_class[c].primaries.is_empty() || tails[c].is_some_and(|t| t.primaries.len() > 0)
+            })
             .collect();
         if queuing.is_empty() {
             return;

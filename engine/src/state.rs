@@ -9,6 +9,7 @@ use jiff::Timestamp;
 
 use super::facts::Facts;
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
+use super::parked::{self, Parked};
 use super::pass::{self, Pass, View};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
@@ -20,7 +21,7 @@ pub(crate) struct Entry {
     pub lease: Option<Box<LeaseInfo>>,
     /// What a pass derives from the two and the kept classes: current
     /// while the entry is live, derived again when a retired one returns.
-    facts: Facts,
+    pub facts: Facts,
 }
 
 impl Entry {
@@ -38,6 +39,14 @@ impl Entry {
     fn sequence(&self) -> Option<u64> {
         self.lease.as_ref()?.status.as_ref()?.sequence
     }
+
+    /// The lease's persisted status names a primary it was preempted for.
+    fn names_a_preempter(&self) -> bool {
+        self.lease
+            .as_ref()
+            .and_then(|l| l.status.as_ref())
+            .is_some_and(|s| s.preempted_by.is_some())
+    }
 }
 
 /// A pass that knows the classes only: what deriving an entry's facts reads.
@@ -49,13 +58,11 @@ fn refresh_facts(pass: &Pass<'_>, entry: &mut Entry) {
     entry.facts = pass.derive_kept_facts(entry.pod.as_deref(), entry.lease.as_deref());
 }
 
-/// True when resolving a pod's class reads the same of both versions of a
-/// class (its name aside, which both share): a class whose status alone
-/// changed leaves every entry's facts as they are.
+/// True when deriving an entry's facts and deciding whether it is parked
+/// read the same of both versions of a class (its name aside, which both
+/// share): a class whose status alone changed leaves every entry as it is.
 fn resolves_alike(a: &ClassInfo, b: &ClassInfo) -> bool {
-    a.spec.resource_name == b.spec.resource_name
-        && a.spec.default == b.spec.default
-        && a.created_at == b.created_at
+    a.spec == b.spec && a.created_at == b.created_at
 }
 
 /// Puts `value` in `slot`, replacing a kept object in place; true when
@@ -79,6 +86,9 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// Entries no pass can act on (finished pods and their Released leases,
 /// unless released for a preemption) are kept apart, so a pass costs what
 /// is live and queued, not every pod that ever ran and is not yet deleted.
+/// Plainly queued leases of StrictFIFO classes are parked in their FIFO
+/// order (see [`crate::parked`]), so a pass builds tickets for the few
+/// the queue step may admit, not for every lease that waits.
 ///
 /// What a pass derives from a pod and its lease alone (their facts) is
 /// kept with the entry, derived again whenever the entry changes and, for
@@ -96,6 +106,12 @@ pub struct Engine {
     entries: BTreeMap<ObjectKey, Entry>,
     /// Retired entries, by key; never in `entries` at the same time.
     retired: BTreeMap<ObjectKey, Entry>,
+    /// Parked entries; never in `entries` or `retired` at the same time.
+    parked: Parked,
+    /// Live entries whose lease names a primary it was preempted for:
+    /// while there are any, slots may be held back for a parked primary,
+    /// and a pass visits every parked entry as a live one.
+    preempted: BTreeSet<ObjectKey>,
     /// The sequences of retired leases, each with how many carry it: new
     /// sequences go above every one any lease carries.
     retired_sequences: BTreeMap<u64, usize>,
@@ -171,17 +187,30 @@ impl Engine {
     }
 
     fn view(&self) -> View<'_> {
+        fn as_entry(e: &Entry) -> pass::Entry<'_> {
+            (e.pod.as_deref(), e.lease.as_deref(), Some(&e.facts))
+        }
+        let visit_parked = !self.preempted.is_empty();
+        let entries = if visit_parked {
+            merge_by_key(self.entries.iter(), self.parked.iter())
+                .map(|(_, e)| as_entry(e))
+                .collect()
+        } else {
+            self.entries.values().map(as_entry).collect()
+        };
         View {
             now: self.now,
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
-            entries: self
-                .entries
-                .values()
-                .map(|e| (e.pod.as_deref(), e.lease.as_deref(), Some(&e.facts)))
-                .collect(),
+            entries,
             retired: Some(&self.retired),
-            retired_highest: self.retired_sequences.keys().next_back().copied(),
+            retired_highest: self
+                .retired_sequences
+                .keys()
+                .next_back()
+                .copied()
+                .max(self.parked.highest_sequence()),
+            parked: (!visit_parked && self.parked.len() > 0).then_some(&self.parked),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -222,11 +251,15 @@ impl Engine {
         Some(removed)
     }
 
-    /// Derives every live entry's facts again, after the classes changed.
+    /// Derives every live entry's facts again, after the classes changed,
+    /// and parks or visits each as the classes now say.
     fn refresh_every_entry(&mut self) {
-        let pass = classes_only(&self.classes);
-        for entry in self.entries.values_mut() {
-            refresh_facts(&pass, entry);
+        let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
+            .into_iter()
+            .chain(self.parked.take_all())
+            .collect();
+        for (key, entry) in live {
+            self.keep(key, entry);
         }
     }
 
@@ -269,40 +302,49 @@ impl Engine {
     }
 
     /// Applies `change` to the entry `key` (an empty one if none is kept),
-    /// then keeps the entry where it now belongs: live, retired, or gone
-    /// when it holds neither pod nor lease.
+    /// then keeps the entry where it now belongs: live, parked, retired, or
+    /// gone when it holds neither pod nor lease.
     fn update<R>(&mut self, key: &ObjectKey, change: impl FnOnce(&mut Entry) -> R) -> R {
-        if let Some(entry) = self.entries.get_mut(key) {
-            let out = change(entry);
-            if entry.is_empty() {
-                self.entries.remove(key);
-            } else if entry.is_retired() {
-                if let Some(entry) = self.entries.remove(key) {
-                    self.retire(key.clone(), entry);
-                }
-            } else {
-                refresh_facts(&classes_only(&self.classes), entry);
-            }
-            return out;
-        }
-        let mut entry = match self.retired.remove(key) {
-            Some(entry) => {
-                self.forget_sequence(&entry);
-                entry
-            }
-            None => Entry::default(),
-        };
+        let mut entry = self.take(key).unwrap_or_default();
         let out = change(&mut entry);
+        self.keep(key.clone(), entry);
+        out
+    }
+
+    /// Takes the entry `key` out of wherever it is kept.
+    fn take(&mut self, key: &ObjectKey) -> Option<Entry> {
+        if let Some(entry) = self.entries.remove(key) {
+            self.preempted.remove(key);
+            return Some(entry);
+        }
+        if let Some(entry) = self.parked.remove(key) {
+            return Some(entry);
+        }
+        let entry = self.retired.remove(key)?;
+        self.forget_sequence(&entry);
+        Some(entry)
+    }
+
+    /// Keeps `entry` where it belongs (see [`Engine::update`]), its facts
+    /// derived again unless it is retired.
+    fn keep(&mut self, key: ObjectKey, mut entry: Entry) {
         if entry.is_empty() {
-            return out;
+            return;
         }
         if entry.is_retired() {
-            self.retire(key.clone(), entry);
-        } else {
-            refresh_facts(&classes_only(&self.classes), &mut entry);
-            self.entries.insert(key.clone(), entry);
+            self.retire(key, entry);
+            return;
         }
-        out
+        let pass = classes_only(&self.classes);
+        refresh_facts(&pass, &mut entry);
+        if let Some(place) = parked::place_of(&pass, &entry) {
+            self.parked.insert(key, place, entry);
+            return;
+        }
+        if entry.names_a_preempter() {
+            self.preempted.insert(key.clone());
+        }
+        self.entries.insert(key, entry);
     }
 
     fn retire(&mut self, key: ObjectKey, entry: Entry) {
@@ -362,25 +404,21 @@ impl Engine {
     }
 
     fn entry(&self, key: &ObjectKey) -> Option<&Entry> {
-        self.entries.get(key).or_else(|| self.retired.get(key))
+        self.entries
+            .get(key)
+            .or_else(|| self.parked.get(key))
+            .or_else(|| self.retired.get(key))
     }
 
-    /// Every entry, live and retired, in key order.
+    /// Every entry, live, parked and retired, in key order.
     fn all_entries(&self) -> impl Iterator<Item = &Entry> {
-        let mut live = self.entries.iter().peekable();
-        let mut retired = self.retired.iter().peekable();
-        std::iter::from_fn(move || {
-            let take_live = match (live.peek(), retired.peek()) {
-                (Some((a, _)), Some((b, _))) => a < b,
-                (a, _) => a.is_some(),
-            };
-            let next = if take_live {
-                live.next()
-            } else {
-                retired.next()
-            };
-            next.map(|(_, e)| e)
-        })
+        let live = merge_by_key(self.entries.iter(), self.parked.iter());
+        merge_by_key(live, self.retired.iter()).map(|(_, e)| e)
+    }
+
+    /// How many leases are parked (see [`Engine`]).
+    pub fn parked_count(&self) -> usize {
+        self.parked.len()
     }
 
     /// The kept pod `key`.
@@ -419,9 +457,26 @@ impl Engine {
     }
 }
 
+/// Two iterators over distinct keys, each in key order, as one in key order.
+fn merge_by_key<'a, A, B>(a: A, b: B) -> impl Iterator<Item = (&'a ObjectKey, &'a Entry)>
+where
+    A: Iterator<Item = (&'a ObjectKey, &'a Entry)>,
+    B: Iterator<Item = (&'a ObjectKey, &'a Entry)>,
+{
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || {
+        let take_a = match (a.peek(), b.peek()) {
+            (Some((x, _)), Some((y, _))) => x < y,
+            (x, _) => x.is_some(),
+        };
+        if take_a { a.next() } else { b.next() }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::QUEUE_HEAD;
     use crate::fixtures::{self, at, key, lease, pod};
     use crate::model::{PodPhase, RoleLabel};
     use gpupool_api::{GpuLeaseStatus, LeasePhase, Role};
@@ -691,5 +746,133 @@ mod tests {
         assert_eq!((engine.pod_count(), engine.lease_count()), (0, 0));
         assert!(engine.entries.is_empty(), "no empty entry is kept");
         assert!(engine.remove_lease(&key("a")).is_none());
+    }
+
+    /// Writes every status and lease the engine's passes ask for back into
+    /// it, as the controller's watches would, until a pass asks for none.
+    fn settle(engine: &mut Engine) {
+        for _ in 0..50 {
+            let plan = engine.decide();
+            let mut wrote = false;
+            for new in &plan.create_leases {
+                let pod = engine
+                    .pod(&new.key)
+                    .cloned()
+                    .expect("a lease is made for a pod");
+                let mut l = lease(&pod, &new.spec.class_name, Some(new.status.clone()));
+                l.spec = new.spec.clone();
+                engine.upsert_lease(l);
+                wrote = true;
+            }
+            for (key, status) in plan.all_lease_statuses() {
+                let mut l = engine.lease(key).cloned().expect("a written lease is kept");
+                l.status = Some(status.clone());
+                engine.upsert_lease(l);
+                wrote = true;
+            }
+            if !wrote {
+                return;
+            }
+        }
+        panic!("the engine's passes do not settle");
+    }
+
+    /// Runs a pass through its queue step on the kept state.
+    fn through_queue_step(engine: &Engine) -> Pass<'_> {
+        let mut pass = Pass::index(engine.view());
+        pass.join();
+        pass.count_leases();
+        pass.requeue_overcommitted_redrives();
+        pass.assign_sequences();
+        pass.retry_evictions();
+        pass.run_queues();
+        pass
+    }
+
+    #[test]
+    fn plainly_queued_leases_are_parked_and_the_back_of_a_closed_fifo_is_counted() {
+        let mut engine = default_class_and_one_node(1);
+        let mut running = pod("running", 1, 0);
+        running.gated = false;
+        running.phase = PodPhase::Running;
+        running.node_name = Some("n1".into());
+        engine.upsert_pod(running);
+        for i in 0..30 {
+            engine.upsert_pod(pod(&format!("wait-{i:02}"), 1, i + 1));
+        }
+        settle(&mut engine);
+        assert_eq!(engine.parked_count(), 30, "every waiting lease is parked");
+        assert_decides_as_a_full_pass(&engine);
+
+        // The running pod finishes: the head is admitted, every position
+        // moves, and the pass lists only the front of that progress.
+        engine.set_progress_limit(Some(3));
+        engine.remove_pod(&key("running"));
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.admissions.len(), 1);
+        assert_eq!(plan.admissions[0].key, key("wait-00"));
+        assert_eq!(plan.lease_progress.len(), 3);
+        assert!(plan.progress_truncated);
+        let class = &plan.class_statuses["default"];
+        assert_eq!(class.queued, 29);
+        assert_eq!(class.queue.len(), QUEUE_HEAD);
+        let pass = through_queue_step(&engine);
+        let counted: u32 = pass.parked_skipped.iter().map(|s| s.count).sum();
+        assert!(counted > 0, "the back of the FIFO is counted, not visited");
+        // The admitted head and the first that does not fit (which blocks
+        // the rest) are decided as tickets; the other 28 are not.
+        assert_eq!(pass.tickets.len() - pass.joined, 2);
+        assert_eq!(pass.parked_out.len() + counted as usize, 28);
+
+        // Without a limit every lease is compared and written.
+        engine.set_progress_limit(None);
+        let plan = assert_decides_as_a_full_pass(&engine);
+        assert_eq!(plan.lease_progress.len(), 29);
+        assert!(through_queue_step(&engine).parked_skipped.is_empty());
+
+        // A parked lease that changes is parked again where it now belongs,
+        // or visited when it no longer may be parked.
+        let mut moved = engine.pod(&key("wait-10")).cloned().expect("kept");
+        moved.node_selector.insert("zone".into(), "a".into());
+        engine.upsert_pod(moved);
+        assert_eq!(
+            engine.parked_count(),
+            29,
+            "a pod with its own nodeSelector is visited"
+        );
+        assert_decides_as_a_full_pass(&engine);
+    }
+
+    #[test]
+    fn a_preemption_in_flight_has_every_parked_lease_visited() {
+        let mut engine = default_class_and_one_node(1);
+        for i in 0..3 {
+            engine.upsert_pod(pod(&format!("wait-{i}"), 1, i + 1));
+        }
+        settle(&mut engine);
+        assert!(engine.parked_count() > 0);
+        let mut helper = fixtures::helper("helper", 1, 0);
+        helper.gated = false;
+        helper.phase = PodPhase::Running;
+        helper.node_name = Some("n1".into());
+        engine.upsert_pod(helper.clone());
+        engine.upsert_lease(lease(
+            &helper,
+            "default",
+            Some(GpuLeaseStatus {
+                phase: LeasePhase::Preempting,
+                sequence: Some(99),
+                node: Some("n1".into()),
+                preempted_by: Some("team/wait-1".into()),
+                ..GpuLeaseStatus::default()
+            }),
+        ));
+        let pass = through_queue_step(&engine);
+        assert!(
+            pass.view.parked.is_none(),
+            "slots may be held for a parked primary"
+        );
+        assert!(pass.parked_out.is_empty());
+        assert_decides_as_a_full_pass(&engine);
     }
 }

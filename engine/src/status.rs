@@ -2,14 +2,16 @@
 //! status differs from the persisted one, new leases, and every class's
 //! counts, queue head and per-GPU snapshot.
 
+use std::collections::BinaryHeap;
+
 use gpupool_api::class::{CONDITION_INVALID, CONDITION_READY};
 use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus, LeasePhase, QueueEntry, Role, SlotEntry};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::message::Message;
-use super::model::{CLASS_STATUS_PERIOD, ClassWrite, NewLease};
-use super::pass::{Pass, Ticket};
+use super::model::{CLASS_STATUS_PERIOD, ClassWrite, NewLease, ObjectKey};
+use super::pass::{ParkedOutcome, Pass, Ticket, Waiter};
 
 /// Most entries a class's `status.queue` lists.
 pub const QUEUE_HEAD: usize = 20;
@@ -17,6 +19,21 @@ pub const QUEUE_HEAD: usize = 20;
 /// Bytes reserved for the scratch buffer messages are rendered into
 /// ("waiting: 9999 primaries ahead (head …) …" fits).
 const MESSAGE_CAPACITY: usize = 160;
+
+/// A lease whose position or message moved, with where its ticket or
+/// outcome is.
+struct Progress<'a> {
+    position: u32,
+    key: &'a ObjectKey,
+    source: Waiter,
+}
+
+impl Progress<'_> {
+    /// Front of the queue first: lowest position, then key.
+    fn order(a: &Self, b: &Self) -> std::cmp::Ordering {
+        (a.position, a.key).cmp(&(b.position, b.key))
+    }
+}
 
 /// How a lease's wanted status differs from the persisted one.
 enum Change {
@@ -62,7 +79,7 @@ fn times(t: &Ticket<'_>, now: Timestamp) -> Times {
     }
 }
 
-impl Pass<'_> {
+impl<'a> Pass<'a> {
     /// True when the ticket's lease needs no status write: the persisted
     /// status is the one this pass wants (which then reads no clock).
     pub(crate) fn wants_no_write(&self, t: &Ticket<'_>) -> bool {
@@ -148,7 +165,7 @@ impl Pass<'_> {
         // When the queue head moves, nearly every queued lease's position
         // changes: they are found here (comparing without allocating), and
         // their statuses built below, at most the progress limit of them.
-        let mut progress: Vec<(u32, usize)> = Vec::new();
+        let mut progress: Vec<Progress<'a>> = Vec::new();
         for (i, t) in self.tickets.iter().enumerate() {
             match t.lease {
                 None => created.push(NewLease {
@@ -179,31 +196,107 @@ impl Pass<'_> {
                         Change::Phase => {
                             changed.push((t.key.clone(), self.build_with(t, times, &mut scratch)))
                         }
-                        Change::Progress => progress.push((t.position.unwrap_or(0), i)),
+                        Change::Progress => progress.push(Progress {
+                            position: t.position.unwrap_or(0),
+                            key: t.key,
+                            source: Waiter::Ticket(i),
+                        }),
                         Change::None => {}
                     }
                 }
             }
         }
+        self.parked_progress(&mut progress);
         if let Some(limit) = self.view.progress_limit
             && progress.len() > limit
         {
-            // (position, ticket) is unique, so the cut is the same whatever
+            // (position, key) is unique, so the cut is the same whatever
             // order the selection leaves the rest in.
-            progress.select_nth_unstable(limit);
+            progress.select_nth_unstable_by(limit, Progress::order);
             progress.truncate(limit);
             self.plan.progress_truncated = true;
         }
         let progress = progress
             .into_iter()
-            .map(|(_, i)| {
-                let t = &self.tickets[i];
-                (t.key.clone(), self.build(t, &mut scratch))
+            .filter_map(|p| {
+                let status = match p.source {
+                    Waiter::Ticket(i) => self.build(&self.tickets[i], &mut scratch),
+                    Waiter::Parked(i) => {
+                        let t = self.parked_ticket(&self.parked_out[i])?;
+                        self.build(&t, &mut scratch)
+                    }
+                    Waiter::Skipped(_) => return None,
+                };
+                Some((p.key.clone(), status))
             })
             .collect();
         self.plan.create_leases = created;
         self.plan.lease_statuses = changed.into_iter().collect();
         self.plan.lease_progress = progress;
+    }
+
+    /// Adds the parked leases whose position or message moved to
+    /// `progress`. Under a progress limit, a FIFO is compared only until
+    /// the rest of it can no longer be among the front that is written:
+    /// its positions only grow.
+    fn parked_progress(&self, progress: &mut Vec<Progress<'a>>) {
+        if self.parked_out.is_empty() {
+            return;
+        }
+        // The `limit + 1` lowest (position, key) of the progress found so
+        // far: once it is full, a lease behind its last is neither written
+        // nor needed to tell that the limit cut the progress.
+        let keep = self.view.progress_limit.map(|limit| limit + 1);
+        let mut front: BinaryHeap<(u32, &ObjectKey)> = BinaryHeap::new();
+        if let Some(keep) = keep {
+            for p in progress.iter() {
+                front.push((p.position, p.key));
+                if front.len() > keep {
+                    front.pop();
+                }
+            }
+        }
+        let mut skipped: Option<(usize, Role)> = None;
+        for (i, o) in self.parked_out.iter().enumerate() {
+            if skipped == Some((o.class, o.role)) {
+                continue;
+            }
+            if let Some(keep) = keep
+                && front.len() == keep
+                && front.peek().is_some_and(|last| (o.position, o.key) > *last)
+            {
+                skipped = Some((o.class, o.role));
+                continue;
+            }
+            if !o.moved {
+                continue;
+            }
+            progress.push(Progress {
+                position: o.position,
+                key: o.key,
+                source: Waiter::Parked(i),
+            });
+            if let Some(keep) = keep {
+                front.push((o.position, o.key));
+                if front.len() > keep {
+                    front.pop();
+                }
+            }
+        }
+    }
+
+    /// The ticket a visit of the parked lease would have built, as the
+    /// queue step left it.
+    fn parked_ticket(&self, o: &ParkedOutcome<'a>) -> Option<Ticket<'a>> {
+        let entry = o.entry;
+        let (pod, lease) = (entry.pod.as_deref()?, entry.lease.as_deref()?);
+        let resolved = Some(self.class_of(pod, &entry.facts));
+        let mut t = self.existing(lease, Some(pod), resolved, &entry.facts, false);
+        t.phase = LeasePhase::Queued;
+        t.position = Some(o.position);
+        t.message = o.message.clone();
+        t.waits = o.waits;
+        Some(t)
     }
 
     /// Fills `plan.class_statuses`.
@@ -237,21 +330,24 @@ impl Pass<'_> {
                 };
                 *counter += 1;
             }
+            let parked = self.parked_out.iter().map(|o| (o.class, o.role, 1));
+            let skipped = self
+                .parked_skipped
+                .iter()
+                .map(|s| (s.class, s.role, s.count));
+            for (_, role, n) in parked.chain(skipped).filter(|(class, ..)| *class == c) {
+                match role {
+                    Role::Primary => status.queued += n,
+                    Role::Helper => status.queued_helpers += n,
+                }
+            }
             if let Some(q) = self.queues.get(c) {
                 status.queue = q
                     .primaries
                     .iter()
                     .chain(&q.helpers)
                     .take(QUEUE_HEAD)
-                    .map(|&i| {
-                        let t = &self.tickets[i];
-                        QueueEntry {
-                            lease: t.key.to_string(),
-                            role: t.role,
-                            position: t.position.unwrap_or(0),
-                            queued_at: times(t, self.now).queued.map(Time),
-                        }
-                    })
+                    .filter_map(|&w| self.queue_entry(w))
                     .collect();
             }
             let (slots, truncated) = self.slot_entries(c, &holders);
@@ -269,6 +365,38 @@ impl Pass<'_> {
                 Paced::At(due) => self.wake_at(Some(due)),
             }
         }
+    }
+
+    /// A class status's entry for a lease left queued (leases counted in
+    /// bulk are never at the head).
+    fn queue_entry(&self, w: Waiter) -> Option<QueueEntry> {
+        Some(match w {
+            Waiter::Skipped(_) => return None,
+            Waiter::Ticket(i) => {
+                let t = &self.tickets[i];
+                QueueEntry {
+                    lease: t.key.to_string(),
+                    role: t.role,
+                    position: t.position.unwrap_or(0),
+                    queued_at: times(t, self.now).queued.map(Time),
+                }
+            }
+            Waiter::Parked(i) => {
+                let o = &self.parked_out[i];
+                QueueEntry {
+                    lease: o.key.to_string(),
+                    role: o.role,
+                    position: o.position,
+                    // Parked leases persist their queue time.
+                    queued_at: self.parked_status(o).and_then(|s| s.queued_at.clone()),
+                }
+            }
+        })
+    }
+
+    /// The persisted status of a parked lease.
+    fn parked_status<'o>(&self, o: &'o ParkedOutcome<'_>) -> Option<&'o GpuLeaseStatus> {
+        o.entry.lease.as_ref()?.status.as_ref()
     }
 
     /// Class `c`'s status is written in this pass when it changed and its

@@ -191,6 +191,30 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         })
 }
 
+/// Scenarios whose queues grow longer than a class status lists
+/// ([`gpupool_engine::QUEUE_HEAD`]): many pods of many names, few nodes.
+fn crowded_scenario() -> impl Strategy<Value = Scenario> {
+    let crowd = (0u8..64, 0u8..2, prop::bool::weighted(0.3), 1u32..=3).prop_map(
+        |(name, class, helper, slots)| Event::AddPod {
+            name,
+            class,
+            helper,
+            slots,
+            ungated: false,
+        },
+    );
+    (
+        prop::collection::vec(class_cfg(), 1..=2),
+        prop::collection::vec((1u32..=4, any::<bool>()), 1..=3),
+        prop::collection::vec(prop_oneof![3 => crowd, 2 => event()], 60..140),
+    )
+        .prop_map(|(classes, nodes, events)| Scenario {
+            classes,
+            nodes,
+            events,
+        })
+}
+
 /// The simulated cluster: the API server's objects and a few counters.
 #[derive(Clone)]
 struct World {
@@ -1041,6 +1065,56 @@ fn run_events(w: &mut World, sc: &Scenario) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Feeds a kept engine every event of `sc` and compares its pass with a
+/// full pass over the world's snapshot after each, both cut to `limit`;
+/// with `drop_class`, the first class goes away and comes back after the
+/// event that number picks.
+fn kept_engine_decides_as_a_full_pass(
+    sc: &Scenario,
+    drop_class: Option<u8>,
+    limit: Option<usize>,
+) -> Result<(), TestCaseError> {
+    let mut w = World::new(sc);
+    // The world writes every status; only the two compared passes cut.
+    let full_pass = |s: &Snapshot| {
+        decide(&Snapshot {
+            progress_limit: limit,
+            ..s.clone()
+        })
+    };
+    let mut engine = Engine::from_snapshot(&w.s);
+    engine.set_progress_limit(limit);
+    prop_assert_eq!(engine.decide(), full_pass(&w.s));
+    let dropped_after = drop_class.map(|d| usize::from(d) % sc.events.len());
+    for (i, ev) in sc.events.iter().enumerate() {
+        let before = w.s.clone();
+        w.apply_event(ev)?;
+        if dropped_after == Some(i) {
+            let gone = w.s.classes.remove(0);
+            feed(&mut engine, &before, &w.s);
+            prop_assert_eq!(
+                engine.decide(),
+                full_pass(&w.s),
+                "without class {}",
+                &gone.name
+            );
+            let before = w.s.clone();
+            w.s.classes.insert(0, gone);
+            feed(&mut engine, &before, &w.s);
+        } else {
+            feed(&mut engine, &before, &w.s);
+        }
+        prop_assert_eq!(engine.decide(), full_pass(&w.s), "after {:?}", ev);
+    }
+    let mut settled = Engine::from_snapshot(&w.s);
+    settled.set_progress_limit(limit);
+    prop_assert_eq!(
+        format!("{:?}", settled.to_snapshot()),
+        format!("{:?}", engine.to_snapshot())
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         // Failures print their minimal input; nothing is written beside the sources.
@@ -1112,29 +1186,26 @@ proptest! {
 
     /// The kept engine, fed only what changed after each event (passes
     /// applied in part included, and a class that goes away and comes
-    /// back), decides exactly what a pass over the whole snapshot decides.
+    /// back), decides exactly what a pass over the whole snapshot decides,
+    /// with or without a progress limit, however many of its queued
+    /// leases it keeps parked.
     #[test]
-    fn the_kept_engine_decides_as_a_full_pass(sc in scenario(), drop_class in any::<u8>()) {
-        let mut w = World::new(&sc);
-        let mut engine = Engine::from_snapshot(&w.s);
-        prop_assert_eq!(engine.decide(), decide(&w.s));
-        for (i, ev) in sc.events.iter().enumerate() {
-            let before = w.s.clone();
-            w.apply_event(ev)?;
-            if i == usize::from(drop_class) % sc.events.len() {
-                let gone = w.s.classes.remove(0);
-                feed(&mut engine, &before, &w.s);
-                prop_assert_eq!(engine.decide(), decide(&w.s), "without class {}", &gone.name);
-                let before = w.s.clone();
-                w.s.classes.insert(0, gone);
-                feed(&mut engine, &before, &w.s);
-            } else {
-                feed(&mut engine, &before, &w.s);
-            }
-            prop_assert_eq!(engine.decide(), decide(&w.s), "after {:?}", ev);
-        }
-        let settled = Engine::from_snapshot(&w.s);
-        prop_assert_eq!(format!("{:?}", settled.to_snapshot()), format!("{:?}", engine.to_snapshot()));
+    fn the_kept_engine_decides_as_a_full_pass(
+        sc in scenario(),
+        drop_class in any::<u8>(),
+        limit in prop::option::of(0usize..4),
+    ) {
+        kept_engine_decides_as_a_full_pass(&sc, Some(drop_class), limit)?;
+    }
+
+    /// The same, with queues longer than a class status lists, so that
+    /// the kept engine counts the back of a FIFO instead of visiting it.
+    #[test]
+    fn the_kept_engine_decides_as_a_full_pass_over_long_queues(
+        sc in crowded_scenario(),
+        limit in prop::option::of(0usize..4),
+    ) {
+        kept_engine_decides_as_a_full_pass(&sc, None, limit)?;
     }
 
     /// Once the world is quiet, applying a plan and re-running changes
