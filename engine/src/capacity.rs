@@ -75,6 +75,11 @@ impl<'a> Nodes<'a> {
         self.used[res][node as usize] += u64::from(slots);
     }
 
+    /// Takes the slots several pods on `node` hold, summed.
+    pub fn take_sum(&mut self, res: usize, node: u32, slots: u64) {
+        self.used[res][node as usize] += slots;
+    }
+
     /// Returns `slots` taken earlier in this pass (a lapsed reservation).
     pub fn give_back(&mut self, res: usize, node: u32, slots: u32) {
         let used = &mut self.used[res][node as usize];

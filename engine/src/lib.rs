@@ -12,6 +12,7 @@ mod facts;
 pub mod fit;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
+mod holders;
 mod message;
 pub mod model;
 mod parked;

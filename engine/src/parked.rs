@@ -186,7 +186,8 @@ impl Parked {
     }
 }
 
-fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: K) {
+/// Takes one from the count of `key`, forgetting it at zero.
+pub(crate) fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: K) {
     if let std::collections::btree_map::Entry::Occupied(mut n) = counts.entry(key) {
         *n.get_mut() -= 1;
         if *n.get() == 0 {

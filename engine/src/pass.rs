@@ -12,6 +12,7 @@ use super::capacity::{self, Nodes};
 use super::classes::{Classes, PodClass};
 use super::facts::{Facts, spec_is_current};
 use super::fit;
+use super::holders::QuietHolders;
 use super::message::Message;
 use super::model::{
     ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
@@ -229,6 +230,45 @@ impl<'a> Pass<'a> {
         }
         self.view.entries = entries;
         self.joined = self.tickets.len();
+        self.count_quiet_holders();
+    }
+
+    /// Takes what the quiet primaries set apart hold on their nodes, as
+    /// visiting each would have.
+    fn count_quiet_holders(&mut self) {
+        let Some(holders) = self.view.holders else {
+            return;
+        };
+        for (node, usage) in &holders.usage {
+            let Some(node) = self.nodes.find(node) else {
+                continue;
+            };
+            for (res, name) in self.resources.iter().enumerate() {
+                if let Some(&slots) = usage.get(*name) {
+                    self.nodes.take_sum(res, node, slots);
+                }
+            }
+        }
+    }
+
+    /// Builds the tickets of the quiet primaries set apart on `node`, as
+    /// [`Pass::join`] would have (their capacity is already counted).
+    pub fn materialize_quiet_holders(&mut self, node: &str) {
+        let Some(on_node) = self.view.holders.and_then(|h| h.by_node.get(node)) else {
+            return;
+        };
+        for entry in on_node.values() {
+            let (Some(pod), Some(lease)) = (entry.pod.as_deref(), entry.lease.as_deref()) else {
+                continue;
+            };
+            let facts = &entry.facts;
+            let resolved = Some(self.class_of(pod, facts));
+            let mut t = self.existing(lease, Some(pod), resolved, facts, true);
+            t.spec_current = facts.spec_current.unwrap_or(true);
+            t.quiet = facts.quiet;
+            self.mark_own_nodes(&mut t);
+            self.tickets.push(t);
+        }
     }
 
     /// Builds the ticket of a parked lease, as [`Pass::join`] would have,
@@ -668,6 +708,9 @@ pub(crate) struct View<'a> {
     /// The kept state's parked leases, when the pass walks them in their
     /// FIFOs rather than as entries (see [`crate::parked`]).
     pub parked: Option<&'a Parked>,
+    /// The kept state's quiet primaries, when the pass reads their sums
+    /// rather than visiting them (see [`crate::holders`]).
+    pub holders: Option<&'a QuietHolders>,
     pub blocked_evictions: &'a BTreeSet<ObjectKey>,
     pub progress_limit: Option<usize>,
 }
@@ -684,6 +727,7 @@ impl<'a> View<'a> {
             retired: None,
             retired_highest: None,
             parked: None,
+            holders: None,
             blocked_evictions: &NO_EVICTIONS,
             progress_limit: None,
         }
@@ -703,6 +747,7 @@ impl<'a> View<'a> {
             retired: None,
             retired_highest: None,
             parked: None,
+            holders: None,
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }

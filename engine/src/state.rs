@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 
 use super::facts::Facts;
+use super::holders::{self, QuietHolders};
 use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
 use super::parked::{self, Parked};
 use super::pass::{self, Pass, View};
@@ -108,6 +109,8 @@ pub struct Engine {
     retired: BTreeMap<ObjectKey, Entry>,
     /// Parked entries; never in `entries` or `retired` at the same time.
     parked: Parked,
+    /// Quiet primaries set apart by node; in no other map at the same time.
+    holders: QuietHolders,
     /// Live entries whose lease names a primary it was preempted for:
     /// while there are any, slots may be held back for a parked primary,
     /// and a pass visits every parked entry as a live one.
@@ -192,7 +195,8 @@ impl Engine {
         }
         let visit_parked = !self.preempted.is_empty();
         let entries = if visit_parked {
-            merge_by_key(self.entries.iter(), self.parked.iter())
+            let set_apart = merge_by_key(self.parked.iter(), self.holders.iter());
+            merge_by_key(self.entries.iter(), set_apart)
                 .map(|(_, e)| as_entry(e))
                 .collect()
         } else {
@@ -209,8 +213,10 @@ impl Engine {
                 .keys()
                 .next_back()
                 .copied()
-                .max(self.parked.highest_sequence()),
+                .max(self.parked.highest_sequence())
+                .max(self.holders.highest_sequence()),
             parked: (!visit_parked && self.parked.len() > 0).then_some(&self.parked),
+            holders: (!visit_parked && self.holders.len() > 0).then_some(&self.holders),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -257,6 +263,7 @@ impl Engine {
         let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
             .into_iter()
             .chain(self.parked.take_all())
+            .chain(self.holders.take_all())
             .collect();
         for (key, entry) in live {
             self.keep(key, entry);
@@ -320,6 +327,9 @@ impl Engine {
         if let Some(entry) = self.parked.remove(key) {
             return Some(entry);
         }
+        if let Some(entry) = self.holders.remove(key) {
+            return Some(entry);
+        }
         let entry = self.retired.remove(key)?;
         self.forget_sequence(&entry);
         Some(entry)
@@ -339,6 +349,10 @@ impl Engine {
         refresh_facts(&pass, &mut entry);
         if let Some(place) = parked::place_of(&pass, &entry) {
             self.parked.insert(key, place, entry);
+            return;
+        }
+        if let Some(place) = holders::place_of(&pass, &entry) {
+            self.holders.insert(key, place, entry);
             return;
         }
         if entry.names_a_preempter() {
@@ -407,18 +421,25 @@ impl Engine {
         self.entries
             .get(key)
             .or_else(|| self.parked.get(key))
+            .or_else(|| self.holders.get(key))
             .or_else(|| self.retired.get(key))
     }
 
     /// Every entry, live, parked and retired, in key order.
     fn all_entries(&self) -> impl Iterator<Item = &Entry> {
-        let live = merge_by_key(self.entries.iter(), self.parked.iter());
+        let set_apart = merge_by_key(self.parked.iter(), self.holders.iter());
+        let live = merge_by_key(self.entries.iter(), set_apart);
         merge_by_key(live, self.retired.iter()).map(|(_, e)| e)
     }
 
     /// How many leases are parked (see [`Engine`]).
     pub fn parked_count(&self) -> usize {
         self.parked.len()
+    }
+
+    /// How many quiet primaries are set apart (see [`Engine`]).
+    pub fn quiet_holder_count(&self) -> usize {
+        self.holders.len()
     }
 
     /// The kept pod `key`.
@@ -790,7 +811,7 @@ mod tests {
     }
 
     #[test]
-    fn plainly_queued_leases_are_parked_and_the_back_of_a_closed_fifo_is_counted() {
+    fn waiting_and_quiet_leases_are_set_apart_and_the_back_of_a_closed_fifo_is_counted() {
         let mut engine = default_class_and_one_node(1);
         let mut running = pod("running", 1, 0);
         running.gated = false;
@@ -802,6 +823,18 @@ mod tests {
         }
         settle(&mut engine);
         assert_eq!(engine.parked_count(), 30, "every waiting lease is parked");
+        assert_eq!(
+            engine.quiet_holder_count(),
+            1,
+            "the running primary is set apart"
+        );
+        let pass = through_queue_step(&engine);
+        assert_eq!(pass.joined, 0, "the pass visits no entry");
+        assert_eq!(
+            pass.nodes.free(0, 0),
+            0,
+            "yet counts what the running pod holds"
+        );
         assert_decides_as_a_full_pass(&engine);
 
         // The running pod finishes: the head is admitted, every position

@@ -301,6 +301,13 @@ impl<'a> Pass<'a> {
 
     /// Fills `plan.class_statuses`.
     pub fn emit_class_statuses(&mut self) {
+        // Quiet primaries set apart are counted from their sums; only those
+        // on the nodes a class status pictures GPU by GPU get tickets.
+        let visited = self.tickets.len();
+        for node in self.pictured_nodes() {
+            let name = self.nodes.list[node as usize].name.as_str();
+            self.materialize_quiet_holders(name);
+        }
         let holders = self.holders_by_node();
         let mut paced = Vec::new();
         for (c, class) in self.classes.list.iter().enumerate() {
@@ -315,7 +322,17 @@ impl<'a> Pass<'a> {
                     .min(u64::from(u32::MAX)) as u32,
                 ..GpuLeaseClassStatus::default()
             };
-            for t in self.tickets.iter().filter(|t| t.class == Some(c)) {
+            if let Some(&n) = self
+                .view
+                .holders
+                .and_then(|h| h.per_class.get(class.name()))
+            {
+                status.admitted += n as u32;
+            }
+            for t in self.tickets[..visited]
+                .iter()
+                .filter(|t| t.class == Some(c))
+            {
                 let counter = match (t.phase, t.role) {
                     (LeasePhase::Admitted | LeasePhase::Bound, Role::Primary) => {
                         &mut status.admitted
@@ -365,6 +382,32 @@ impl<'a> Pass<'a> {
                 Paced::At(due) => self.wake_at(Some(due)),
             }
         }
+    }
+
+    /// The nodes whose GPUs some class status lists one by one (see
+    /// [`Pass::slot_entries`]), when quiet primaries are set apart.
+    fn pictured_nodes(&self) -> std::collections::BTreeSet<u32> {
+        let mut pictured = std::collections::BTreeSet::new();
+        if self.view.holders.is_none() {
+            return pictured;
+        }
+        for class in &self.classes.list {
+            let max = class.info.spec.snapshot.max_slots as usize;
+            let mut listed = 0usize;
+            for &n in &class.nodes {
+                let node = self.nodes.list[n as usize];
+                if node.gpus.is_empty() {
+                    continue;
+                }
+                if listed >= max {
+                    break;
+                }
+                pictured.insert(n);
+                let sessions = (self.nodes.alloc(class.res, n) as usize / node.gpus.len()).max(1);
+                listed += node.gpus.len() * sessions;
+            }
+        }
+        pictured
     }
 
     /// A class status's entry for a lease left queued (leases counted in
@@ -474,7 +517,13 @@ impl<'a> Pass<'a> {
             .filter(|(_, t)| t.phase.holds_slots())
             .filter_map(|(i, t)| Some((t.node_idx?, t.sequence.unwrap_or(u64::MAX), i)))
             .collect();
-        list.sort_unstable();
+        // Equal sequences (a lease copied by hand) are told apart by key:
+        // tickets built for leases set apart come after the visited ones.
+        list.sort_unstable_by(|a, b| {
+            (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then_with(|| self.tickets[a.2].key.cmp(self.tickets[b.2].key))
+        });
         let mut start = vec![0usize; self.nodes.list.len() + 1];
         for &(n, _, _) in &list {
             start[n as usize + 1] += 1;

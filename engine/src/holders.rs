@@ -1,0 +1,152 @@
+//! Primaries that hold slots quietly, which the kept engine sets apart by
+//! node so that a pass does not build a ticket for each of thousands of
+//! running pods.
+//!
+//! A quiet primary (see `Facts::quiet`) runs without the gate on its node
+//! and its persisted status is the one a pass wants: no step of a pass
+//! changes a primary that holds slots (only helpers are preempted), so all
+//! a pass reads of it is the capacity its pod takes on its node, how many
+//! primaries each class has admitted, and, for the few nodes a class
+//! status pictures GPU by GPU, who holds which slot. The first two are
+//! kept summed; for the third the pass builds the tickets of the quiet
+//! primaries on those nodes only. Helpers are never set apart: preemption
+//! reads every one of them.
+
+use std::collections::BTreeMap;
+
+use gpupool_api::Role;
+
+use super::facts::Resolved;
+use super::model::{ObjectKey, RoleLabel};
+use super::parked::count_down;
+use super::pass::Pass;
+use super::state::Entry;
+
+/// Where a quiet primary holds slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub node: String,
+    pub class: String,
+    pub sequence: u64,
+}
+
+/// Every quiet primary, by node, with what a pass reads of all of them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QuietHolders {
+    places: BTreeMap<ObjectKey, Place>,
+    /// By node name, then (sequence, key).
+    pub by_node: BTreeMap<String, BTreeMap<(u64, ObjectKey), Entry>>,
+    /// Per node name, what their pods request, summed per resource name.
+    pub usage: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per class name, how many there are.
+    pub per_class: BTreeMap<String, usize>,
+    /// Their sequences, each with how many carry it.
+    sequences: BTreeMap<u64, usize>,
+}
+
+impl QuietHolders {
+    /// Sets `entry` apart at `place`.
+    pub fn insert(&mut self, key: ObjectKey, place: Place, entry: Entry) {
+        if let Some(pod) = entry.pod.as_deref() {
+            let usage = self.usage.entry(place.node.clone()).or_default();
+            for (resource, &slots) in pod.requests.iter() {
+                *usage.entry(resource.clone()).or_default() += u64::from(slots);
+            }
+        }
+        *self.per_class.entry(place.class.clone()).or_default() += 1;
+        *self.sequences.entry(place.sequence).or_default() += 1;
+        self.by_node
+            .entry(place.node.clone())
+            .or_default()
+            .insert((place.sequence, key.clone()), entry);
+        self.places.insert(key, place);
+    }
+
+    /// Takes the entry `key` out.
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<Entry> {
+        let place = self.places.remove(key)?;
+        let on_node = self.by_node.get_mut(&place.node)?;
+        let entry = on_node.remove(&(place.sequence, key.clone()))?;
+        if on_node.is_empty() {
+            self.by_node.remove(&place.node);
+        }
+        if let (Some(pod), Some(usage)) = (entry.pod.as_deref(), self.usage.get_mut(&place.node)) {
+            for (resource, &slots) in pod.requests.iter() {
+                if let Some(sum) = usage.get_mut(resource) {
+                    *sum -= u64::from(slots);
+                    if *sum == 0 {
+                        usage.remove(resource);
+                    }
+                }
+            }
+            if usage.is_empty() {
+                self.usage.remove(&place.node);
+            }
+        }
+        count_down(&mut self.per_class, place.class);
+        count_down(&mut self.sequences, place.sequence);
+        Some(entry)
+    }
+
+    /// Takes every entry out.
+    pub fn take_all(&mut self) -> impl Iterator<Item = (ObjectKey, Entry)> {
+        self.places.clear();
+        self.usage.clear();
+        self.per_class.clear();
+        self.sequences.clear();
+        std::mem::take(&mut self.by_node)
+            .into_values()
+            .flatten()
+            .map(|((_, key), entry)| (key, entry))
+    }
+
+    /// The entry `key`.
+    pub fn get(&self, key: &ObjectKey) -> Option<&Entry> {
+        let place = self.places.get(key)?;
+        self.by_node
+            .get(&place.node)?
+            .get(&(place.sequence, key.clone()))
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Entry)> {
+        self.places
+            .keys()
+            .filter_map(|key| Some((key, self.get(key)?)))
+    }
+
+    /// The highest sequence a quiet primary carries.
+    pub fn highest_sequence(&self) -> Option<u64> {
+        self.sequences.keys().next_back().copied()
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.places.len()
+    }
+}
+
+/// Where `entry` holds slots when it is a quiet primary that may be set
+/// apart (see the module comment); `pass` knows the classes and `entry`'s
+/// facts are current.
+pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
+    let (pod, lease) = (entry.pod.as_deref()?, entry.lease.as_deref()?);
+    let facts = &entry.facts;
+    let Some(Resolved::Class(c)) = facts.resolved else {
+        return None;
+    };
+    let status = lease.status.as_ref()?;
+    let quiet_primary = facts.quiet
+        && !facts.replaced
+        && facts.spec_current == Some(true)
+        && pod.role == RoleLabel::Valid(Role::Primary)
+        && status.preempted_by.is_none();
+    if !quiet_primary {
+        return None;
+    }
+    Some(Place {
+        node: pod.node_name.clone()?,
+        class: pass.classes.list.get(c as usize)?.info.name.clone(),
+        sequence: status.sequence?,
+    })
+}
