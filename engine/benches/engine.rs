@@ -13,6 +13,8 @@
 //!     carrying the two tolerations a real API server adds to each pod.
 //! (g) `..._10000_finished`: (e) with the progress limit on a cluster that
 //!     also keeps 10,000 finished pods and their Released leases.
+//! (h) `kept_engine_settled_pod_arrives_progress_limit_200`: a new pod
+//!     arrives behind the settled queue of (a), with the progress limit.
 
 use std::hint::black_box;
 
@@ -155,7 +157,8 @@ fn bench(c: &mut Criterion) {
 
     // (d) The kept engine, fed the one event (the pod is gone) and deciding.
     let kept = Engine::from_snapshot(&settled);
-    g.bench_function("kept_engine_full_pass", |b| b.iter(|| kept.decide()));
+    let mut full = kept.clone();
+    g.bench_function("kept_engine_full_pass", |b| b.iter(|| full.decide()));
     let mut engine = kept.clone();
     let finished = engine.pod(&gone).cloned();
     engine.remove_pod(&gone);
@@ -227,6 +230,20 @@ fn bench(c: &mut Criterion) {
         "kept_engine_after_pod_finished_progress_limit_200_10000_finished",
         |b| b.iter(|| decide_without(&mut history)),
     );
+
+    // (h) A pod arrives at the back of a settled queue (every position
+    // already written), under the progress limit: the pass compares the
+    // waiting leases' statuses instead of writing them.
+    let mut arrivals = limited.clone();
+    let newcomer = pod("new-00000", Role::Primary, 1, 2 * QUEUED as i64);
+    g.bench_function("kept_engine_settled_pod_arrives_progress_limit_200", |b| {
+        b.iter(|| {
+            arrivals.upsert_pod(newcomer.clone());
+            let plan = arrivals.decide();
+            arrivals.remove_pod(&newcomer.key);
+            plan
+        })
+    });
 
     let mut unsorted = settled.clone();
     // A fixed permutation: interleave from both ends.

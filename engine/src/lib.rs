@@ -58,45 +58,46 @@ pub fn decide_steps(snapshot: &Snapshot, steps: usize) -> Plan {
     decide_until(snapshot, steps)
 }
 
-/// The one pass every decision runs, over a snapshot or the kept state.
-fn run(view: pass::View<'_>) -> Plan {
-    run_until(view, usize::MAX)
-}
-
 fn decide_until(snapshot: &Snapshot, steps: usize) -> Plan {
     run_until(pass::View::of(snapshot), steps)
 }
 
 fn run_until(view: pass::View<'_>, steps: usize) -> Plan {
+    pass_until(view, steps).plan
+}
+
+/// The one pass every decision runs, over a snapshot or the kept state,
+/// after its first `steps` steps (all of them: `usize::MAX`).
+fn pass_until(view: pass::View<'_>, steps: usize) -> pass::Pass<'_> {
     let mut pass = pass::Pass::index(view);
     if steps == 0 {
-        return pass.plan;
+        return pass;
     }
     pass.join();
     if steps == 1 {
-        return pass.plan;
+        return pass;
     }
     pass.count_leases();
     pass.requeue_overcommitted_redrives();
     pass.assign_sequences();
     pass.retry_evictions();
     if steps == 2 {
-        return pass.plan;
+        return pass;
     }
     pass.run_queues();
     pass.readmit();
     if steps == 3 {
-        return pass.plan;
+        return pass;
     }
     pass.emit_lease_specs();
     if steps == 4 {
-        return pass.plan;
+        return pass;
     }
     pass.emit_lease_statuses();
     if steps == 5 {
-        return pass.plan;
+        return pass;
     }
     pass.emit_class_statuses();
     pass.wake_at_protection_expiry();
-    pass.plan
+    pass
 }

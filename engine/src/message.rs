@@ -297,6 +297,114 @@ fn own_nodes_phrase(out: &mut String, nodes: usize) {
 }
 
 /// Appends `n` and the noun that agrees with it: "1 slot", "2 slots".
+/// A message a waiting lease may carry whatever its own pod (the queue
+/// step's outcome for a parked lease), owned, so that the kept engine can
+/// remember which one a lease's persisted status already renders and need
+/// not render it again while nothing it names changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Settled {
+    NoClassNode(usize),
+    NoPodNode {
+        class: usize,
+        class_nodes: usize,
+    },
+    TooLarge {
+        slots: u32,
+        largest: u32,
+    },
+    PrimariesWaiting {
+        primaries: u32,
+        class: usize,
+    },
+    Behind {
+        role: Role,
+        ahead: u32,
+        head: ObjectKey,
+        head_slots: u32,
+        free: u64,
+        nodes: usize,
+    },
+}
+
+impl Settled {
+    /// The owned form of `message`, when it is one a parked lease carries.
+    pub fn of(message: &Message<'_>) -> Option<Self> {
+        Some(match *message {
+            Message::NoClassNode(c) => Settled::NoClassNode(c),
+            Message::NoPodNode { class, class_nodes } => Settled::NoPodNode { class, class_nodes },
+            Message::TooLarge { slots, largest } => Settled::TooLarge { slots, largest },
+            Message::PrimariesWaiting { primaries, class } => {
+                Settled::PrimariesWaiting { primaries, class }
+            }
+            Message::Behind {
+                role,
+                ahead,
+                head,
+                head_slots,
+                free,
+                nodes,
+            } => Settled::Behind {
+                role,
+                ahead,
+                head: head.clone(),
+                head_slots,
+                free,
+                nodes,
+            },
+            _ => return None,
+        })
+    }
+
+    /// True when `message` renders what this does.
+    pub fn is(&self, message: &Message<'_>) -> bool {
+        match (self, message) {
+            (Settled::NoClassNode(a), Message::NoClassNode(b)) => a == b,
+            (
+                Settled::NoPodNode { class, class_nodes },
+                Message::NoPodNode {
+                    class: c,
+                    class_nodes: n,
+                },
+            ) => class == c && class_nodes == n,
+            (
+                Settled::TooLarge { slots, largest },
+                Message::TooLarge {
+                    slots: s,
+                    largest: l,
+                },
+            ) => slots == s && largest == l,
+            (
+                Settled::PrimariesWaiting { primaries, class },
+                Message::PrimariesWaiting {
+                    primaries: p,
+                    class: c,
+                },
+            ) => primaries == p && class == c,
+            (
+                Settled::Behind {
+                    role,
+                    ahead,
+                    head,
+                    head_slots,
+                    free,
+                    nodes,
+                },
+                Message::Behind {
+                    role: r,
+                    ahead: a,
+                    head: h,
+                    head_slots: hs,
+                    free: f,
+                    nodes: n,
+                },
+            ) => {
+                role == r && ahead == a && head_slots == hs && free == f && nodes == n && head == *h
+            }
+            _ => false,
+        }
+    }
+}
+
 fn count(out: &mut String, n: u64, one: &str, many: &str) {
     push_u64(out, n);
     out.push(' ');

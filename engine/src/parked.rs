@@ -22,6 +22,7 @@ use gpupool_api::{LeasePhase, Ordering, Role};
 
 use super::facts::Resolved;
 use super::fit;
+use super::message::Settled;
 use super::model::{ObjectKey, RoleLabel};
 use super::pass::{Pass, is_live};
 use super::state::Entry;
@@ -52,6 +53,10 @@ pub(crate) struct Summary {
 pub(crate) struct Lease {
     pub summary: Summary,
     pub entry: Entry,
+    /// A message a pass found the persisted status to render already:
+    /// while a pass wants the same, it is not rendered again. Forgotten
+    /// whenever the lease or its pod changes (the lease is parked anew).
+    pub settled: Option<Settled>,
 }
 
 /// A FIFO of parked leases, by (sequence, key): the queue step's order,
@@ -127,7 +132,14 @@ impl Parked {
             .entry(place.class.clone())
             .or_default()
             .fifo_mut(place.role)
-            .insert((place.sequence, key.clone()), Lease { summary, entry });
+            .insert(
+                (place.sequence, key.clone()),
+                Lease {
+                    summary,
+                    entry,
+                    settled: None,
+                },
+            );
         *self.sequences.entry(place.sequence).or_default() += 1;
         self.places.insert(key, place);
     }
@@ -173,6 +185,22 @@ impl Parked {
         self.places
             .keys()
             .filter_map(|key| Some((key, self.get(key)?)))
+    }
+
+    /// Remembers that the persisted status of the parked lease `key`
+    /// renders `settled`.
+    pub fn remember(&mut self, key: &ObjectKey, settled: Settled) {
+        let Some(place) = self.places.get(key) else {
+            return;
+        };
+        let lease = self.tails.get_mut(&place.class).and_then(|t| {
+            t.fifo_mut(place.role)
+                .leases
+                .get_mut(&(place.sequence, key.clone()))
+        });
+        if let Some(lease) = lease {
+            lease.settled = Some(settled);
+        }
     }
 
     /// The highest sequence a parked lease carries.

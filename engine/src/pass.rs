@@ -13,7 +13,7 @@ use super::classes::{Classes, PodClass};
 use super::facts::{Facts, spec_is_current};
 use super::fit;
 use super::holders::QuietHolders;
-use super::message::Message;
+use super::message::{Message, Settled};
 use super::model::{
     ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
     StaleLease,
@@ -195,6 +195,9 @@ pub(crate) struct ParkedOutcome<'a> {
     pub waits: bool,
     /// Its position or message differs from the persisted status.
     pub moved: bool,
+    /// The message, when this pass found the persisted status to render
+    /// it and the kept engine does not remember that yet.
+    pub settled: Option<Settled>,
 }
 
 impl<'a> Pass<'a> {

@@ -7,7 +7,7 @@ use gpupool_api::{LeasePhase, Ordering, Placement, Role};
 
 use super::capacity::Nodes;
 use super::fit;
-use super::message::Message;
+use super::message::{Message, Settled};
 use super::model::{Admission, ObjectKey, Plan};
 use super::parked::{Fifo, Lease, Tail};
 use super::pass::{ClassQueue, ParkedOutcome, Pass, Queued, SkippedRun, Ticket, Waiter};
@@ -29,10 +29,8 @@ struct Merge<'a> {
     fifo: Option<&'a Fifo>,
     parked:
         Option<std::iter::Peekable<std::collections::btree_map::Iter<'a, (u64, ObjectKey), Lease>>>,
-    /// The parked leases taken so far, by slots, and how many tolerate.
-    taken: BTreeMap<u32, usize>,
-    taken_count: usize,
-    taken_tolerating: usize,
+    /// How many parked leases were taken so far.
+    taken: usize,
 }
 
 /// The parked leases of a FIFO not taken yet, when no ticket comes
@@ -51,9 +49,7 @@ impl<'a> Merge<'a> {
             next_ticket: 0,
             fifo,
             parked: fifo.map(|f| f.leases.iter().peekable()),
-            taken: BTreeMap::new(),
-            taken_count: 0,
-            taken_tolerating: 0,
+            taken: 0,
         }
     }
 
@@ -67,16 +63,18 @@ impl<'a> Merge<'a> {
                 return None;
             }
         }
-        let slots = fifo
-            .slots
-            .iter()
-            .map(|(&slots, &n)| (slots, n - self.taken.get(&slots).copied().unwrap_or(0)))
-            .filter(|&(_, n)| n > 0)
-            .collect();
+        // What was taken is counted once, here, rather than per lease as
+        // it is taken: most FIFOs are never passed over.
+        let mut slots = fifo.slots.clone();
+        let mut tolerating = fifo.tolerating;
+        for (_, lease) in fifo.leases.iter().take(self.taken) {
+            crate::parked::count_down(&mut slots, lease.summary.slots);
+            tolerating -= usize::from(lease.summary.tolerates);
+        }
         Some(Rest {
-            count: fifo.len() - self.taken_count,
-            slots,
-            tolerating: fifo.tolerating - self.taken_tolerating,
+            count: fifo.len() - self.taken,
+            slots: slots.into_iter().collect(),
+            tolerating,
         })
     }
 
@@ -97,9 +95,7 @@ impl<'a> Iterator for Merge<'a> {
             })
         });
         if let Some((place, lease)) = parked {
-            *self.taken.entry(lease.summary.slots).or_default() += 1;
-            self.taken_count += 1;
-            self.taken_tolerating += usize::from(lease.summary.tolerates);
+            self.taken += 1;
             return Some(Next::Parked(place, lease));
         }
         let (_, _, t) = ticket?;
@@ -398,7 +394,8 @@ impl<'a> Pass<'a> {
                             let bulk = self.view.progress_limit.is_some_and(|l| moved > l)
                                 && ahead as usize + 1 >= QUEUE_HEAD
                                 && (closed || self.classes.list[c].plain_nodes.is_empty());
-                            if let Some(rest) = order.rest().filter(|_| bulk)
+                            if bulk
+                                && let Some(rest) = order.rest()
                                 && let Some(run) = self.skip_parked(c, role, &rest, closed)
                             {
                                 skipped += run.count - 1;
@@ -644,13 +641,22 @@ impl<'a> Pass<'a> {
             return None;
         };
         let position = ahead + 1;
-        // The phase stays Queued: only the position or the message can move.
-        let moved = lease.summary.position != Some(position) || {
-            scratch.clear();
-            message.render(&self.classes, scratch);
-            let persisted = lease.entry.lease.as_ref().and_then(|l| l.status.as_ref());
-            persisted.is_none_or(|s| s.message.as_deref() != Some(scratch.as_str()))
-        };
+        // The phase stays Queued: only the position or the message can
+        // move. A message the kept engine remembers the persisted status
+        // to render is not rendered again.
+        let mut settled = None;
+        let moved = lease.summary.position != Some(position)
+            || (!lease.settled.as_ref().is_some_and(|s| s.is(&message)) && {
+                scratch.clear();
+                message.render(&self.classes, scratch);
+                let persisted = lease.entry.lease.as_ref().and_then(|l| l.status.as_ref());
+                let moved =
+                    persisted.is_none_or(|s| s.message.as_deref() != Some(scratch.as_str()));
+                if !moved {
+                    settled = Settled::of(&message);
+                }
+                moved
+            });
         Some(ParkedOutcome {
             key: &place.1,
             entry: &lease.entry,
@@ -660,6 +666,7 @@ impl<'a> Pass<'a> {
             message,
             waits,
             moved,
+            settled,
         })
     }
 

@@ -177,9 +177,21 @@ impl Engine {
         }
     }
 
-    /// Decides one pass over the kept state (the rules of [`crate::decide`]).
-    pub fn decide(&self) -> Plan {
-        super::run(self.view())
+    /// Decides one pass over the kept state (the rules of [`crate::decide`]),
+    /// and remembers which waiting leases' persisted messages it found
+    /// current, so that the next pass need not render them again.
+    pub fn decide(&mut self) -> Plan {
+        let pass = super::pass_until(self.view(), usize::MAX);
+        let settled: Vec<(ObjectKey, crate::message::Settled)> = pass
+            .parked_out
+            .iter()
+            .filter_map(|o| Some((o.key.clone(), o.settled.clone()?)))
+            .collect();
+        let plan = pass.plan;
+        for (key, message) in settled {
+            self.parked.remember(&key, message);
+        }
+        plan
     }
 
     /// [`crate::decide_steps`] on the kept state.
@@ -531,7 +543,7 @@ mod tests {
     }
 
     /// The kept engine decides as a pass over its own snapshot does.
-    fn assert_decides_as_a_full_pass(engine: &Engine) -> Plan {
+    fn assert_decides_as_a_full_pass(engine: &mut Engine) -> Plan {
         let plan = engine.decide();
         assert_eq!(plan, crate::decide(&engine.to_snapshot()));
         plan
@@ -548,13 +560,13 @@ mod tests {
         assert_eq!(engine.retired_count(), 2);
         assert_eq!((engine.pod_count(), engine.lease_count()), (2, 1));
         assert!(engine.entries.is_empty(), "a pass visits neither");
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert!(plan.create_leases.is_empty() && plan.delete_leases.is_empty());
         assert!(plan.all_lease_statuses().next().is_none() && plan.admissions.is_empty());
 
         // A new pod's sequence goes above the retired lease's.
         engine.upsert_pod(pod("new", 1, 50));
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.create_leases.len(), 1);
         assert_eq!(plan.create_leases[0].status.sequence, Some(8));
 
@@ -566,7 +578,7 @@ mod tests {
         }
         engine.upsert_lease(preempted);
         assert_eq!(engine.retired_count(), 1);
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
         engine.upsert_lease(lease(&done, "default", released(7)));
         assert_eq!(engine.retired_count(), 2);
 
@@ -576,7 +588,7 @@ mod tests {
             ..pod("done", 1, 60)
         });
         assert_eq!(engine.retired_count(), 1);
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.delete_leases.len(), 1, "the old lease goes first");
 
         // Removing what is kept removes retired entries too.
@@ -592,7 +604,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["new"]
         );
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
     }
 
     #[test]
@@ -605,16 +617,16 @@ mod tests {
             engine.upsert_pod(p);
         }
         engine.upsert_pod(pod("new", 1, 50));
-        let next = |engine: &Engine| {
+        let next = |engine: &mut Engine| {
             assert_decides_as_a_full_pass(engine).create_leases[0]
                 .status
                 .sequence
         };
-        assert_eq!(next(&engine), Some(10));
+        assert_eq!(next(&mut engine), Some(10));
         engine.remove_lease(&key("b"));
-        assert_eq!(next(&engine), Some(10), "c still carries 9");
+        assert_eq!(next(&mut engine), Some(10), "c still carries 9");
         engine.remove_lease(&key("c"));
-        assert_eq!(next(&engine), Some(6));
+        assert_eq!(next(&mut engine), Some(6));
     }
 
     #[test]
@@ -654,7 +666,7 @@ mod tests {
         ));
         engine.upsert_pod(helper);
         assert_eq!(engine.retired_count(), 1, "the primary is retired");
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.evictions.len(), 1);
         assert_eq!(plan.evictions[0].grace_period_seconds, 7);
     }
@@ -666,28 +678,30 @@ mod tests {
         engine.upsert_lease(lease(&waiting, "default", None));
         engine.upsert_pod(waiting);
         engine.upsert_pod(pod("fresh", 1, 2));
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.create_leases.len(), 1, "the fresh pod is queued");
 
         // The class now manages another resource: neither pod asks for it.
         let mut other = fixtures::class("default");
         other.spec.resource_name = "example.com/gpu".into();
         engine.upsert_class(other);
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert!(plan.create_leases.is_empty() && plan.admissions.is_empty());
 
         // Back again, then no longer the default: the unlabelled pods have
         // no class.
         engine.upsert_class(fixtures::class("default"));
         assert_eq!(
-            assert_decides_as_a_full_pass(&engine).create_leases.len(),
+            assert_decides_as_a_full_pass(&mut engine)
+                .create_leases
+                .len(),
             1
         );
         let mut plain = fixtures::class("default");
         plain.spec.default = false;
         engine.upsert_class(plain);
         assert!(
-            assert_decides_as_a_full_pass(&engine)
+            assert_decides_as_a_full_pass(&mut engine)
                 .create_leases
                 .is_empty()
         );
@@ -696,17 +710,17 @@ mod tests {
         let mut first = fixtures::class("aaa");
         first.spec.default = true;
         engine.upsert_class(first);
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.create_leases[0].spec.class_name, "aaa");
         engine.remove_class("aaa");
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
 
         // A class whose status alone changes resolves alike.
         let mut with_status = fixtures::class("default");
         with_status.status = Some(Default::default());
         assert!(resolves_alike(&fixtures::class("default"), &with_status));
         engine.upsert_class(with_status);
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
     }
 
     #[test]
@@ -717,21 +731,21 @@ mod tests {
         engine.upsert_lease(edited.clone());
         engine.upsert_pod(p.clone());
         assert!(
-            assert_decides_as_a_full_pass(&engine)
+            assert_decides_as_a_full_pass(&mut engine)
                 .lease_specs
                 .is_empty()
         );
 
         edited.spec.slots = 1;
         engine.upsert_lease(edited.clone());
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.lease_specs.get(&key("a")).map(|s| s.slots), Some(2));
 
         // The rewrite lands: nothing more to write.
         edited.spec.slots = 2;
         engine.upsert_lease(edited.clone());
         assert!(
-            assert_decides_as_a_full_pass(&engine)
+            assert_decides_as_a_full_pass(&mut engine)
                 .lease_specs
                 .is_empty()
         );
@@ -741,7 +755,7 @@ mod tests {
             role: RoleLabel::Valid(Role::Helper),
             ..p
         });
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(
             plan.lease_specs.get(&key("a")).map(|s| s.role),
             Some(Role::Helper)
@@ -835,13 +849,13 @@ mod tests {
             0,
             "yet counts what the running pod holds"
         );
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
 
         // The running pod finishes: the head is admitted, every position
         // moves, and the pass lists only the front of that progress.
         engine.set_progress_limit(Some(3));
         engine.remove_pod(&key("running"));
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.admissions.len(), 1);
         assert_eq!(plan.admissions[0].key, key("wait-00"));
         assert_eq!(plan.lease_progress.len(), 3);
@@ -859,7 +873,7 @@ mod tests {
 
         // Without a limit every lease is compared and written.
         engine.set_progress_limit(None);
-        let plan = assert_decides_as_a_full_pass(&engine);
+        let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.lease_progress.len(), 29);
         assert!(through_queue_step(&engine).parked_skipped.is_empty());
 
@@ -873,7 +887,48 @@ mod tests {
             29,
             "a pod with its own nodeSelector is visited"
         );
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
+    }
+
+    #[test]
+    fn a_message_found_current_is_not_rendered_again_until_its_lease_changes() {
+        let mut engine = default_class_and_one_node(1);
+        let mut running = pod("running", 1, 0);
+        running.gated = false;
+        running.phase = PodPhase::Running;
+        running.node_name = Some("n1".into());
+        engine.upsert_pod(running);
+        for i in 0..5 {
+            engine.upsert_pod(pod(&format!("wait-{i}"), 1, i + 1));
+        }
+        settle(&mut engine);
+        let found = |engine: &Engine| {
+            let pass = through_queue_step(engine);
+            let found = pass
+                .parked_out
+                .iter()
+                .filter(|o| o.settled.is_some())
+                .count();
+            assert!(
+                pass.parked_out.iter().all(|o| !o.moved),
+                "the queue is settled"
+            );
+            (found, pass.parked_out.len())
+        };
+        // The last pass of `settle` remembered every current message.
+        let (fresh, waiting) = found(&engine);
+        assert_eq!(
+            (fresh, waiting),
+            (0, 4),
+            "the head is a ticket; four are remembered"
+        );
+
+        // A lease written again is compared again, once.
+        let l = engine.lease(&key("wait-3")).cloned().expect("kept");
+        engine.upsert_lease(l);
+        assert_eq!(found(&engine), (1, 4));
+        assert_decides_as_a_full_pass(&mut engine);
+        assert_eq!(found(&engine), (0, 4));
     }
 
     #[test]
@@ -906,6 +961,6 @@ mod tests {
             "slots may be held for a parked primary"
         );
         assert!(pass.parked_out.is_empty());
-        assert_decides_as_a_full_pass(&engine);
+        assert_decides_as_a_full_pass(&mut engine);
     }
 }

@@ -201,8 +201,9 @@ pub struct Kept {
 /// One decision pass's inputs: the engine brought up to date, and the raw
 /// objects its entries came from (the writes need their UIDs and versions).
 pub struct PassInput<'k> {
-    /// What the engine decides on.
-    pub engine: &'k Engine,
+    /// What the engine decides on (deciding lets it remember which
+    /// statuses it found current).
+    pub engine: &'k mut Engine,
     pods: &'k Fed<CachedPod>,
     leases: &'k Fed<GpuLease>,
 }
@@ -759,8 +760,8 @@ mod tests {
     }
 
     /// What a pass's input says, as text both sides can be compared by.
-    fn described(input: &PassInput<'_>) -> (Vec<String>, Plan) {
-        let engine = input.engine;
+    fn described(input: &mut PassInput<'_>) -> (Vec<String>, Plan) {
+        let engine = &*input.engine;
         let mut lines: Vec<String> = engine
             .classes()
             .values()
@@ -778,7 +779,7 @@ mod tests {
                 .map(|l| format!("{l:?} from {:?}", input.lease(&l.key))),
         );
         lines.sort();
-        (lines, engine.decide())
+        (lines, input.engine.decide())
     }
 
     /// Runs `steps` against two kept engines on the same caches: one looks
@@ -955,8 +956,9 @@ mod tests {
                     ] {
                         log.everything();
                     }
-                    let a = described(&fed.sync(&cluster.caches, &mut fed_overlay, &[], now, at));
-                    let b = described(&full.sync(&everything, &mut full_overlay, &[], now, at));
+                    let a =
+                        described(&mut fed.sync(&cluster.caches, &mut fed_overlay, &[], now, at));
+                    let b = described(&mut full.sync(&everything, &mut full_overlay, &[], now, at));
                     prop_assert_eq!(a, b, "pass after step {}", n);
                     prop_assert_eq!(fed_overlay.len(), full_overlay.len());
                     fed_as_laid(&fed, &cluster.caches, &mut fed_overlay, now, at)
