@@ -336,25 +336,22 @@ impl<'a> Pass<'a> {
         // Parked leases of this FIFO whose position or message moved.
         let mut moved = 0usize;
         let mut scratch = String::new();
-        // Where in this FIFO the primaries that slots are held for stand:
-        // few, so found once per run rather than per ticket. (Slots are
-        // held only while a pass visits every parked lease as a ticket.)
-        let reserved_in_order: Vec<(usize, usize)> =
+        // Where in this FIFO (by sequence and key, its order) the primaries
+        // that slots are held for stand: few, so found once per run rather
+        // than per ticket. They are tickets: a primary a victim names is
+        // never parked.
+        let reserved_in_order: Vec<(usize, (Option<u64>, &'a ObjectKey))> =
             if role == Role::Primary && !self.reservations.is_empty() {
                 order
                     .tickets
                     .iter()
-                    .enumerate()
-                    .filter(|(_, (_, _, t))| self.reservations.contains_key(t))
-                    .map(|(pos, &(_, _, t))| (t, pos))
+                    .filter(|(_, _, t)| self.reservations.contains_key(t))
+                    .map(|&(sequence, key, t)| (t, (sequence, key)))
                     .collect()
             } else {
                 Vec::new()
             };
-        let mut at = 0usize;
         while let Some(next) = order.next() {
-            at += 1;
-            let at = at - 1;
             let ahead = queued.len() as u32 + skipped;
             let t = match next {
                 Next::Ticket(t) => t,
@@ -481,11 +478,12 @@ impl<'a> Pass<'a> {
                 }
                 let offered = open.as_deref().unwrap_or(list);
                 let mut node = place(&self.nodes, offered, res, slots, placement);
+                let here = (self.tickets[t].sequence, self.tickets[t].key);
                 if node.is_none() && !reserved_in_order.is_empty() {
                     node = place_over_reservations_behind(
                         &mut self.nodes,
                         &mut self.reservations,
-                        |b| reserved_in_order.iter().any(|&(r, pos)| r == b && pos > at),
+                        |b| reserved_in_order.iter().any(|&(r, at)| r == b && at > here),
                         res,
                         |nodes| place(nodes, offered, res, slots, placement),
                     );

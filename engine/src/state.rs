@@ -41,12 +41,17 @@ impl Entry {
         self.lease.as_ref()?.status.as_ref()?.sequence
     }
 
-    /// The lease's persisted status names a primary it was preempted for.
-    fn names_a_preempter(&self) -> bool {
-        self.lease
-            .as_ref()
-            .and_then(|l| l.status.as_ref())
-            .is_some_and(|s| s.preempted_by.is_some())
+    /// The primary the lease's persisted status says it was preempted for.
+    fn preempted_for(&self) -> Option<ObjectKey> {
+        let named = self
+            .lease
+            .as_ref()?
+            .status
+            .as_ref()?
+            .preempted_by
+            .as_deref()?;
+        let (namespace, name) = named.split_once('/')?;
+        Some(ObjectKey::new(namespace, name))
     }
 }
 
@@ -111,10 +116,11 @@ pub struct Engine {
     parked: Parked,
     /// Quiet primaries set apart by node; in no other map at the same time.
     holders: QuietHolders,
-    /// Live entries whose lease names a primary it was preempted for:
-    /// while there are any, slots may be held back for a parked primary,
-    /// and a pass visits every parked entry as a live one.
-    preempted: BTreeSet<ObjectKey>,
+    /// Primaries that live entries' leases say they were preempted for,
+    /// each with how many: a pass looks them up as tickets (slots are held
+    /// back for them, and a victim's grace may be theirs), so they are
+    /// neither parked nor set apart.
+    named: BTreeMap<ObjectKey, usize>,
     /// The sequences of retired leases, each with how many carry it: new
     /// sequences go above every one any lease carries.
     retired_sequences: BTreeMap<u64, usize>,
@@ -205,20 +211,11 @@ impl Engine {
         fn as_entry(e: &Entry) -> pass::Entry<'_> {
             (e.pod.as_deref(), e.lease.as_deref(), Some(&e.facts))
         }
-        let visit_parked = !self.preempted.is_empty();
-        let entries = if visit_parked {
-            let set_apart = merge_by_key(self.parked.iter(), self.holders.iter());
-            merge_by_key(self.entries.iter(), set_apart)
-                .map(|(_, e)| as_entry(e))
-                .collect()
-        } else {
-            self.entries.values().map(as_entry).collect()
-        };
         View {
             now: self.now,
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
-            entries,
+            entries: self.entries.values().map(as_entry).collect(),
             retired: Some(&self.retired),
             retired_highest: self
                 .retired_sequences
@@ -227,8 +224,8 @@ impl Engine {
                 .copied()
                 .max(self.parked.highest_sequence())
                 .max(self.holders.highest_sequence()),
-            parked: (!visit_parked && self.parked.len() > 0).then_some(&self.parked),
-            holders: (!visit_parked && self.holders.len() > 0).then_some(&self.holders),
+            parked: (self.parked.len() > 0).then_some(&self.parked),
+            holders: (self.holders.len() > 0).then_some(&self.holders),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -272,6 +269,8 @@ impl Engine {
     /// Derives every live entry's facts again, after the classes changed,
     /// and parks or visits each as the classes now say.
     fn refresh_every_entry(&mut self) {
+        // Every live entry is kept anew, counting what it names again.
+        self.named.clear();
         let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
             .into_iter()
             .chain(self.parked.take_all())
@@ -333,7 +332,9 @@ impl Engine {
     /// Takes the entry `key` out of wherever it is kept.
     fn take(&mut self, key: &ObjectKey) -> Option<Entry> {
         if let Some(entry) = self.entries.remove(key) {
-            self.preempted.remove(key);
+            if let Some(primary) = entry.preempted_for() {
+                self.unname(primary);
+            }
             return Some(entry);
         }
         if let Some(entry) = self.parked.remove(key) {
@@ -359,18 +360,58 @@ impl Engine {
         }
         let pass = classes_only(&self.classes);
         refresh_facts(&pass, &mut entry);
-        if let Some(place) = parked::place_of(&pass, &entry) {
-            self.parked.insert(key, place, entry);
-            return;
+        if !self.named.contains_key(&key) {
+            if let Some(place) = parked::place_of(&pass, &entry) {
+                self.parked.insert(key, place, entry);
+                return;
+            }
+            if let Some(place) = holders::place_of(&pass, &entry) {
+                self.holders.insert(key, place, entry);
+                return;
+            }
         }
-        if let Some(place) = holders::place_of(&pass, &entry) {
-            self.holders.insert(key, place, entry);
-            return;
-        }
-        if entry.names_a_preempter() {
-            self.preempted.insert(key.clone());
-        }
+        let primary = entry.preempted_for();
         self.entries.insert(key, entry);
+        if let Some(primary) = primary {
+            self.name(primary);
+        }
+    }
+
+    /// Counts one more lease naming `primary`; the first brings it back
+    /// among the visited entries.
+    fn name(&mut self, primary: ObjectKey) {
+        let n = self.named.entry(primary.clone()).or_default();
+        *n += 1;
+        if *n == 1
+            && let Some(entry) = self
+                .parked
+                .remove(&primary)
+                .or_else(|| self.holders.remove(&primary))
+        {
+            self.keep(primary, entry);
+        }
+    }
+
+    /// Counts one lease less naming `primary`; after the last it may be
+    /// parked or set apart again.
+    fn unname(&mut self, primary: ObjectKey) {
+        let std::collections::btree_map::Entry::Occupied(mut n) = self.named.entry(primary.clone())
+        else {
+            return;
+        };
+        *n.get_mut() -= 1;
+        if *n.get() > 0 {
+            return;
+        }
+        n.remove();
+        if let Some(entry) = self.entries.remove(&primary) {
+            // Taken out and kept as any update would (it may name a
+            // primary itself, which `take` and `keep` count again).
+            if let Some(named) = entry.preempted_for() {
+                self.unname(named);
+            }
+            self.keep(primary, entry);
+        }
     }
 
     fn retire(&mut self, key: ObjectKey, entry: Entry) {
@@ -932,19 +973,20 @@ mod tests {
     }
 
     #[test]
-    fn a_preemption_in_flight_has_every_parked_lease_visited() {
+    fn a_primary_a_victim_names_is_visited_while_it_is_named() {
         let mut engine = default_class_and_one_node(1);
         for i in 0..3 {
             engine.upsert_pod(pod(&format!("wait-{i}"), 1, i + 1));
         }
         settle(&mut engine);
-        assert!(engine.parked_count() > 0);
+        let parked = engine.parked_count();
+        assert!(parked > 0 && engine.entries.keys().all(|k| k != &key("wait-1")));
         let mut helper = fixtures::helper("helper", 1, 0);
         helper.gated = false;
         helper.phase = PodPhase::Running;
         helper.node_name = Some("n1".into());
         engine.upsert_pod(helper.clone());
-        engine.upsert_lease(lease(
+        let victim = lease(
             &helper,
             "default",
             Some(GpuLeaseStatus {
@@ -954,13 +996,22 @@ mod tests {
                 preempted_by: Some("team/wait-1".into()),
                 ..GpuLeaseStatus::default()
             }),
-        ));
-        let pass = through_queue_step(&engine);
-        assert!(
-            pass.view.parked.is_none(),
-            "slots may be held for a parked primary"
         );
-        assert!(pass.parked_out.is_empty());
+        engine.upsert_lease(victim.clone());
+        // Slots are held for it, and its class may give the victim its
+        // grace: the pass finds it among the tickets.
+        assert_eq!(engine.parked_count(), parked - 1);
+        assert!(engine.entries.contains_key(&key("wait-1")));
+        assert_decides_as_a_full_pass(&mut engine);
+
+        // Named twice, it stays visited until neither names it.
+        let mut second = lease(&finished("other"), "default", None);
+        second.status = victim.status.clone();
+        engine.upsert_lease(second);
+        engine.remove_lease(&key("helper"));
+        assert!(engine.entries.contains_key(&key("wait-1")));
+        engine.remove_lease(&key("other"));
+        assert_eq!(engine.parked_count(), parked, "parked again");
         assert_decides_as_a_full_pass(&mut engine);
     }
 }
