@@ -232,6 +232,11 @@ fn status_to_write(
 }
 
 impl Applier {
+    /// How many queue-progress writes the budget allows now.
+    pub fn progress_room(&self) -> usize {
+        self.progress.room()
+    }
+
     /// An applier writing through `client`; queue progress goes to `progress`.
     pub fn new(
         client: Client,

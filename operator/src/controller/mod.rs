@@ -105,10 +105,6 @@ pub async fn run(
     let mut applier = Applier::new(client, metrics.clone(), sink, progress);
     let mut overlay = overlay::Overlay::default();
     let mut kept = Kept::default();
-    // A pass hands the progress writer one second of its budget, front of
-    // the queue first; a lease further back is offered by a later pass, once
-    // the ones before it are written (or have moved on).
-    kept.set_progress_limit(config.status_writes_per_second as usize);
     let mut backoff = BACKOFF_MIN;
     loop {
         // Wait to lead.
@@ -215,12 +211,19 @@ async fn pass(
 ) -> PassOutcome {
     let started = Instant::now();
     let now = Timestamp::now();
+    // A pass hands the progress writer what its budget allows now (at most
+    // a second of it), front of the queue first: a lease further back is
+    // offered by a later pass, with what it wants then. Passes that follow
+    // each other closely thus build a few statuses each, not a second's.
+    kept.set_progress_limit(applier.progress_room());
     let input = kept.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
     let plan = input.engine.decide();
     tracing::debug!(
         pods = input.engine.pod_count(),
         leases = input.engine.lease_count(),
         retired = input.engine.retired_count(),
+        parked = input.engine.parked_count(),
+        quiet_holders = input.engine.quiet_holder_count(),
         creates = plan.create_leases.len(),
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),

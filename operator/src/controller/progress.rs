@@ -105,6 +105,14 @@ impl<T> ProgressQueue<T> {
         self.tokens = (self.tokens + 1.0).min(self.rate);
     }
 
+    /// How many writes the budget allows at `now`: what a pass need hand
+    /// over, since a lease further back is offered again by a later pass
+    /// with whatever it then wants.
+    pub fn room(&mut self, now: Instant) -> usize {
+        self.refill(now);
+        self.tokens.max(0.0).floor() as usize
+    }
+
     /// When the budget next allows a write, if anything waits.
     pub fn next_at(&mut self, now: Instant) -> Option<Instant> {
         if self.order.is_empty() {
@@ -519,6 +527,11 @@ impl ProgressWriter {
         self.wake.notify_one();
     }
 
+    /// How many writes the budget allows now (see [`ProgressQueue::room`]).
+    pub fn room(&self) -> usize {
+        lock(&self.shared).queue.room(Instant::now())
+    }
+
     /// Hands `key`'s status over to a full write decided on `lease`: forgets
     /// what waits for it, and returns the lease as this writer's own writes
     /// left it when they are all that changed it since `lease` (so the full
@@ -618,15 +631,18 @@ mod tests {
         for i in 0..5 {
             q.offer(key(&format!("l{i}")), i, json!(i));
         }
+        assert_eq!(q.room(t0), 2);
         assert!(q.take(t0).is_some());
         assert!(q.take(t0).is_some());
         assert!(q.take(t0).is_none(), "two writes per second, no more");
+        assert_eq!(q.room(t0), 0, "a pass need hand over nothing now");
         let next = q.next_at(t0).expect("more waits");
         assert_eq!(next.duration_since(t0), Duration::from_millis(500));
         assert!(q.take(t0 + Duration::from_millis(499)).is_none());
         assert!(q.take(t0 + Duration::from_millis(500)).is_some());
         // A long idle spell does not save up more than one second's budget.
         let later = t0 + Duration::from_secs(60);
+        assert_eq!(q.room(later), 2);
         assert!(q.take(later).is_some());
         assert!(q.take(later).is_some());
         assert!(q.take(later).is_none());
