@@ -865,18 +865,26 @@ mod tests {
         pass
     }
 
-    #[test]
-    fn waiting_and_quiet_leases_are_set_apart_and_the_back_of_a_closed_fifo_is_counted() {
+    /// One node of one slot that a running primary holds, `waiting`
+    /// primaries queued behind it (`wait-00`, `wait-01`, …), every status
+    /// written.
+    fn one_running_and_waiting(waiting: i64) -> Engine {
         let mut engine = default_class_and_one_node(1);
         let mut running = pod("running", 1, 0);
         running.gated = false;
         running.phase = PodPhase::Running;
         running.node_name = Some("n1".into());
         engine.upsert_pod(running);
-        for i in 0..30 {
+        for i in 0..waiting {
             engine.upsert_pod(pod(&format!("wait-{i:02}"), 1, i + 1));
         }
         settle(&mut engine);
+        engine
+    }
+
+    #[test]
+    fn waiting_and_quiet_leases_are_set_apart_and_the_back_of_a_closed_fifo_is_counted() {
+        let mut engine = one_running_and_waiting(30);
         assert_eq!(engine.parked_count(), 30, "every waiting lease is parked");
         assert_eq!(
             engine.quiet_holder_count(),
@@ -933,16 +941,7 @@ mod tests {
 
     #[test]
     fn a_message_found_current_is_not_rendered_again_until_its_lease_changes() {
-        let mut engine = default_class_and_one_node(1);
-        let mut running = pod("running", 1, 0);
-        running.gated = false;
-        running.phase = PodPhase::Running;
-        running.node_name = Some("n1".into());
-        engine.upsert_pod(running);
-        for i in 0..5 {
-            engine.upsert_pod(pod(&format!("wait-{i}"), 1, i + 1));
-        }
-        settle(&mut engine);
+        let mut engine = one_running_and_waiting(5);
         let found = |engine: &Engine| {
             let pass = through_queue_step(engine);
             let found = pass
@@ -965,7 +964,7 @@ mod tests {
         );
 
         // A lease written again is compared again, once.
-        let l = engine.lease(&key("wait-3")).cloned().expect("kept");
+        let l = engine.lease(&key("wait-03")).cloned().expect("kept");
         engine.upsert_lease(l);
         assert_eq!(found(&engine), (1, 4));
         assert_decides_as_a_full_pass(&mut engine);
