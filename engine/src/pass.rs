@@ -158,9 +158,11 @@ pub(crate) enum Waiter {
     Skipped(usize),
 }
 
-/// The end of a FIFO's parked leases the queue step counted rather than
-/// visited (see `Pass::skip_parked`): all `Queued`, none of them among the
-/// statuses a progress limit lets through.
+/// Parked leases of one FIFO the queue step counted rather than kept one
+/// by one: the end of the FIFO passed over (see `Pass::skip_parked`), or
+/// those behind the class status's head whose status needs no write and
+/// whose message the kept engine remembers. All `Queued`, none of them
+/// among the statuses a pass writes.
 #[derive(Debug)]
 pub(crate) struct SkippedRun {
     pub class: usize,
@@ -185,6 +187,8 @@ pub(crate) struct Queued {
 #[derive(Debug)]
 pub(crate) struct ParkedOutcome<'a> {
     pub key: &'a ObjectKey,
+    /// The slots its pod asks for.
+    pub slots: u32,
     pub entry: &'a crate::state::Entry,
     /// Its class, by index.
     pub class: usize,

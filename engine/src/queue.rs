@@ -229,7 +229,7 @@ impl<'a> Pass<'a> {
                     Waiter::Ticket(t) => t,
                     Waiter::Parked(o) => {
                         let o = &self.parked_out[o];
-                        let slots = o.entry.facts.class_slots;
+                        let slots = o.slots;
                         if o.waits {
                             plain_min = Some(plain_min.map_or(slots, |m| m.min(slots)));
                         }
@@ -335,6 +335,9 @@ impl<'a> Pass<'a> {
         let mut class_free: Option<u64> = None;
         // Parked leases of this FIFO whose position or message moved.
         let mut moved = 0usize;
+        // The entry of `queued` that counts this FIFO's quiet parked leases
+        // behind the class status's head (an index into `parked_skipped`).
+        let mut counted: Option<usize> = None;
         let mut scratch = String::new();
         // Where in this FIFO (by sequence and key, its order) the primaries
         // that slots are held for stand: few, so found once per run rather
@@ -378,8 +381,36 @@ impl<'a> Pass<'a> {
                         Some(outcome) => {
                             waiting += u32::from(outcome.waits);
                             moved += usize::from(outcome.moved);
-                            queued.push(Waiter::Parked(self.parked_out.len()));
-                            self.parked_out.push(outcome);
+                            // Behind the class status's head, a lease that
+                            // needs no write and whose message the engine
+                            // already remembers is only counted.
+                            let quiet = !outcome.moved
+                                && outcome.settled.is_none()
+                                && ahead as usize >= QUEUE_HEAD;
+                            if !quiet {
+                                queued.push(Waiter::Parked(self.parked_out.len()));
+                                self.parked_out.push(outcome);
+                            } else if let Some(run) = counted.map(|i| &mut self.parked_skipped[i]) {
+                                run.count += 1;
+                                skipped += 1;
+                                if outcome.waits {
+                                    run.waiting += 1;
+                                    run.fewest_waiting_slots = Some(
+                                        run.fewest_waiting_slots
+                                            .map_or(outcome.slots, |f| f.min(outcome.slots)),
+                                    );
+                                }
+                            } else {
+                                counted = Some(self.parked_skipped.len());
+                                queued.push(Waiter::Skipped(self.parked_skipped.len()));
+                                self.parked_skipped.push(SkippedRun {
+                                    class: c,
+                                    role,
+                                    count: 1,
+                                    waiting: u32::from(outcome.waits),
+                                    fewest_waiting_slots: outcome.waits.then_some(outcome.slots),
+                                });
+                            }
                             // Under a progress limit, once more leases of
                             // this FIFO moved than the limit lets through,
                             // the ones behind them are neither written nor
@@ -657,6 +688,7 @@ impl<'a> Pass<'a> {
             });
         Some(ParkedOutcome {
             key: &place.1,
+            slots,
             entry: &lease.entry,
             class: c,
             role,
