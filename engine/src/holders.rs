@@ -40,8 +40,6 @@ pub(crate) struct QuietHolders {
     pub usage: BTreeMap<String, BTreeMap<String, u64>>,
     /// Per class name, how many there are.
     pub per_class: BTreeMap<String, usize>,
-    /// Their sequences, each with how many carry it.
-    sequences: BTreeMap<u64, usize>,
 }
 
 impl QuietHolders {
@@ -54,7 +52,6 @@ impl QuietHolders {
             }
         }
         *self.per_class.entry(place.class.clone()).or_default() += 1;
-        *self.sequences.entry(place.sequence).or_default() += 1;
         self.by_node
             .entry(place.node.clone())
             .or_default()
@@ -84,7 +81,6 @@ impl QuietHolders {
             }
         }
         count_down(&mut self.per_class, place.class);
-        count_down(&mut self.sequences, place.sequence);
         Some(entry)
     }
 
@@ -93,7 +89,6 @@ impl QuietHolders {
         self.places.clear();
         self.usage.clear();
         self.per_class.clear();
-        self.sequences.clear();
         std::mem::take(&mut self.by_node)
             .into_values()
             .flatten()
@@ -113,11 +108,6 @@ impl QuietHolders {
         self.places
             .keys()
             .filter_map(|key| Some((key, self.get(key)?)))
-    }
-
-    /// The highest sequence a quiet primary carries.
-    pub fn highest_sequence(&self) -> Option<u64> {
-        self.sequences.keys().next_back().copied()
     }
 
     /// How many there are.

@@ -120,8 +120,6 @@ pub(crate) struct Parked {
     places: BTreeMap<ObjectKey, Place>,
     /// By class name.
     pub tails: BTreeMap<String, Tail>,
-    /// The parked sequences, each with how many leases carry it.
-    sequences: BTreeMap<u64, usize>,
 }
 
 impl Parked {
@@ -140,7 +138,6 @@ impl Parked {
                     settled: None,
                 },
             );
-        *self.sequences.entry(place.sequence).or_default() += 1;
         self.places.insert(key, place);
     }
 
@@ -154,14 +151,12 @@ impl Parked {
         if tail.primaries.len() == 0 && tail.helpers.len() == 0 {
             self.tails.remove(&place.class);
         }
-        count_down(&mut self.sequences, place.sequence);
         lease.map(|l| l.entry)
     }
 
     /// Takes every parked entry out.
     pub fn take_all(&mut self) -> impl Iterator<Item = (ObjectKey, Entry)> {
         self.places.clear();
-        self.sequences.clear();
         std::mem::take(&mut self.tails)
             .into_values()
             .flat_map(|tail| tail.primaries.leases.into_iter().chain(tail.helpers.leases))
@@ -201,11 +196,6 @@ impl Parked {
         if let Some(lease) = lease {
             lease.settled = Some(settled);
         }
-    }
-
-    /// The highest sequence a parked lease carries.
-    pub fn highest_sequence(&self) -> Option<u64> {
-        self.sequences.keys().next_back().copied()
     }
 
     /// How many leases are parked.

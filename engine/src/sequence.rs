@@ -25,7 +25,7 @@ impl Pass<'_> {
             .iter()
             .filter_map(|(_, l, _)| l.and_then(|l| l.status.as_ref()).and_then(|s| s.sequence))
             .max()
-            .max(self.view.retired_highest)
+            .max(self.view.set_apart_highest)
             .unwrap_or(0);
         pending.sort_by(|&a, &b| {
             let (a, b) = (&self.tickets[a], &self.tickets[b]);

@@ -36,7 +36,7 @@ impl Entry {
         pass::is_inert(self.pod.as_deref(), self.lease.as_deref())
     }
 
-    /// The sequence a retired entry's lease carries: new ones go above it.
+    /// The sequence the entry's lease carries: new ones go above it.
     fn sequence(&self) -> Option<u64> {
         self.lease.as_ref()?.status.as_ref()?.sequence
     }
@@ -94,7 +94,10 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// is live and queued, not every pod that ever ran and is not yet deleted.
 /// Plainly queued leases of StrictFIFO classes are parked in their FIFO
 /// order (see [`crate::parked`]), so a pass builds tickets for the few
-/// the queue step may admit, not for every lease that waits.
+/// the queue step may admit, not for every lease that waits; quiet
+/// running primaries are set apart by node (see [`crate::holders`]), so a
+/// pass reads their summed capacity rather than visiting each. A primary
+/// that a preempted helper names is never kept apart.
 ///
 /// What a pass derives from a pod and its lease alone (their facts) is
 /// kept with the entry, derived again whenever the entry changes and, for
@@ -121,9 +124,10 @@ pub struct Engine {
     /// back for them, and a victim's grace may be theirs), so they are
     /// neither parked nor set apart.
     named: BTreeMap<ObjectKey, usize>,
-    /// The sequences of retired leases, each with how many carry it: new
-    /// sequences go above every one any lease carries.
-    retired_sequences: BTreeMap<u64, usize>,
+    /// The sequences of the leases a pass does not visit (retired, parked
+    /// or set apart), each with how many carry it: new sequences go above
+    /// every one any lease carries.
+    set_apart_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
     blocked_evictions: BTreeSet<ObjectKey>,
@@ -217,13 +221,7 @@ impl Engine {
             nodes: self.nodes.values().collect(),
             entries: self.entries.values().map(as_entry).collect(),
             retired: Some(&self.retired),
-            retired_highest: self
-                .retired_sequences
-                .keys()
-                .next_back()
-                .copied()
-                .max(self.parked.highest_sequence())
-                .max(self.holders.highest_sequence()),
+            set_apart_highest: self.set_apart_sequences.keys().next_back().copied(),
             parked: (self.parked.len() > 0).then_some(&self.parked),
             holders: (self.holders.len() > 0).then_some(&self.holders),
             blocked_evictions: &self.blocked_evictions,
@@ -271,10 +269,17 @@ impl Engine {
     fn refresh_every_entry(&mut self) {
         // Every live entry is kept anew, counting what it names again.
         self.named.clear();
+        let set_apart: Vec<(ObjectKey, Entry)> = self
+            .parked
+            .take_all()
+            .chain(self.holders.take_all())
+            .collect();
+        for (_, entry) in &set_apart {
+            self.forget_sequence(entry);
+        }
         let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
             .into_iter()
-            .chain(self.parked.take_all())
-            .chain(self.holders.take_all())
+            .chain(set_apart)
             .collect();
         for (key, entry) in live {
             self.keep(key, entry);
@@ -337,13 +342,11 @@ impl Engine {
             }
             return Some(entry);
         }
-        if let Some(entry) = self.parked.remove(key) {
-            return Some(entry);
-        }
-        if let Some(entry) = self.holders.remove(key) {
-            return Some(entry);
-        }
-        let entry = self.retired.remove(key)?;
+        let entry = self
+            .parked
+            .remove(key)
+            .or_else(|| self.holders.remove(key))
+            .or_else(|| self.retired.remove(key))?;
         self.forget_sequence(&entry);
         Some(entry)
     }
@@ -362,10 +365,12 @@ impl Engine {
         refresh_facts(&pass, &mut entry);
         if !self.named.contains_key(&key) {
             if let Some(place) = parked::place_of(&pass, &entry) {
+                self.count_sequence(&entry);
                 self.parked.insert(key, place, entry);
                 return;
             }
             if let Some(place) = holders::place_of(&pass, &entry) {
+                self.count_sequence(&entry);
                 self.holders.insert(key, place, entry);
                 return;
             }
@@ -388,6 +393,7 @@ impl Engine {
                 .remove(&primary)
                 .or_else(|| self.holders.remove(&primary))
         {
+            self.forget_sequence(&entry);
             self.keep(primary, entry);
         }
     }
@@ -415,21 +421,22 @@ impl Engine {
     }
 
     fn retire(&mut self, key: ObjectKey, entry: Entry) {
-        if let Some(seq) = entry.sequence() {
-            *self.retired_sequences.entry(seq).or_default() += 1;
-        }
+        self.count_sequence(&entry);
         self.retired.insert(key, entry);
     }
 
+    /// Counts the sequence of an entry a pass will not visit.
+    fn count_sequence(&mut self, entry: &Entry) {
+        if let Some(seq) = entry.sequence() {
+            *self.set_apart_sequences.entry(seq).or_default() += 1;
+        }
+    }
+
+    /// Forgets the sequence of an entry taken out of those a pass does not
+    /// visit.
     fn forget_sequence(&mut self, entry: &Entry) {
-        let Some(seq) = entry.sequence() else {
-            return;
-        };
-        if let Some(n) = self.retired_sequences.get_mut(&seq) {
-            *n -= 1;
-            if *n == 0 {
-                self.retired_sequences.remove(&seq);
-            }
+        if let Some(seq) = entry.sequence() {
+            parked::count_down(&mut self.set_apart_sequences, seq);
         }
     }
 
@@ -637,7 +644,7 @@ mod tests {
         assert!(engine.remove_lease(&key("done")).is_some());
         assert!(engine.remove_pod(&key("done")).is_some());
         assert_eq!(engine.retired_count(), 0);
-        assert!(engine.retired_sequences.is_empty());
+        assert!(engine.set_apart_sequences.is_empty());
         assert_eq!(
             engine
                 .pods()
@@ -891,6 +898,8 @@ mod tests {
             1,
             "the running primary is set apart"
         );
+        let counted: usize = engine.set_apart_sequences.values().sum();
+        assert_eq!(counted, 31, "each set-apart sequence is counted once");
         let pass = through_queue_step(&engine);
         assert_eq!(pass.joined, 0, "the pass visits no entry");
         assert_eq!(
