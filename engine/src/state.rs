@@ -93,9 +93,9 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// unless released for a preemption) are kept apart, so a pass costs what
 /// is live and queued, not every pod that ever ran and is not yet deleted.
 /// Plainly queued leases of StrictFIFO classes are parked in their FIFO
-/// order (see [`crate::parked`]), so a pass builds tickets for the few
+/// order (see the `parked` module), so a pass builds tickets for the few
 /// the queue step may admit, not for every lease that waits; quiet
-/// running primaries are set apart by node (see [`crate::holders`]), so a
+/// running primaries are set apart by node (see the `holders` module), so a
 /// pass reads their summed capacity rather than visiting each. A primary
 /// that a preempted helper names is never kept apart.
 ///
