@@ -1,7 +1,8 @@
 //! The in-memory Kubernetes API server of the simulated cluster (DESIGN §7).
 //!
-//! It speaks the real REST and watch protocol over HTTP/1.1 on 127.0.0.1 so
-//! that kube-rs clients, the real `gpupool-operator` / `gpupool-device-plugin`
+//! It speaks the real REST and watch protocol over HTTP/1.1 and HTTP/2
+//! (offered over ALPN, as kube-apiserver does) on 127.0.0.1 so that kube-rs
+//! clients, the real `gpupool-operator` / `gpupool-device-plugin`
 //! binaries and `kubectl` work against it unchanged. What it does:
 //!
 //! - JSON only. Core `v1` and `/apis/<group>/<version>` paths, namespaced and

@@ -51,7 +51,7 @@ pub fn generate() -> Result<Serving, String> {
     .with_no_client_auth()
     .with_single_cert(chain, private)
     .map_err(|e| format!("cannot use the serving certificate: {e}"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Serving {
         ca_pem: ca.pem(),
         config: Arc::new(config),

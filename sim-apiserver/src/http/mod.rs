@@ -1,4 +1,4 @@
-//! HTTP/1.1 serving, authentication, path routing and the REST verbs.
+//! HTTP/1.1 and HTTP/2 serving, authentication, path routing and the REST verbs.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -32,6 +32,12 @@ use request::bytes_response;
 pub use request::{Body, Filter, Req, error_response, json_response, parse_rv};
 
 const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// Streams one HTTP/2 connection may carry at once: what kube-apiserver
+/// offers by default (Go's HTTP/2 server default, since
+/// `--http2-max-streams-per-connection` defaults to 0). A client with more
+/// requests in flight queues them, as it would against the real server.
+const MAX_STREAMS_PER_CONNECTION: u32 = 250;
 
 /// Accepts connections until the server is cancelled; with `tls`, each
 /// connection is wrapped in TLS first.
@@ -72,9 +78,15 @@ where
         let sh = svc_sh.clone();
         async move { Ok::<_, Infallible>(handle(sh, req).await) }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(io, service);
+    // Like kube-apiserver, HTTP/2 where the client offers it (ALPN over
+    // TLS, or the HTTP/2 preface), HTTP/1.1 otherwise.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
