@@ -9,7 +9,6 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
-use crate::api_client;
 use crate::config::Config;
 use crate::controller::{self, Caches, ControllerError, LoopConfig};
 use crate::leader::Leadership;
@@ -52,7 +51,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     // PodDisruptionBudget must come back at once, not after minutes of
     // client-side retries that would stall every admission behind it.
     kube_config.default_retry = false;
-    let client = api_client::build(kube_config).map_err(|e| RunError::KubeConfig(e.to_string()))?;
+    let client =
+        kube::Client::try_from(kube_config).map_err(|e| RunError::KubeConfig(e.to_string()))?;
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);

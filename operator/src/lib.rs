@@ -1,7 +1,6 @@
 //! gpupool's operator: admits pods to GPU slots in FIFO order, lets helpers
 //! use idle GPUs and preempts them for primaries, and publishes lease snapshots.
 
-pub mod api_client;
 pub mod app;
 pub mod config;
 pub mod controller;
