@@ -329,6 +329,9 @@ impl Kept {
                 |change| match change {
                     Change::Upsert(mut l, missing) => {
                         l.missing = missing;
+                        // The same key, held once: the translation's own
+                        // copy is two allocations per lease.
+                        l.key = key.clone();
                         engine.upsert_lease(l);
                     }
                     Change::Remove => drop(engine.remove_lease(key)),
@@ -362,6 +365,7 @@ impl Kept {
                 |change| match change {
                     Change::Upsert(mut p, evicted) => {
                         p.terminating |= evicted;
+                        p.key = key.clone();
                         engine.upsert_pod(p);
                     }
                     Change::Remove => drop(engine.remove_pod(key)),
