@@ -13,7 +13,6 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -21,6 +20,7 @@ use tokio::sync::{Notify, watch};
 
 use super::cached_pod::CachedPod;
 use super::changes::ChangeLog;
+use super::index::{Index, IndexWriter, WriterGone, index};
 use super::translate;
 use crate::engine::{self, ClassInfo, NodeInfo, PodInfo};
 use crate::metrics::Metrics;
@@ -30,13 +30,13 @@ use crate::webhook::review::ClusterView;
 #[derive(Clone)]
 pub struct Caches {
     /// Every pod, in the form that keeps only what admission reads.
-    pub pods: Store<CachedPod>,
+    pub pods: Index<CachedPod>,
     /// Every node.
-    pub nodes: Store<Node>,
+    pub nodes: Index<Node>,
     /// Every GpuLeaseClass.
-    pub classes: Store<GpuLeaseClass>,
+    pub classes: Index<GpuLeaseClass>,
     /// Every GpuLease.
-    pub leases: Store<GpuLease>,
+    pub leases: Index<GpuLease>,
     /// Every node in the engine's form, kept in step with `nodes` by the
     /// node watch, so an admission review converts no node.
     pub node_index: NodeIndex,
@@ -152,10 +152,10 @@ impl Caches {
     /// Caches over stores a test fills through their writers, recording
     /// what it writes in `changes` itself.
     pub(crate) fn of_stores(
-        pods: Store<CachedPod>,
-        nodes: Store<Node>,
-        classes: Store<GpuLeaseClass>,
-        leases: Store<GpuLease>,
+        pods: Index<CachedPod>,
+        nodes: Index<Node>,
+        classes: Index<GpuLeaseClass>,
+        leases: Index<GpuLease>,
     ) -> Self {
         let synced = Synced {
             each: [true; 4],
@@ -184,7 +184,7 @@ fn track_sync(caches: &Caches) -> watch::Receiver<Synced> {
         caches.leases.clone(),
     );
     tokio::spawn(async move {
-        let mark = |i: usize, result: Result<(), reflector::store::WriterDropped>| {
+        let mark = |i: usize, result: Result<(), WriterGone>| {
             tx.send_modify(|s| match result {
                 Ok(()) => s.each[i] = true,
                 Err(_) => s.broken = true,
@@ -240,28 +240,36 @@ fn watch<K>(
     what: &'static str,
     log: ChangeLog,
     mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
-) -> Store<K>
+) -> Index<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
-    let (reader, writer) = reflector::store();
+    let (reader, writer) = index();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(trim)
-        .reflect(writer);
+        .modify(trim);
     let on_event = move |event: &watcher::Event<K>| {
         on_event(event);
         log.record(event);
     };
-    tokio::spawn(drive(stream, changed, metrics.clone(), what, on_event));
+    tokio::spawn(drive(
+        stream,
+        writer,
+        changed,
+        metrics.clone(),
+        what,
+        on_event,
+    ));
     reader
 }
 
-/// Follows a watch: each event, once its store holds it, goes to `on_event`
-/// (which records its key) and then wakes the decision loop.
-async fn drive<K>(
+/// Follows a watch: each event goes into the index, then to `on_event`
+/// (which records its key: a pass that takes the key finds the object
+/// already there), and then wakes the decision loop.
+async fn drive<K: Resource + Clone>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    mut writer: IndexWriter<K>,
     changed: Arc<Notify>,
     metrics: Metrics,
     what: &'static str,
@@ -271,6 +279,7 @@ async fn drive<K>(
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
+                writer.apply(&event);
                 on_event(&event);
                 changed.notify_one();
             }

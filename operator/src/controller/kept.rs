@@ -18,13 +18,12 @@ use std::time::Instant;
 use gpupool_api::{GpuLease, GpuLeaseClass};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::Resource;
-use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::cached_pod::CachedPod;
 use super::caches::Caches;
 use super::changes::Changes;
-use super::key_hash::{HashMap, HashSet, parts_of};
+use super::index::Index;
+use super::key_hash::{HashMap, HashSet};
 use super::overlay::Overlay;
 use super::translate;
 use crate::engine::{Engine, Eviction, ObjectKey};
@@ -135,16 +134,8 @@ impl<K> Fed<K> {
 }
 
 /// The cached object with `key`.
-fn cached<K>(store: &Store<K>, key: &ObjectKey) -> Option<Arc<K>>
-where
-    K: Resource + Clone,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let mut at = ObjectRef::new(&key.name);
-    if !key.namespace.is_empty() {
-        at = at.within(&key.namespace);
-    }
-    store.get(&at)
+fn cached<K>(store: &Index<K>, key: &ObjectKey) -> Option<Arc<K>> {
+    store.get(key)
 }
 
 /// The keys a pass looks at for one kind: those a watch changed (or every
@@ -153,21 +144,16 @@ where
 /// empties: the overlay may have let go of them since).
 fn keys_to_look_at<K>(
     changes: Changes,
-    store: &Store<K>,
+    store: &Index<K>,
     fed: &Fed<K>,
     overlay_keys: impl Iterator<Item = ObjectKey>,
     last: &mut Vec<ObjectKey>,
-) -> HashSet<ObjectKey>
-where
-    K: Resource + Clone,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
+) -> HashSet<ObjectKey> {
     let mut keys = match changes {
         Changes::Keys(keys) => keys,
         Changes::Everything => store
-            .state()
-            .iter()
-            .filter_map(|o| parts_of(o.as_ref()).map(|(ns, name)| ObjectKey::new(ns, name)))
+            .keys()
+            .into_iter()
             .chain(fed.by_key.keys().cloned())
             .collect(),
     };
@@ -414,13 +400,15 @@ mod tests {
     use std::time::Duration;
 
     use gpupool_api::LeasePhase;
-    use kube::runtime::reflector::{self, store::Writer};
+    use kube::Resource;
     use kube::runtime::watcher;
     use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
     use crate::controller::caches::CacheChanges;
+    use crate::controller::index::{IndexWriter, index};
+    use crate::controller::key_hash::parts_of;
     use crate::engine::Plan;
 
     /// A value of 0 does not translate.
@@ -524,19 +512,19 @@ mod tests {
     /// then to its change log.
     struct Cluster {
         caches: Caches,
-        pods: Writer<CachedPod>,
-        nodes: Writer<Node>,
-        classes: Writer<GpuLeaseClass>,
-        leases: Writer<GpuLease>,
+        pods: IndexWriter<CachedPod>,
+        nodes: IndexWriter<Node>,
+        classes: IndexWriter<GpuLeaseClass>,
+        leases: IndexWriter<GpuLease>,
         version: u64,
     }
 
     impl Cluster {
         fn new() -> Self {
-            let (pods_r, pods) = reflector::store();
-            let (nodes_r, nodes) = reflector::store();
-            let (classes_r, classes) = reflector::store();
-            let (leases_r, leases) = reflector::store();
+            let (pods_r, pods) = index();
+            let (nodes_r, nodes) = index();
+            let (classes_r, classes) = index();
+            let (leases_r, leases) = index();
             Self {
                 caches: Caches::of_stores(pods_r, nodes_r, classes_r, leases_r),
                 pods,
@@ -553,13 +541,11 @@ mod tests {
         }
 
         fn event<K: Resource + Clone>(
-            writer: &mut Writer<K>,
+            writer: &mut IndexWriter<K>,
             log: &super::super::changes::ChangeLog,
             event: watcher::Event<K>,
-        ) where
-            K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-        {
-            writer.apply_watcher_event(&event);
+        ) {
+            writer.apply(&event);
             log.record(&event);
         }
     }

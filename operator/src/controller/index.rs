@@ -1,0 +1,242 @@
+//! One watch cache: the objects of one kind, by the engine's key.
+//!
+//! kube's reflector store keys each object by an `ObjectRef`, which holds
+//! the name, namespace, resourceVersion and UID as strings of its own and
+//! takes 96 bytes per hash slot. At 10,000 pods and leases that was about
+//! 5 MB of the operator's heap for keys alone. Here the key is an
+//! [`ObjectKey`] (two shared strings, 32 bytes), kept from the first time
+//! the object was seen, and a lookup by name builds no key.
+
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use kube::Resource;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+
+use super::key_hash::{HashMap, parts_of};
+use crate::engine::{KeyParts, ObjectKey};
+
+type Objects<K> = HashMap<ObjectKey, Arc<K>>;
+
+/// The reading side: cheap to clone, shared by the decision loop and the
+/// webhook. Guarantee: it holds exactly what the watch last said, each
+/// object under its namespace and name; a re-list replaces the contents at
+/// once when it completes, never half-way.
+pub struct Index<K> {
+    objects: Arc<RwLock<Objects<K>>>,
+    ready: watch::Receiver<bool>,
+}
+
+impl<K> Clone for Index<K> {
+    fn clone(&self) -> Self {
+        Self {
+            objects: self.objects.clone(),
+            ready: self.ready.clone(),
+        }
+    }
+}
+
+/// The writing side, owned by the task that follows the watch.
+pub struct IndexWriter<K> {
+    objects: Arc<RwLock<Objects<K>>>,
+    ready: watch::Sender<bool>,
+    /// A re-list under way: what it has listed so far.
+    relist: Option<Objects<K>>,
+}
+
+/// The writer went away before its first full list: the index never fills.
+#[derive(Debug, thiserror::Error)]
+#[error("the watch that fills this cache stopped before its first full list")]
+pub struct WriterGone;
+
+/// An empty index and the writer that fills it.
+pub fn index<K>() -> (Index<K>, IndexWriter<K>) {
+    let objects = Arc::new(RwLock::new(Objects::default()));
+    let (tx, rx) = watch::channel(false);
+    (
+        Index {
+            objects: objects.clone(),
+            ready: rx,
+        },
+        IndexWriter {
+            objects,
+            ready: tx,
+            relist: None,
+        },
+    )
+}
+
+/// Reads a map a panicked writer left behind: each change is one insert,
+/// removal or swap, so what it holds is whole.
+fn read<K>(lock: &RwLock<Objects<K>>) -> RwLockReadGuard<'_, Objects<K>> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<K>(lock: &RwLock<Objects<K>>) -> RwLockWriteGuard<'_, Objects<K>> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<K> Index<K> {
+    /// The object with `key`.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<K>> {
+        read(&self.objects).get(key as &dyn KeyParts).cloned()
+    }
+
+    /// Every object, in no particular order.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        read(&self.objects).values().cloned().collect()
+    }
+
+    /// Every key (each a clone of the index's own: no string is copied).
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        read(&self.objects).keys().cloned().collect()
+    }
+
+    /// How many objects it holds.
+    pub fn len(&self) -> usize {
+        read(&self.objects).len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits for the first full list; any number of tasks may wait.
+    pub async fn wait_until_ready(&self) -> Result<(), WriterGone> {
+        let mut ready = self.ready.clone();
+        ready
+            .wait_for(|ready| *ready)
+            .await
+            .map(drop)
+            .map_err(|_| WriterGone)
+    }
+}
+
+impl<K: Resource + Clone> IndexWriter<K> {
+    /// Applies one watch event. An object is kept under the key it was
+    /// first seen with, so an update allocates no key.
+    pub fn apply(&mut self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(obj) => {
+                let mut objects = write(&self.objects);
+                upsert(&mut objects, None, obj);
+            }
+            watcher::Event::Delete(obj) => {
+                if let Some(parts) = parts_of(obj) {
+                    write(&self.objects).remove(&parts as &dyn KeyParts);
+                }
+            }
+            watcher::Event::Init => self.relist = Some(Objects::default()),
+            watcher::Event::InitApply(obj) => {
+                let relist = self.relist.get_or_insert_with(Objects::default);
+                upsert(relist, Some(&read(&self.objects)), obj);
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relist.take().unwrap_or_default();
+                *write(&self.objects) = listed;
+                self.ready.send_replace(true);
+            }
+        }
+    }
+}
+
+/// Puts `obj` into `objects`, reusing the key `objects` or `known` already
+/// holds for it.
+fn upsert<K: Resource + Clone>(objects: &mut Objects<K>, known: Option<&Objects<K>>, obj: &K) {
+    let Some(parts) = parts_of(obj) else {
+        return;
+    };
+    let value = Arc::new(obj.clone());
+    if let Some(slot) = objects.get_mut(&parts as &dyn KeyParts) {
+        *slot = value;
+        return;
+    }
+    let key = known
+        .and_then(|k| k.get_key_value(&parts as &dyn KeyParts))
+        .map(|(key, _)| key.clone())
+        .unwrap_or_else(|| ObjectKey::new(parts.0, parts.1));
+    objects.insert(key, value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn map(ns: &str, name: &str, rv: &str) -> ConfigMap {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": ns, "name": name, "resourceVersion": rv}
+        }))
+        .expect("config map")
+    }
+
+    fn version(index: &Index<ConfigMap>, ns: &str, name: &str) -> Option<String> {
+        index
+            .get(&ObjectKey::new(ns, name))
+            .and_then(|m| m.metadata.resource_version.clone())
+    }
+
+    #[tokio::test]
+    async fn it_follows_applies_deletes_and_a_relist_that_replaces_it_whole() {
+        let (index, mut writer) = index::<ConfigMap>();
+        writer.apply(&watcher::Event::Init);
+        writer.apply(&watcher::Event::InitApply(map("a", "x", "1")));
+        assert!(
+            index.is_empty(),
+            "a re-list shows nothing before it completes"
+        );
+        writer.apply(&watcher::Event::InitApply(map("a", "y", "2")));
+        writer.apply(&watcher::Event::InitDone);
+        index.wait_until_ready().await.expect("ready");
+        assert_eq!(index.len(), 2);
+
+        writer.apply(&watcher::Event::Apply(map("a", "x", "3")));
+        writer.apply(&watcher::Event::Apply(map("b", "x", "4")));
+        writer.apply(&watcher::Event::Delete(map("a", "y", "5")));
+        assert_eq!(version(&index, "a", "x").as_deref(), Some("3"));
+        assert_eq!(version(&index, "b", "x").as_deref(), Some("4"));
+        assert_eq!(version(&index, "a", "y"), None);
+
+        // A second re-list: the old contents stay until it is done, then
+        // what it did not list is gone.
+        writer.apply(&watcher::Event::Init);
+        writer.apply(&watcher::Event::InitApply(map("b", "x", "6")));
+        assert_eq!(version(&index, "a", "x").as_deref(), Some("3"));
+        writer.apply(&watcher::Event::InitDone);
+        assert_eq!(index.len(), 1);
+        assert_eq!(version(&index, "b", "x").as_deref(), Some("6"));
+        let mut keys = index.keys();
+        keys.sort();
+        assert_eq!(keys, [ObjectKey::new("b", "x")]);
+    }
+
+    #[tokio::test]
+    async fn an_updated_object_keeps_the_key_it_was_first_seen_with() {
+        let (index, mut writer) = index::<ConfigMap>();
+        writer.apply(&watcher::Event::Apply(map("a", "x", "1")));
+        let first = index.keys().pop().expect("a key");
+        writer.apply(&watcher::Event::Apply(map("a", "x", "2")));
+        writer.apply(&watcher::Event::Init);
+        writer.apply(&watcher::Event::InitApply(map("a", "x", "3")));
+        writer.apply(&watcher::Event::InitDone);
+        let now = index.keys().pop().expect("a key");
+        assert!(Arc::ptr_eq(&first.name, &now.name));
+        assert!(Arc::ptr_eq(&first.namespace, &now.namespace));
+        assert_eq!(version(&index, "a", "x").as_deref(), Some("3"));
+    }
+
+    #[tokio::test]
+    async fn waiting_for_an_index_whose_writer_is_gone_is_an_error() {
+        let (index, writer) = index::<ConfigMap>();
+        drop(writer);
+        assert!(index.wait_until_ready().await.is_err());
+    }
+
+    #[test]
+    fn an_object_without_a_name_is_not_kept() {
+        let (index, mut writer) = index::<ConfigMap>();
+        writer.apply(&watcher::Event::Apply(ConfigMap::default()));
+        assert!(index.is_empty());
+    }
+}
