@@ -31,7 +31,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::{Value, json};
 
 /// The cluster state a review consults: GpuLeaseClasses, Nodes and GpuLeases.
-/// The webhook backs it with reflector stores; tests back it with plain lists.
+/// The webhook backs it with the operator's watch caches; tests back it with plain lists.
 /// Only pods that request an extended resource cause any of these calls.
 pub trait ClusterView {
     /// Every GpuLeaseClass.
