@@ -79,23 +79,26 @@ pub async fn connect(shared: Arc<Shared>, req: RegisterRequest) -> Result<(), Pl
         .into_inner();
     let resource = req.resource_name.clone();
     let generation = shared.next_generation();
-    let watcher = tokio::spawn(watch_devices(
-        shared.clone(),
-        client.clone(),
-        resource.clone(),
-        generation,
-    ))
-    .abort_handle();
-    let endpoint = PluginEndpoint {
-        endpoint: req.endpoint.clone(),
-        generation,
-        client,
-        preferred_allocation: options.get_preferred_allocation_available,
-        options,
-        watcher,
-    };
     let old = {
         let mut state = shared.lock();
+        // Started under the lock: the watcher's first update asks which
+        // endpoint is current, and must find this one, not the one it
+        // replaces (which would make it stop, leaving the old devices).
+        let watcher = tokio::spawn(watch_devices(
+            shared.clone(),
+            client.clone(),
+            resource.clone(),
+            generation,
+        ))
+        .abort_handle();
+        let endpoint = PluginEndpoint {
+            endpoint: req.endpoint.clone(),
+            generation,
+            client,
+            preferred_allocation: options.get_preferred_allocation_available,
+            options,
+            watcher,
+        };
         state.record_registration(req.clone());
         state.listed.remove(&resource);
         state.plugins.insert(resource.clone(), endpoint)
