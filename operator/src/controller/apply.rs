@@ -1456,9 +1456,7 @@ mod tests {
             );
             caches.wait_synced().await.expect("caches fill");
             let mut tries = 0;
-            while caches.leases.state().len() < names.len()
-                || caches.pods.state().len() < names.len()
-            {
+            while caches.leases.len() < names.len() || caches.pods.len() < names.len() {
                 tries += 1;
                 assert!(tries < 200, "the caches never showed every pod and lease");
                 tokio::time::sleep(Duration::from_millis(10)).await;

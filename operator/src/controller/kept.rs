@@ -133,11 +133,6 @@ impl<K> Fed<K> {
     }
 }
 
-/// The cached object with `key`.
-fn cached<K>(store: &Index<K>, key: &ObjectKey) -> Option<Arc<K>> {
-    store.get(key)
-}
-
 /// The keys a pass looks at for one kind: those a watch changed (or every
 /// cached and fed key after a re-list), those the overlay holds something
 /// for now, and those it held when the last pass ended (`last`, which this
@@ -238,7 +233,7 @@ impl Kept {
             &mut last.classes,
         );
         for key in &class_keys {
-            let view = overlay.lay_class(key, cached(&caches.classes, key), at);
+            let view = overlay.lay_class(key, caches.classes.get(key), at);
             classes.feed(
                 key,
                 view.map(|c| (c, false)),
@@ -276,7 +271,7 @@ impl Kept {
         for key in &node_keys {
             nodes.feed(
                 key,
-                cached(&caches.nodes, key).map(|n| (n, false)),
+                caches.nodes.get(key).map(|n| (n, false)),
                 None,
                 |n| translate::node_info(n, resources),
                 |change| match change {
@@ -296,12 +291,14 @@ impl Kept {
         for key in &lease_keys {
             // A lease is named like its pod, in its pod's namespace.
             let pod_cached = |lease: &GpuLease| {
-                cached(&caches.pods, key)
+                caches
+                    .pods
+                    .get(key)
                     .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
             };
             let view = overlay.lay_lease(
                 key,
-                cached(&caches.leases, key),
+                caches.leases.get(key),
                 leases.shown(key),
                 pod_cached,
                 at,
@@ -333,7 +330,7 @@ impl Kept {
             &mut last.pods,
         );
         for key in &pod_keys {
-            let view = overlay.lay_pod(key, cached(&caches.pods, key), at);
+            let view = overlay.lay_pod(key, caches.pods.get(key), at);
             let evicted = overlay.is_evicted(key);
             pods.feed(
                 key,
@@ -785,7 +782,10 @@ mod tests {
         let mut elapsed = Duration::ZERO;
         let key = |name: usize| ObjectKey::new("ns", NAMES[name]);
         let lease_rv = |cluster: &Cluster, name: usize, ahead: i8| -> String {
-            let cached = cached(&cluster.caches.leases, &key(name))
+            let cached = cluster
+                .caches
+                .leases
+                .get(&key(name))
                 .and_then(|l| l.metadata.resource_version.clone())
                 .and_then(|v| v.parse::<i64>().ok())
                 .unwrap_or(100);
@@ -812,7 +812,7 @@ mod tests {
                     Cluster::event(&mut cluster.pods, &changes.pods, watcher::Event::Apply(pod));
                 }
                 Step::DeletePod { name } => {
-                    if let Some(pod) = cached(&cluster.caches.pods, &key(name)) {
+                    if let Some(pod) = cluster.caches.pods.get(&key(name)) {
                         Cluster::event(
                             &mut cluster.pods,
                             &changes.pods,
@@ -835,7 +835,7 @@ mod tests {
                     );
                 }
                 Step::DeleteLease { name } => {
-                    if let Some(lease) = cached(&cluster.caches.leases, &key(name)) {
+                    if let Some(lease) = cluster.caches.leases.get(&key(name)) {
                         Cluster::event(
                             &mut cluster.leases,
                             &changes.leases,
@@ -852,9 +852,7 @@ mod tests {
                     );
                 }
                 Step::DeleteNode { name } => {
-                    if let Some(node) =
-                        cached(&cluster.caches.nodes, &ObjectKey::new("", NAMES[name]))
-                    {
+                    if let Some(node) = cluster.caches.nodes.get(&ObjectKey::new("", NAMES[name])) {
                         Cluster::event(
                             &mut cluster.nodes,
                             &changes.nodes,
@@ -916,7 +914,10 @@ mod tests {
                     full_overlay.forget_assumed(&key(name));
                 }
                 Step::WrotePod { name, uid, ahead } => {
-                    let cached_rv = cached(&cluster.caches.pods, &key(name))
+                    let cached_rv = cluster
+                        .caches
+                        .pods
+                        .get(&key(name))
                         .and_then(|p| p.metadata.resource_version.clone())
                         .and_then(|v| v.parse::<i64>().ok())
                         .unwrap_or(100);
@@ -1006,7 +1007,7 @@ mod tests {
         }
         let pod_keys: Vec<ObjectKey> = overlay.pod_keys().cloned().collect();
         for key in all_keys(&caches.pods.state(), &kept.pods, pod_keys) {
-            let view = overlay.lay_pod(&key, cached(&caches.pods, &key), at);
+            let view = overlay.lay_pod(&key, caches.pods.get(&key), at);
             check(
                 &kept.pods,
                 &key,
@@ -1017,12 +1018,14 @@ mod tests {
         let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
         for key in all_keys(&caches.leases.state(), &kept.leases, lease_keys) {
             let pod_cached = |l: &GpuLease| {
-                cached(&caches.pods, &key)
+                caches
+                    .pods
+                    .get(&key)
                     .is_some_and(|p| p.metadata.uid.as_deref() == Some(l.spec.pod_uid.as_str()))
             };
             let view = overlay.lay_lease(
                 &key,
-                cached(&caches.leases, &key),
+                caches.leases.get(&key),
                 kept.leases.shown(&key),
                 pod_cached,
                 at,
@@ -1036,7 +1039,7 @@ mod tests {
             check(
                 &kept.nodes,
                 &key,
-                cached(&caches.nodes, &key).map(|n| (n, false)),
+                caches.nodes.get(&key).map(|n| (n, false)),
                 |n| translate::node_info(n, &kept.resources).is_some(),
             )?;
         }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -84,7 +84,6 @@ where
     builder.http1().keep_alive(true);
     builder
         .http2()
-        .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
