@@ -103,8 +103,10 @@ fn cluster(tolerations: bool) -> Snapshot {
         pods.push(p);
     }
     if tolerations {
+        // One list shared by every pod, as the operator keeps it.
+        let shared: std::sync::Arc<[_]> = fixtures::default_tolerations().into();
         for p in &mut pods {
-            p.tolerations = fixtures::default_tolerations();
+            p.tolerations = shared.clone();
         }
     }
     let mut s = Snapshot {
@@ -125,7 +127,7 @@ fn settle(s: &mut Snapshot) {
     let plan = decide(s);
     for l in &mut s.leases {
         if let Some(st) = plan.lease_status(&l.key) {
-            l.status = Some(st.clone());
+            *l.status_mut() = Some(st.clone());
         }
     }
     for c in &mut s.classes {

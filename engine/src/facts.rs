@@ -76,9 +76,9 @@ impl<'a> Pass<'a> {
                 .map(|(res, slots)| (res as u32, slots)),
             class_slots,
             lease_class: lease
-                .and_then(|l| self.classes.find(&l.spec.class_name))
+                .and_then(|l| self.classes.find(&l.spec().class_name))
                 .map(|c| c as u32),
-            replaced: matches!((pod, lease), (Some(p), Some(l)) if p.uid != l.spec.pod_uid),
+            replaced: matches!((pod, lease), (Some(p), Some(l)) if p.uid != l.spec().pod_uid),
             spec_current: None,
             quiet: false,
         }
@@ -121,7 +121,7 @@ impl<'a> Pass<'a> {
 /// Compared field by field: building the wanted spec for each of thousands
 /// of unchanged leases would allocate three strings each.
 pub(crate) fn spec_is_current(lease: &LeaseInfo, pod: &PodInfo, t: &Ticket<'_>) -> bool {
-    let spec = &lease.spec;
+    let spec = lease.spec();
     spec.class_name == t.class_name
         && *spec.pod_name == *t.key.name
         && spec.pod_uid == pod.uid

@@ -433,7 +433,7 @@ mod tests {
             ];
             for tol in tolerations {
                 let mut p = pod();
-                p.tolerations = vec![tol.clone()];
+                p.tolerations = std::sync::Arc::new([tol.clone()]);
                 assert!(pod_fits_node(&p, &n), "{tol:?} tolerates {effect:?}");
             }
             let wrong = [
@@ -452,7 +452,7 @@ mod tests {
             ];
             for tol in wrong {
                 let mut p = pod();
-                p.tolerations = vec![tol.clone()];
+                p.tolerations = std::sync::Arc::new([tol.clone()]);
                 assert!(
                     !pod_fits_node(&p, &n),
                     "{tol:?} does not tolerate {effect:?}"

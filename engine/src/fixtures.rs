@@ -2,6 +2,8 @@
 //! (feature `fixtures`): one definition of a plain pod, node, class and
 //! lease, which each test adjusts with struct-update syntax.
 
+use std::sync::Arc;
+
 use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role};
 use jiff::Timestamp;
 
@@ -78,7 +80,7 @@ pub fn pod(name: &str, slots: u32, enqueued: i64) -> PodInfo {
         node_name: None,
         node_selector: SmallMap::new(),
         required_affinity: None,
-        tolerations: vec![],
+        tolerations: Arc::new([]),
         unmanaged: false,
     }
 }
@@ -114,9 +116,9 @@ pub fn lease(pod: &PodInfo, class: &str, status: Option<GpuLeaseStatus>) -> Leas
         RoleLabel::Valid(role) => (*role, pod.requests.values().copied().sum()),
         RoleLabel::Invalid(_) => (Role::Primary, pod.requests.values().copied().sum()),
     };
-    LeaseInfo {
-        key: pod.key.clone(),
-        spec: GpuLeaseSpec {
+    LeaseInfo::from_parts(
+        pod.key.clone(),
+        GpuLeaseSpec {
             class_name: class.into(),
             pod_name: pod.key.name.to_string(),
             pod_uid: pod.uid.clone(),
@@ -124,6 +126,5 @@ pub fn lease(pod: &PodInfo, class: &str, status: Option<GpuLeaseStatus>) -> Leas
             slots,
         },
         status,
-        missing: false,
-    }
+    )
 }

@@ -125,7 +125,7 @@ pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
     let Some(Resolved::Class(c)) = facts.resolved else {
         return None;
     };
-    let status = lease.status.as_ref()?;
+    let status = lease.status()?;
     let quiet_primary = facts.quiet
         && !facts.replaced
         && facts.spec_current == Some(true)

@@ -220,7 +220,7 @@ fn summarize(entry: &Entry) -> Summary {
         position: entry
             .lease
             .as_ref()
-            .and_then(|l| l.status.as_ref())
+            .and_then(|l| l.status())
             .and_then(|s| s.position),
         tolerates: entry
             .pod
@@ -241,7 +241,7 @@ pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
     let RoleLabel::Valid(role) = pod.role else {
         return None;
     };
-    let status = lease.status.as_ref()?;
+    let status = lease.status()?;
     let sequence = status.sequence?;
     let plain_queued = status.phase == LeasePhase::Queued
         && status.node.is_none()

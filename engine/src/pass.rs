@@ -108,13 +108,13 @@ pub(crate) fn is_inert(pod: Option<&PodInfo>, lease: Option<&LeaseInfo>) -> bool
     let Some(lease) = lease else {
         return finished;
     };
-    let Some(status) = lease.status.as_ref() else {
+    let Some(status) = lease.status() else {
         return false;
     };
     !lease.missing
         && status.phase == LeasePhase::Released
         && status.preempted_by.is_none()
-        && pod.is_none_or(|p| !is_live(p) && p.uid == lease.spec.pod_uid)
+        && pod.is_none_or(|p| !is_live(p) && p.uid == lease.spec().pod_uid)
 }
 
 /// The state of one decision pass.
@@ -315,7 +315,7 @@ impl<'a> Pass<'a> {
                 // lease is created in a later pass (never two for one key).
                 self.plan.delete_leases.push(StaleLease {
                     key: l.key.clone(),
-                    pod_uid: l.spec.pod_uid.clone(),
+                    pod_uid: l.spec().pod_uid.clone(),
                 });
             }
             (pod, Some(l)) => {
@@ -442,12 +442,12 @@ impl<'a> Pass<'a> {
     ) -> Ticket<'a> {
         let mut t = self.blank(&lease.key, pod);
         t.lease = Some(lease);
-        t.persisted = lease.status.as_ref();
+        t.persisted = lease.status();
         t.pod_counted = pod_counted;
         t.class = facts.lease_class.map(|c| c as usize);
-        t.class_name = &lease.spec.class_name;
-        t.role = lease.spec.role;
-        t.slots = lease.spec.slots;
+        t.class_name = &lease.spec().class_name;
+        t.role = lease.spec().role;
+        t.slots = lease.spec().slots;
         match pod {
             // The pod, not the lease, says what is wanted: class, role and
             // slots are taken from it, so a lease edited behind the

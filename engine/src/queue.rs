@@ -678,7 +678,7 @@ impl<'a> Pass<'a> {
             || (!lease.settled.as_ref().is_some_and(|s| s.is(&message)) && {
                 scratch.clear();
                 message.render(&self.classes, scratch);
-                let persisted = lease.entry.lease.as_ref().and_then(|l| l.status.as_ref());
+                let persisted = lease.entry.lease.as_ref().and_then(|l| l.status());
                 let moved =
                     persisted.is_none_or(|s| s.message.as_deref() != Some(scratch.as_str()));
                 if !moved {
@@ -1053,10 +1053,13 @@ mod tests {
                 .enumerate()
                 .map(|(i, (defaults, extra, zone))| {
                     let mut p = pod(&format!("p-{i}"), 1, i as i64);
-                    if defaults {
-                        p.tolerations = default_tolerations();
-                    }
-                    p.tolerations.extend(extra);
+                    let mut tolerations = if defaults {
+                        default_tolerations()
+                    } else {
+                        Vec::new()
+                    };
+                    tolerations.extend(extra);
+                    p.tolerations = tolerations.into();
                     if let Some(z) = zone {
                         p.node_selector = [("zone".to_owned(), format!("z{z}"))].into();
                     }
@@ -1114,7 +1117,7 @@ mod tests {
         );
         let tainted = tainted("n-1", "gpu.example/maintenance", TaintEffect::NoSchedule);
         let mut with_defaults = pod("a", 1, 0);
-        with_defaults.tolerations = default_tolerations();
+        with_defaults.tolerations = default_tolerations().into();
         let snapshot = Snapshot {
             classes: vec![class("default")],
             nodes: vec![node("n-0", 4), tainted.clone()],

@@ -23,7 +23,7 @@ impl Pass<'_> {
             .view
             .entries
             .iter()
-            .filter_map(|(_, l, _)| l.and_then(|l| l.status.as_ref()).and_then(|s| s.sequence))
+            .filter_map(|(_, l, _)| l.and_then(|l| l.status()).and_then(|s| s.sequence))
             .max()
             .max(self.view.set_apart_highest)
             .unwrap_or(0);

@@ -38,18 +38,12 @@ impl Entry {
 
     /// The sequence the entry's lease carries: new ones go above it.
     fn sequence(&self) -> Option<u64> {
-        self.lease.as_ref()?.status.as_ref()?.sequence
+        self.lease.as_ref()?.status()?.sequence
     }
 
     /// The primary the lease's persisted status says it was preempted for.
     fn preempted_for(&self) -> Option<ObjectKey> {
-        let named = self
-            .lease
-            .as_ref()?
-            .status
-            .as_ref()?
-            .preempted_by
-            .as_deref()?;
+        let named = self.lease.as_ref()?.status()?.preempted_by.as_deref()?;
         let (namespace, name) = named.split_once('/')?;
         Some(ObjectKey::new(namespace, name))
     }
@@ -621,7 +615,7 @@ mod tests {
         // Released for a preemption, the lease may still hold slots back
         // for its primary: the pass visits it again.
         let mut preempted = lease(&done, "default", released(7));
-        if let Some(st) = preempted.status.as_mut() {
+        if let Some(st) = preempted.status_mut().as_mut() {
             st.preempted_by = Some("team/new".into());
         }
         engine.upsert_lease(preempted);
@@ -784,13 +778,13 @@ mod tests {
                 .is_empty()
         );
 
-        edited.spec.slots = 1;
+        edited.spec_mut().slots = 1;
         engine.upsert_lease(edited.clone());
         let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.lease_specs.get(&key("a")).map(|s| s.slots), Some(2));
 
         // The rewrite lands: nothing more to write.
-        edited.spec.slots = 2;
+        edited.spec_mut().slots = 2;
         engine.upsert_lease(edited.clone());
         assert!(
             assert_decides_as_a_full_pass(&mut engine)
@@ -843,13 +837,13 @@ mod tests {
                     .cloned()
                     .expect("a lease is made for a pod");
                 let mut l = lease(&pod, &new.spec.class_name, Some(new.status.clone()));
-                l.spec = new.spec.clone();
+                *l.spec_mut() = new.spec.clone();
                 engine.upsert_lease(l);
                 wrote = true;
             }
             for (key, status) in plan.all_lease_statuses() {
                 let mut l = engine.lease(key).cloned().expect("a written lease is kept");
-                l.status = Some(status.clone());
+                *l.status_mut() = Some(status.clone());
                 engine.upsert_lease(l);
                 wrote = true;
             }
@@ -1014,7 +1008,7 @@ mod tests {
 
         // Named twice, it stays visited until neither names it.
         let mut second = lease(&finished("other"), "default", None);
-        second.status = victim.status.clone();
+        *second.status_mut() = victim.status().cloned();
         engine.upsert_lease(second);
         engine.remove_lease(&key("helper"));
         assert!(engine.entries.contains_key(&key("wait-1")));

@@ -180,7 +180,7 @@ impl<'a> Pass<'a> {
                     if t.phase != LeasePhase::Released && t.pod.is_some_and(|p| !p.terminating) {
                         created.push(NewLease {
                             key: t.key.clone(),
-                            pod_uid: l.spec.pod_uid.clone(),
+                            pod_uid: l.spec().pod_uid.clone(),
                             spec: self.new_spec(t),
                             status: self.build(t, &mut scratch),
                         });
@@ -439,7 +439,7 @@ impl<'a> Pass<'a> {
 
     /// The persisted status of a parked lease.
     fn parked_status<'o>(&self, o: &'o ParkedOutcome<'_>) -> Option<&'o GpuLeaseStatus> {
-        o.entry.lease.as_ref()?.status.as_ref()
+        o.entry.lease.as_ref()?.status()
     }
 
     /// Class `c`'s status is written in this pass when it changed and its

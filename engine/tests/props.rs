@@ -379,7 +379,7 @@ impl World {
                     .collect();
                 self.s
                     .leases
-                    .retain(|l| pods.contains(&(l.key.clone(), l.spec.pod_uid.clone())));
+                    .retain(|l| pods.contains(&(l.key.clone(), l.spec().pod_uid.clone())));
             }
             Event::AddNode { alloc, pool } => self.add_node(alloc, pool),
             Event::RemoveNode { pick } => {
@@ -409,7 +409,7 @@ impl World {
             Event::EditLease { pick, slots, flip } => {
                 if !self.s.leases.is_empty() {
                     let i = usize::from(pick) % self.s.leases.len();
-                    let spec = &mut self.s.leases[i].spec;
+                    let spec = self.s.leases[i].spec_mut();
                     spec.slots = slots;
                     if flip {
                         spec.role = match spec.role {
@@ -462,7 +462,7 @@ impl World {
                 .s
                 .pods
                 .iter()
-                .find(|p| p.key == l.key && p.uid == l.spec.pod_uid)
+                .find(|p| p.key == l.key && p.uid == l.spec().pod_uid)
             else {
                 continue;
             };
@@ -473,14 +473,14 @@ impl World {
             else {
                 continue;
             };
-            if l.status.as_ref().is_none_or(|s| !s.gpus.is_empty()) {
+            if l.status().is_none_or(|s| !s.gpus.is_empty()) {
                 continue;
             }
             let taken: BTreeSet<u32> = self
                 .s
                 .leases
                 .iter()
-                .filter_map(|o| o.status.as_ref())
+                .filter_map(|o| o.status())
                 .filter(|s| s.node.as_deref() == Some(node.as_str()) && s.phase.holds_slots())
                 .flat_map(|s| s.gpus.iter().map(|g| g.index))
                 .collect();
@@ -496,7 +496,7 @@ impl World {
                     product: None,
                 })
                 .collect();
-            if let Some(st) = self.s.leases[i].status.as_mut() {
+            if let Some(st) = self.s.leases[i].status_mut().as_mut() {
                 st.gpus = chosen;
             }
         }
@@ -537,7 +537,7 @@ impl World {
                 .leases
                 .iter()
                 .find(|l| l.key == e.key)
-                .and_then(|l| l.status.as_ref());
+                .and_then(|l| l.status());
             let status = plan.lease_status(&e.key).or(persisted);
             let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
             prop_assert!(
@@ -564,7 +564,7 @@ impl World {
                     self.s.leases.iter_mut().find(|l| &l.key == key),
                     plan.lease_specs.get(key),
                 ) {
-                    l.spec = spec.clone();
+                    *l.spec_mut() = spec.clone();
                 }
             }
             Step::Create(i) => {
@@ -574,24 +574,21 @@ impl World {
                     "create of {} over an existing lease",
                     n.key
                 );
-                self.s.leases.push(LeaseInfo {
-                    key: n.key.clone(),
-                    spec: n.spec.clone(),
-                    status: None,
-                    missing: false,
-                });
+                self.s
+                    .leases
+                    .push(LeaseInfo::from_parts(n.key.clone(), n.spec.clone(), None));
             }
             Step::CreateStatus(i) => {
                 let n = &plan.create_leases[i];
                 if let Some(l) = self.s.leases.iter_mut().find(|l| l.key == n.key) {
-                    l.status = Some(n.status.clone());
+                    *l.status_mut() = Some(n.status.clone());
                 }
             }
             Step::Delete(i) => {
                 let d = &plan.delete_leases[i];
                 self.s
                     .leases
-                    .retain(|l| !(l.key == d.key && l.spec.pod_uid == d.pod_uid));
+                    .retain(|l| !(l.key == d.key && l.spec().pod_uid == d.pod_uid));
             }
             Step::Admit(i) => {
                 let a = &plan.admissions[i];
@@ -634,16 +631,12 @@ impl World {
                 let st = plan.lease_status(key).expect("a wanted status");
                 if let Some(l) = self.s.leases.iter_mut().find(|l| &l.key == key) {
                     // The device plugin owns status.gpus; the operator's write keeps them.
-                    let gpus = l
-                        .status
-                        .as_ref()
-                        .map(|s| s.gpus.clone())
-                        .unwrap_or_default();
+                    let gpus = l.status().map(|s| s.gpus.clone()).unwrap_or_default();
                     let mut st = st.clone();
                     if st.gpus.is_empty() {
                         st.gpus = gpus;
                     }
-                    l.status = Some(st);
+                    *l.status_mut() = Some(st);
                 }
             }
         }
@@ -656,7 +649,7 @@ impl World {
                 .leases
                 .iter()
                 .find(|l| &l.key == key)
-                .and_then(|l| l.status.as_ref())
+                .and_then(|l| l.status())
                 .or_else(|| {
                     plan.create_leases
                         .iter()
@@ -688,7 +681,7 @@ impl World {
         let mut rewritten = self.clone();
         for l in &mut rewritten.s.leases {
             if let Some(spec) = plan.lease_specs.get(&l.key) {
-                l.spec = spec.clone();
+                *l.spec_mut() = spec.clone();
             }
         }
         rewritten.check_plan_as_written(plan)
@@ -709,7 +702,7 @@ impl World {
             .s
             .leases
             .iter()
-            .filter_map(|l| l.status.as_ref()?.sequence)
+            .filter_map(|l| l.status()?.sequence)
             .max()
             .unwrap_or(0);
         for n in &plan.create_leases {
@@ -720,7 +713,7 @@ impl World {
         // leases that hold slots for a pod not placed yet.
         let mut usage = self.usage();
         for l in &self.s.leases {
-            let Some(st) = l.status.as_ref().filter(|s| s.phase.holds_slots()) else {
+            let Some(st) = l.status().filter(|s| s.phase.holds_slots()) else {
                 continue;
             };
             let placed = self
@@ -729,7 +722,7 @@ impl World {
                 .iter()
                 .any(|p| p.key == l.key && is_live(p) && placed_on(p).is_some());
             if let (false, Some(node)) = (placed, st.node.as_deref()) {
-                *usage.entry(node.to_owned()).or_default() += l.spec.slots;
+                *usage.entry(node.to_owned()).or_default() += l.spec().slots;
             }
         }
         let mut admitted = BTreeSet::new();
@@ -746,7 +739,7 @@ impl World {
                 .find(|p| p.key == a.key && p.uid == a.pod_uid);
             prop_assert!(pod.is_some_and(|p| p.gated), "{} is not waiting", a.key);
             let lease = self.s.leases.iter().find(|l| l.key == a.key);
-            let persisted = lease.and_then(|l| l.status.as_ref());
+            let persisted = lease.and_then(|l| l.status());
             prop_assert!(
                 persisted.is_some_and(|s| s.sequence.is_some()),
                 "{} admitted before its sequence was persisted",
@@ -763,13 +756,12 @@ impl World {
             let earlier_waits = lease.is_some_and(|mine| {
                 let seq = persisted.and_then(|s| s.sequence).unwrap_or(0);
                 self.s.leases.iter().any(|l| {
-                    l.spec.class_name == mine.spec.class_name
-                        && l.spec.role == Role::Primary
-                        && l.status
-                            .as_ref()
+                    l.spec().class_name == mine.spec().class_name
+                        && l.spec().role == Role::Primary
+                        && l.status()
                             .is_none_or(|s| s.sequence.is_none_or(|x| x < seq))
                         && self.s.pods.iter().any(|p| {
-                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
+                            p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
                         })
                 })
             });
@@ -789,7 +781,7 @@ impl World {
         for l in &self.s.leases {
             if let (Some(new), Some(old)) = (
                 plan.lease_status(&l.key).and_then(|s| s.sequence),
-                l.status.as_ref().and_then(|s| s.sequence),
+                l.status().and_then(|s| s.sequence),
             ) {
                 prop_assert_eq!(new, old, "sequence of {} changed", l.key);
             }
@@ -802,7 +794,7 @@ impl World {
                 .leases
                 .iter()
                 .find(|l| l.key == a.key)
-                .map(|l| l.spec.class_name.as_str());
+                .map(|l| l.spec().class_name.as_str());
             let fits = |class: &str, slots: u32| {
                 let narrow = class == "narrow";
                 self.s.nodes.iter().any(|n| {
@@ -811,20 +803,19 @@ impl World {
                         && n.allocatable.get(RES).copied().unwrap_or(0) >= slots
                 })
             };
-            let blocking =
-                self.s.leases.iter().find(|l| {
-                    let Some(st) = self.lease_status(plan, &l.key) else {
-                        return false;
-                    };
-                    l.spec.role == Role::Primary
-                        && Some(l.spec.class_name.as_str()) != helper_class
-                        && self.s.classes.iter().any(|c| c.name == l.spec.class_name)
-                        && st.phase == LeasePhase::Queued
-                        && fits(&l.spec.class_name, l.spec.slots)
-                        && self.s.pods.iter().any(|p| {
-                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
-                        })
-                });
+            let blocking = self.s.leases.iter().find(|l| {
+                let Some(st) = self.lease_status(plan, &l.key) else {
+                    return false;
+                };
+                l.spec().role == Role::Primary
+                    && Some(l.spec().class_name.as_str()) != helper_class
+                    && self.s.classes.iter().any(|c| c.name == l.spec().class_name)
+                    && st.phase == LeasePhase::Queued
+                    && fits(&l.spec().class_name, l.spec().slots)
+                    && self.s.pods.iter().any(|p| {
+                        p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
+                    })
+            });
             prop_assert!(
                 blocking.is_none(),
                 "helper {} admitted to {} while primary {:?} of another class waits and could use it",
@@ -839,17 +830,17 @@ impl World {
                 .s
                 .leases
                 .iter()
-                .filter(|l| l.spec.class_name == class.name)
+                .filter(|l| l.spec().class_name == class.name)
                 .filter_map(|l| Some((l, self.lease_status(plan, &l.key)?)))
                 .collect();
             let waiting_after = |role: Role, below: u64| {
                 leases.iter().any(|(l, st)| {
-                    l.spec.role == role
+                    l.spec().role == role
                         && st.phase == LeasePhase::Queued
                         && st.sequence.is_some_and(|s| s < below)
-                        && self.possible(&class.name, l.spec.slots)
+                        && self.possible(&class.name, l.spec().slots)
                         && self.s.pods.iter().any(|p| {
-                            p.key == l.key && p.uid == l.spec.pod_uid && p.gated && is_live(p)
+                            p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
                         })
                 })
             };
@@ -864,7 +855,7 @@ impl World {
                     continue;
                 };
                 let seq = st.sequence.unwrap_or(0);
-                if l.spec.role == Role::Primary
+                if l.spec().role == Role::Primary
                     && class.spec.admission.ordering == Ordering::StrictFIFO
                 {
                     prop_assert!(
@@ -873,7 +864,7 @@ impl World {
                         a.key
                     );
                 }
-                if l.spec.role == Role::Helper && !class.spec.helpers.admit_while_queued {
+                if l.spec().role == Role::Helper && !class.spec.helpers.admit_while_queued {
                     prop_assert!(
                         !waiting_after(Role::Primary, u64::MAX) && !new_primary_waiting,
                         "helper {} admitted while a primary of {} waits",
@@ -896,7 +887,7 @@ impl World {
                         .leases
                         .iter()
                         .find(|l| l.key.to_string() == lease)
-                        .map(|l| l.spec.slots)
+                        .map(|l| l.spec().slots)
                         .unwrap_or(u32::MAX);
                     prop_assert!(n <= slots, "{lease} shown on {n} slots");
                 }
@@ -922,8 +913,11 @@ impl World {
         let mut keys = BTreeSet::new();
         for l in &self.s.leases {
             prop_assert!(keys.insert(&l.key), "two leases for {}", l.key);
-            if let Some(seq) = l.status.as_ref().and_then(|s| s.sequence) {
-                let first = *self.sequences.entry(l.spec.pod_uid.clone()).or_insert(seq);
+            if let Some(seq) = l.status().and_then(|s| s.sequence) {
+                let first = *self
+                    .sequences
+                    .entry(l.spec().pod_uid.clone())
+                    .or_insert(seq);
                 prop_assert_eq!(first, seq, "sequence of {} changed", l.key);
             }
         }
@@ -966,7 +960,7 @@ impl World {
                 .s
                 .leases
                 .iter()
-                .filter(|l| l.key == p.key && l.spec.pod_uid == p.uid)
+                .filter(|l| l.key == p.key && l.spec().pod_uid == p.uid)
                 .count();
             prop_assert_eq!(n, 1, "live pod {} has {} leases", &p.key, n);
         }
@@ -1243,8 +1237,8 @@ proptest! {
         }
         w.quiesce(12)?;
         for l in &w.s.leases {
-            let st = l.status.as_ref().expect("every lease has a status once quiet");
-            let pod_live = w.s.pods.iter().any(|p| p.key == l.key && p.uid == l.spec.pod_uid && is_live(p));
+            let st = l.status().expect("every lease has a status once quiet");
+            let pod_live = w.s.pods.iter().any(|p| p.key == l.key && p.uid == l.spec().pod_uid && is_live(p));
             if !pod_live {
                 prop_assert_eq!(st.phase, LeasePhase::Released, "{}", &l.key);
                 continue;
@@ -1252,11 +1246,11 @@ proptest! {
             let msg = st.message.clone().unwrap_or_default();
             match st.phase {
                 LeasePhase::Queued => prop_assert!(
-                    !w.possible(&l.spec.class_name, l.spec.slots),
+                    !w.possible(&l.spec().class_name, l.spec().slots),
                     "{} still queued though it could fit: {}", &l.key, msg
                 ),
                 LeasePhase::Rejected => prop_assert!(
-                    l.spec.class_name == "ghost", "{} rejected: {}", &l.key, msg
+                    l.spec().class_name == "ghost", "{} rejected: {}", &l.key, msg
                 ),
                 // Pending ungated pods the scheduler cannot place yet.
                 LeasePhase::Admitted => prop_assert!(
@@ -1329,7 +1323,7 @@ fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
         w.s.leases
             .iter()
             .find(|l| l.key == p0)
-            .and_then(|l| l.status.as_ref());
+            .and_then(|l| l.status());
     assert_eq!(lease.map(|s| s.phase), Some(LeasePhase::Preempting));
 }
 
@@ -1369,7 +1363,7 @@ fn a_reservation_for_a_later_primary_yields_to_an_earlier_one() {
         w.s.leases
             .iter()
             .find(|l| l.key == key)
-            .and_then(|l| l.status.as_ref())
+            .and_then(|l| l.status())
             .map(|s| s.phase)
     };
     assert_eq!(phase("p0"), Some(LeasePhase::Released));

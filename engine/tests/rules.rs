@@ -27,22 +27,21 @@ fn apply(s: &mut Snapshot, plan: &Plan) {
         !plan
             .delete_leases
             .iter()
-            .any(|d| d.key == l.key && d.pod_uid == l.spec.pod_uid)
+            .any(|d| d.key == l.key && d.pod_uid == l.spec().pod_uid)
     });
     for n in &plan.create_leases {
-        s.leases.push(LeaseInfo {
-            key: n.key.clone(),
-            spec: n.spec.clone(),
-            status: Some(n.status.clone()),
-            missing: false,
-        });
+        s.leases.push(LeaseInfo::from_parts(
+            n.key.clone(),
+            n.spec.clone(),
+            Some(n.status.clone()),
+        ));
     }
     for l in &mut s.leases {
         if let Some(spec) = plan.lease_specs.get(&l.key) {
-            l.spec = spec.clone();
+            *l.spec_mut() = spec.clone();
         }
         if let Some(st) = plan.lease_status(&l.key) {
-            l.status = Some(st.clone());
+            *l.status_mut() = Some(st.clone());
         }
     }
     for a in &plan.admissions {
@@ -92,7 +91,7 @@ fn lease<'a>(s: &'a Snapshot, name: &str) -> &'a GpuLeaseStatus {
     s.leases
         .iter()
         .find(|l| l.key == key(name))
-        .and_then(|l| l.status.as_ref())
+        .and_then(|l| l.status())
         .unwrap_or_else(|| panic!("lease team/{name} with a status"))
 }
 
@@ -149,22 +148,21 @@ fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
 #[test]
 fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing() {
     let mut s = world(vec![node("n1", 0)], vec![]);
-    s.leases.push(LeaseInfo {
-        key: ObjectKey::new("old", "gone"),
-        spec: GpuLeaseSpec {
+    s.leases.push(LeaseInfo::from_parts(
+        ObjectKey::new("old", "gone"),
+        GpuLeaseSpec {
             class_name: "default".into(),
             pod_name: "gone".into(),
             pod_uid: "x".into(),
             role: Role::Primary,
             slots: 1,
         },
-        status: Some(GpuLeaseStatus {
+        Some(GpuLeaseStatus {
             phase: LeasePhase::Released,
             sequence: Some(41),
             ..GpuLeaseStatus::default()
         }),
-        missing: false,
-    });
+    ));
     let mut no_stamp = pod("c-no-stamp", 1, 5);
     no_stamp.enqueued_at = None;
     no_stamp.created_at = at(2);
@@ -324,12 +322,12 @@ fn node_fit_honours_class_selector_pod_selector_affinity_taints_and_cordons() {
         match_expressions: None,
     });
     let mut tolerant = pod("p3", 1, 3);
-    tolerant.tolerations.push(Toleration {
+    tolerant.tolerations = std::sync::Arc::new([Toleration {
         key: Some("dedicated".into()),
         operator: TolerationOperator::Equal,
         value: Some("ml".into()),
         effect: Some(TaintEffect::NoSchedule),
-    });
+    }]);
     s.pods.push(tolerant);
     s.classes[0].spec.admission.ordering = Ordering::BestEffortFIFO;
     settle(&mut s);
@@ -417,7 +415,7 @@ fn bound(s: &mut Snapshot, name: &str, admitted: i64) {
         .iter_mut()
         .find(|l| l.key == key(name))
         .expect("lease");
-    let st = l.status.as_mut().expect("status");
+    let st = l.status_mut().as_mut().expect("status");
     st.admitted_at = Some(Time(at(admitted)));
 }
 
@@ -643,7 +641,7 @@ fn an_ungated_pod_is_admitted_already_and_bound_once_gpus_are_reported() {
         .iter_mut()
         .find(|l| l.key == key("outside"))
         .expect("lease");
-    l.status.as_mut().expect("status").gpus = vec![LeaseGpu {
+    l.status_mut().as_mut().expect("status").gpus = vec![LeaseGpu {
         index: 1,
         uuid: "GPU-n1-1".into(),
         product: None,
@@ -840,9 +838,9 @@ fn the_pod_not_the_lease_says_slots_role_and_class() {
     // Someone writes the lease down to 1 slot and calls it a helper.
     for l in &mut s.leases {
         if l.key == key("big") {
-            l.spec.slots = 1;
-            l.spec.role = Role::Helper;
-            l.spec.class_name = "other".into();
+            l.spec_mut().slots = 1;
+            l.spec_mut().role = Role::Helper;
+            l.spec_mut().class_name = "other".into();
         }
     }
     s.pods.push(pod("primary-2", 1, 3));
@@ -866,7 +864,7 @@ fn the_pod_not_the_lease_says_slots_role_and_class() {
         .iter()
         .find(|l| l.key == key("big"))
         .expect("lease")
-        .spec;
+        .spec();
     assert_eq!((spec.slots, spec.role), (2, Role::Primary));
     assert_eq!(phase(&s, "next"), LeasePhase::Queued);
 }
@@ -988,10 +986,10 @@ fn an_admitted_lease_holds_its_node_before_the_pod_shows_the_pin_and_is_driven_a
     // The lease status is written but the pod patch is lost (a restart).
     for l in &mut s.leases {
         if let Some(spec) = plan.lease_specs.get(&l.key) {
-            l.spec = spec.clone();
+            *l.spec_mut() = spec.clone();
         }
         if let Some(st) = plan.lease_status(&l.key) {
-            l.status = Some(st.clone());
+            *l.status_mut() = Some(st.clone());
         }
     }
     let plan = decide(&s);
@@ -1128,10 +1126,10 @@ fn a_helper_whose_admission_was_lost_is_not_started_while_a_primary_queues() {
     // Only the lease status landed; then a primary arrives and gets its lease.
     for l in &mut s.leases {
         if let Some(spec) = plan.lease_specs.get(&l.key) {
-            l.spec = spec.clone();
+            *l.spec_mut() = spec.clone();
         }
         if let Some(st) = plan.lease_status(&l.key) {
-            l.status = Some(st.clone());
+            *l.status_mut() = Some(st.clone());
         }
     }
     assert_eq!(phase(&s, "h1"), LeasePhase::Admitted);
@@ -1223,7 +1221,7 @@ fn a_lost_admission_goes_back_behind_an_earlier_primary_that_waits_again() {
     assert_eq!(plan.admissions.len(), 2);
     for l in &mut s.leases {
         if let Some(st) = plan.lease_status(&l.key) {
-            l.status = Some(st.clone());
+            *l.status_mut() = Some(st.clone());
         }
     }
     // p0's node goes away: it waits again, ahead of p1, whose pod never

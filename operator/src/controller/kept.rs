@@ -26,7 +26,7 @@ use super::index::Index;
 use super::key_hash::{HashMap, HashSet};
 use super::overlay::Overlay;
 use super::translate;
-use crate::engine::{Engine, Eviction, ObjectKey};
+use crate::engine::{Engine, Eviction, LeaseInfo, ObjectKey};
 
 /// What the engine was last fed for one key.
 struct FedObject<K> {
@@ -79,7 +79,7 @@ impl<K> Fed<K> {
         key: &ObjectKey,
         view: Option<(Arc<K>, bool)>,
         shown: Option<Arc<K>>,
-        translate: impl FnOnce(&K) -> Option<V>,
+        translate: impl FnOnce(&Arc<K>) -> Option<V>,
         mut apply: impl FnMut(Change<V>),
     ) {
         let Some((obj, flag)) = view else {
@@ -238,7 +238,7 @@ impl Kept {
                 key,
                 view.map(|c| (c, false)),
                 None,
-                translate::class_info,
+                |c| translate::class_info(c),
                 |change| match change {
                     Change::Upsert(c, _) => engine.upsert_class(c),
                     Change::Remove => drop(engine.remove_class(&key.name)),
@@ -308,13 +308,12 @@ impl Kept {
                 key,
                 view.laid.map(|l| (l, missing)),
                 view.shown,
-                translate::lease_info,
+                // The engine keeps the lease the pass sees, not a copy, under
+                // the key the index holds.
+                |lease| Some(LeaseInfo::new(key.clone(), lease.clone())),
                 |change| match change {
                     Change::Upsert(mut l, missing) => {
                         l.missing = missing;
-                        // The same key, held once: the translation's own
-                        // copy is two allocations per lease.
-                        l.key = key.clone();
                         engine.upsert_lease(l);
                     }
                     Change::Remove => drop(engine.remove_lease(key)),
@@ -426,7 +425,7 @@ mod tests {
             None,
             |v| {
                 translated.set(true);
-                (*v > 0).then_some(*v)
+                (**v > 0).then_some(**v)
             },
             |change| match change {
                 Change::Upsert(v, flag) => drop(kept.insert(key.to_owned(), (v, flag))),
@@ -484,7 +483,7 @@ mod tests {
                 Some(shown.clone()),
                 |v| {
                     translated.set(true);
-                    Some(*v)
+                    Some(**v)
                 },
                 |_| {},
             );
@@ -990,7 +989,7 @@ mod tests {
             fed: &Fed<K>,
             key: &ObjectKey,
             view: Option<(Arc<K>, bool)>,
-            translates: impl Fn(&K) -> bool,
+            translates: impl Fn(&Arc<K>) -> bool,
         ) -> Result<(), String> {
             match (fed.by_key.get(key), view) {
                 (None, None) => Ok(()),
@@ -1031,8 +1030,15 @@ mod tests {
                 at,
             );
             let missing = overlay.is_missing(&key, at);
-            check(&kept.leases, &key, view.laid.map(|l| (l, missing)), |l| {
-                translate::lease_info(l).is_some()
+            // The engine holds the very lease the pass sees, not a copy.
+            let engine_holds = kept.engine.lease(&key).map(|l| &l.lease);
+            if let Some(laid) = &view.laid
+                && !engine_holds.is_some_and(|held| Arc::ptr_eq(held, laid))
+            {
+                return Err(format!("{key:?}: the engine holds another lease"));
+            }
+            check(&kept.leases, &key, view.laid.map(|l| (l, missing)), |_| {
+                true
             })?;
         }
         for key in all_keys(&caches.nodes.state(), &kept.nodes, Vec::new()) {

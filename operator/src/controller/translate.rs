@@ -3,15 +3,18 @@
 //! one place and present in another.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, LazyLock};
 
 use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, ANNOTATION_NODE_GPUS, SCHEDULING_GATE};
-use gpupool_api::{GpuLease, GpuLeaseClass, node_gpus, pod as api_pod};
+use gpupool_api::{GpuLeaseClass, node_gpus, pod as api_pod};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{self as k8s, Node, Pod};
+
+use super::cached_pod::DEFAULT_TOLERATIONS;
 
 use crate::engine::{
-    ClassInfo, LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, PodInfo,
-    PodPhase, RoleLabel, SelectorOperator, Taint, TaintEffect, Toleration, TolerationOperator,
+    ClassInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, PodInfo, PodPhase,
+    RoleLabel, SelectorOperator, Taint, TaintEffect, Toleration, TolerationOperator,
 };
 
 /// The extended resources the classes use: the only pod requests and node
@@ -31,19 +34,6 @@ pub fn class_info(class: &GpuLeaseClass) -> Option<ClassInfo> {
         created_at: class.metadata.creation_timestamp.as_ref().map(|t| t.0),
         spec: class.spec.clone(),
         status: class.status.clone(),
-    })
-}
-
-/// A lease as the engine sees it; `None` for an object without name or namespace.
-pub fn lease_info(lease: &GpuLease) -> Option<LeaseInfo> {
-    Some(LeaseInfo {
-        key: ObjectKey::new(
-            lease.metadata.namespace.clone()?,
-            lease.metadata.name.clone()?,
-        ),
-        spec: lease.spec.clone(),
-        status: lease.status.clone(),
-        missing: false,
     })
 }
 
@@ -188,31 +178,7 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
                 })
                 .collect()
         });
-    let tolerations = spec
-        .tolerations
-        .as_ref()
-        .map(|ts| {
-            ts.iter()
-                .filter_map(|t| {
-                    let operator = match t.operator.as_deref() {
-                        None | Some("Equal") => TolerationOperator::Equal,
-                        Some("Exists") => TolerationOperator::Exists,
-                        Some(_) => return None,
-                    };
-                    let effect = match t.effect.as_deref() {
-                        None | Some("") => None,
-                        Some(e) => Some(taint_effect(e)?),
-                    };
-                    Some(Toleration {
-                        key: t.key.clone().filter(|k| !k.is_empty()),
-                        operator,
-                        value: t.value.clone(),
-                        effect,
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let tolerations = tolerations(spec.tolerations.as_deref());
     Some(PodInfo {
         uid: meta.uid.clone().unwrap_or_default(),
         class_label: api_pod::class_label(pod).map(str::to_owned),
@@ -235,6 +201,44 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         unmanaged: false,
         key,
     })
+}
+
+/// A pod's tolerations in the engine's form. No list and the API
+/// server's default list (which nearly every pod carries) are each kept
+/// once and shared, so 10,000 pods hold no copy of them.
+fn tolerations(list: Option<&[k8s::Toleration]>) -> Arc<[Toleration]> {
+    static NONE: LazyLock<Arc<[Toleration]>> = LazyLock::new(|| Arc::new([]));
+    static DEFAULT: LazyLock<Arc<[Toleration]>> =
+        LazyLock::new(|| engine_tolerations(&DEFAULT_TOLERATIONS));
+    match list {
+        None | Some([]) => NONE.clone(),
+        Some(list) if *list == DEFAULT_TOLERATIONS[..] => DEFAULT.clone(),
+        Some(list) => engine_tolerations(list),
+    }
+}
+
+/// Each toleration the engine can read, in its form; one with an operator
+/// or effect Kubernetes does not define tolerates nothing and is left out.
+fn engine_tolerations(list: &[k8s::Toleration]) -> Arc<[Toleration]> {
+    list.iter()
+        .filter_map(|t| {
+            let operator = match t.operator.as_deref() {
+                None | Some("Equal") => TolerationOperator::Equal,
+                Some("Exists") => TolerationOperator::Exists,
+                Some(_) => return None,
+            };
+            let effect = match t.effect.as_deref() {
+                None | Some("") => None,
+                Some(e) => Some(taint_effect(e)?),
+            };
+            Some(Toleration {
+                key: t.key.clone().filter(|k| !k.is_empty()),
+                operator,
+                value: t.value.clone(),
+                effect,
+            })
+        })
+        .collect()
 }
 
 /// Index of the admission gate in `spec.schedulingGates`, if the pod has it.
@@ -361,8 +365,8 @@ mod tests {
         assert_eq!(terms[0].match_expressions[0].operator, SelectorOperator::In);
         assert_eq!(terms[1].match_fields[0].operator, SelectorOperator::NotIn);
         assert_eq!(
-            info.tolerations,
-            vec![
+            info.tolerations[..],
+            [
                 Toleration {
                     key: Some("gpu".into()),
                     operator: TolerationOperator::Exists,
@@ -475,17 +479,66 @@ mod tests {
     }
 
     #[test]
-    fn leases_and_classes() {
-        let lease: GpuLease = serde_json::from_value(json!({
-            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
-            "metadata": {"namespace": "ml", "name": "train"},
-            "spec": {"className": "default", "podName": "train", "podUID": "u1", "role": "primary", "slots": 1},
-            "status": {"phase": "Queued", "sequence": 7}
-        }))
-        .expect("lease");
-        let info = lease_info(&lease).expect("named");
-        assert_eq!(info.key, ObjectKey::new("ml", "train"));
-        assert_eq!(info.status.and_then(|s| s.sequence), Some(7));
+    fn the_default_tolerations_and_none_are_shared_by_every_pod() {
+        let pod = |name: &str, tolerations: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ml", "name": name, "uid": name},
+                "spec": {
+                    "containers": [{"name": "a", "resources": {"limits": {"gpupool/slot": "1"}}}],
+                    "tolerations": tolerations
+                }
+            }))
+            .expect("pod")
+        };
+        let defaults = json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+        ]);
+        let info = |p: &Pod| pod_info(p, &resources(), now()).expect("requests a slot");
+        let (a, b) = (info(&pod("a", defaults.clone())), info(&pod("b", defaults)));
+        assert!(
+            Arc::ptr_eq(&a.tolerations, &b.tolerations),
+            "one list for both"
+        );
+        assert_eq!(
+            a.tolerations
+                .iter()
+                .map(|t| t.key.as_deref())
+                .collect::<Vec<_>>(),
+            [
+                Some("node.kubernetes.io/not-ready"),
+                Some("node.kubernetes.io/unreachable")
+            ]
+        );
+        assert!(
+            a.tolerations
+                .iter()
+                .all(|t| t.effect == Some(TaintEffect::NoExecute)
+                    && t.operator == TolerationOperator::Exists)
+        );
+
+        let (none, empty) = (info(&pod("c", json!(null))), info(&pod("d", json!([]))));
+        assert!(none.tolerations.is_empty() && Arc::ptr_eq(&none.tolerations, &empty.tolerations));
+
+        // The same keys for 60 s instead of 300 s is a list of its own.
+        let own = info(&pod(
+            "e",
+            json!([
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+                {"key": "bad", "operator": "Near"}
+            ]),
+        ));
+        assert!(!Arc::ptr_eq(&own.tolerations, &a.tolerations));
+        assert_eq!(
+            own.tolerations[..],
+            a.tolerations[..],
+            "the unknown operator is left out"
+        );
+    }
+
+    #[test]
+    fn classes() {
         let class: GpuLeaseClass = serde_json::from_value(json!({
             "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
             "metadata": {"name": "default", "generation": 3},
