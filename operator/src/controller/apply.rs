@@ -1229,7 +1229,7 @@ mod tests {
         assert_eq!(pod.metadata.managed_fields, None);
         assert_eq!(
             pod.labels,
-            [("gpupool.io/role".to_owned(), "helper".to_owned())].into(),
+            [("gpupool.io/role".into(), "helper".into())].into(),
             "only the labels admission reads"
         );
         assert_eq!(
