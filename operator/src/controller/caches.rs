@@ -22,7 +22,7 @@ use super::cached_pod::CachedPod;
 use super::changes::ChangeLog;
 use super::index::{Index, IndexWriter, WriterGone, index};
 use super::translate;
-use crate::engine::{self, ClassInfo, NodeInfo, PodInfo};
+use crate::engine::{self, ClassInfo, NodeInfo, ObjectKey, PodInfo};
 use crate::metrics::Metrics;
 use crate::webhook::review::ClusterView;
 
@@ -249,9 +249,9 @@ where
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(trim);
-    let on_event = move |event: &watcher::Event<K>| {
+    let on_event = move |event: &watcher::Event<K>, held: Option<ObjectKey>| {
         on_event(event);
-        log.record(event);
+        log.record(event, held.as_ref());
     };
     tokio::spawn(drive(
         stream,
@@ -265,22 +265,23 @@ where
 }
 
 /// Follows a watch: each event goes into the index, then to `on_event`
-/// (which records its key: a pass that takes the key finds the object
-/// already there), and then wakes the decision loop.
+/// with the key the index holds it under (`on_event` records the key: a
+/// pass that takes it finds the object already there), and then wakes the
+/// decision loop.
 async fn drive<K: Resource + Clone>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     mut writer: IndexWriter<K>,
     changed: Arc<Notify>,
     metrics: Metrics,
     what: &'static str,
-    mut on_event: impl FnMut(&watcher::Event<K>),
+    mut on_event: impl FnMut(&watcher::Event<K>, Option<ObjectKey>),
 ) {
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
-                writer.apply(&event);
-                on_event(&event);
+                let held = writer.apply(&event);
+                on_event(&event, held);
                 changed.notify_one();
             }
             Err(e) => {

@@ -115,48 +115,60 @@ impl<K> Index<K> {
 
 impl<K: Resource + Clone> IndexWriter<K> {
     /// Applies one watch event. An object is kept under the key it was
-    /// first seen with, so an update allocates no key.
-    pub fn apply(&mut self, event: &watcher::Event<K>) {
+    /// first seen with, so an update allocates no key. Returns that key
+    /// for an object applied or deleted one by one (a clone of the index's
+    /// own), so whoever records the change need not build another.
+    pub fn apply(&mut self, event: &watcher::Event<K>) -> Option<ObjectKey> {
         match event {
             watcher::Event::Apply(obj) => {
                 let mut objects = write(&self.objects);
-                upsert(&mut objects, None, obj);
+                upsert(&mut objects, None, obj)
             }
             watcher::Event::Delete(obj) => {
-                if let Some(parts) = parts_of(obj) {
-                    write(&self.objects).remove(&parts as &dyn KeyParts);
-                }
+                let parts = parts_of(obj)?;
+                let removed = write(&self.objects).remove_entry(&parts as &dyn KeyParts);
+                removed.map(|(key, _)| key)
             }
-            watcher::Event::Init => self.relist = Some(Objects::default()),
+            watcher::Event::Init => {
+                self.relist = Some(Objects::default());
+                None
+            }
             watcher::Event::InitApply(obj) => {
                 let relist = self.relist.get_or_insert_with(Objects::default);
                 upsert(relist, Some(&read(&self.objects)), obj);
+                None
             }
             watcher::Event::InitDone => {
                 let listed = self.relist.take().unwrap_or_default();
                 *write(&self.objects) = listed;
                 self.ready.send_replace(true);
+                None
             }
         }
     }
 }
 
 /// Puts `obj` into `objects`, reusing the key `objects` or `known` already
-/// holds for it.
-fn upsert<K: Resource + Clone>(objects: &mut Objects<K>, known: Option<&Objects<K>>, obj: &K) {
-    let Some(parts) = parts_of(obj) else {
-        return;
-    };
+/// holds for it; returns that key (`None` for an object without a name).
+fn upsert<K: Resource + Clone>(
+    objects: &mut Objects<K>,
+    known: Option<&Objects<K>>,
+    obj: &K,
+) -> Option<ObjectKey> {
+    let parts = parts_of(obj)?;
     let value = Arc::new(obj.clone());
     if let Some(slot) = objects.get_mut(&parts as &dyn KeyParts) {
         *slot = value;
-        return;
+        return objects
+            .get_key_value(&parts as &dyn KeyParts)
+            .map(|(key, _)| key.clone());
     }
     let key = known
         .and_then(|k| k.get_key_value(&parts as &dyn KeyParts))
         .map(|(key, _)| key.clone())
         .unwrap_or_else(|| ObjectKey::new(parts.0, parts.1));
-    objects.insert(key, value);
+    objects.insert(key.clone(), value);
+    Some(key)
 }
 
 #[cfg(test)]
@@ -224,6 +236,40 @@ mod tests {
         assert!(Arc::ptr_eq(&first.name, &now.name));
         assert!(Arc::ptr_eq(&first.namespace, &now.namespace));
         assert_eq!(version(&index, "a", "x").as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn applying_an_object_or_its_deletion_returns_the_key_the_index_holds() {
+        let (index, mut writer) = index::<ConfigMap>();
+        let held = |index: &Index<ConfigMap>| index.keys().pop().expect("a key");
+        let added = writer.apply(&watcher::Event::Apply(map("a", "x", "1")));
+        let same = |k: &ObjectKey, h: &ObjectKey| {
+            Arc::ptr_eq(&k.name, &h.name) && Arc::ptr_eq(&k.namespace, &h.namespace)
+        };
+        assert!(added.is_some_and(|k| same(&k, &held(&index))));
+        let updated = writer.apply(&watcher::Event::Apply(map("a", "x", "2")));
+        assert!(updated.is_some_and(|k| same(&k, &held(&index))));
+        let first = held(&index);
+        let deleted = writer.apply(&watcher::Event::Delete(map("a", "x", "3")));
+        assert!(deleted.is_some_and(|k| same(&k, &first)));
+        assert!(index.is_empty());
+
+        // Nothing to name: an unknown deletion, a nameless object, a re-list.
+        assert_eq!(
+            writer.apply(&watcher::Event::Delete(map("a", "x", "4"))),
+            None
+        );
+        assert_eq!(
+            writer.apply(&watcher::Event::Apply(ConfigMap::default())),
+            None
+        );
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(map("b", "y", "5")),
+            watcher::Event::InitDone,
+        ] {
+            assert_eq!(writer.apply(&event), None);
+        }
     }
 
     #[tokio::test]

@@ -541,8 +541,8 @@ mod tests {
             log: &super::super::changes::ChangeLog,
             event: watcher::Event<K>,
         ) {
-            writer.apply(&event);
-            log.record(&event);
+            let held = writer.apply(&event);
+            log.record(&event, held.as_ref());
         }
     }
 
