@@ -15,8 +15,13 @@ use criterion::{Criterion, criterion_group};
 use gpupool_api::{
     GpuLease, GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
+use gpupool_operator::controller::index::{Index, tallied_index};
+use gpupool_operator::engine::{ClassInfo, PodInfo};
 use gpupool_operator::webhook::certs;
-use gpupool_operator::webhook::review::{Identities, StaticView, Users, WebhookKind, review_body};
+use gpupool_operator::webhook::review::{
+    ClusterView, Identities, StaticView, Users, WebhookKind, queue_key, queue_tally_key,
+    review_body,
+};
 use gpupool_operator::webhook::server::{self, CertResolver, Handler, WebhookMetrics};
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -25,9 +30,42 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
+/// What a review sees in the operator: classes and nodes, and the leases
+/// in a cache that tallies the queued ones, so `maxQueued` reads a count.
+#[derive(Clone)]
+struct CachedView {
+    base: StaticView,
+    leases: Index<GpuLease>,
+}
+
+impl ClusterView for CachedView {
+    fn classes(&self) -> Vec<Arc<GpuLeaseClass>> {
+        self.base.classes()
+    }
+    fn largest_node(
+        &self,
+        class: &ClassInfo,
+        pod: &PodInfo,
+    ) -> Result<Option<(String, u32)>, String> {
+        self.base.largest_node(class, pod)
+    }
+    fn queued(&self, class: &str, role: Role) -> usize {
+        self.leases.count(&queue_key(class, role))
+    }
+}
+
 /// A cluster of 100 nodes × 8 slots, one default class bounded at 5,000
 /// queued, and 2,000 leases (half queued), so every cache-backed check runs.
-fn view() -> StaticView {
+fn view() -> CachedView {
+    let base = static_view();
+    let (leases, mut writer) = tallied_index(queue_tally_key);
+    for lease in &base.leases {
+        writer.apply(&kube::runtime::watcher::Event::Apply((**lease).clone()));
+    }
+    CachedView { base, leases }
+}
+
+fn static_view() -> StaticView {
     let class = GpuLeaseClass::new(
         "default",
         GpuLeaseClassSpec {
@@ -136,9 +174,9 @@ fn identities() -> Identities {
 
 fn pure_review(c: &mut Criterion) {
     let view = view();
-    // The common case: no queue bound, so the lease cache is never scanned.
+    // The common case: no queue bound, so the lease tally is never read.
     let mut unbounded = view.clone();
-    unbounded.classes = vec![Arc::new(GpuLeaseClass::new(
+    unbounded.base.classes = vec![Arc::new(GpuLeaseClass::new(
         "default",
         GpuLeaseClassSpec {
             default: true,

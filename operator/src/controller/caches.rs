@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use gpupool_api::{GpuLease, GpuLeaseClass};
+use gpupool_api::{GpuLease, GpuLeaseClass, Role};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -20,11 +20,11 @@ use tokio::sync::{Notify, watch};
 
 use super::cached_pod::CachedPod;
 use super::changes::ChangeLog;
-use super::index::{Index, IndexWriter, WriterGone, index};
+use super::index::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
 use super::translate;
 use crate::engine::{self, ClassInfo, NodeInfo, ObjectKey, PodInfo};
 use crate::metrics::Metrics;
-use crate::webhook::review::ClusterView;
+use crate::webhook::review::{ClusterView, queue_key, queue_tally_key};
 
 /// The four caches a pass snapshots.
 #[derive(Clone)]
@@ -79,37 +79,36 @@ impl Caches {
         let mut caches = Self {
             pods: watch(
                 Api::all(client.clone()),
-                CachedPod::trim,
+                CacheSpec::trimmed("pods", CachedPod::trim),
                 changed.clone(),
                 metrics,
-                "pods",
                 changes.pods.clone(),
                 |_| {},
             ),
             nodes: watch(
                 Api::all(client.clone()),
-                trim_node,
+                CacheSpec::trimmed("nodes", trim_node),
                 changed.clone(),
                 metrics,
-                "nodes",
                 changes.nodes.clone(),
                 node_index.updater(),
             ),
             classes: watch(
                 Api::all(client.clone()),
-                |_| {},
+                CacheSpec::trimmed("classes", |_| {}),
                 changed.clone(),
                 metrics,
-                "classes",
                 changes.classes.clone(),
                 |_| {},
             ),
             leases: watch(
                 Api::all(client.clone()),
-                trim_lease,
+                CacheSpec {
+                    tally: Some(queue_tally_key),
+                    ..CacheSpec::trimmed("leases", trim_lease)
+                },
                 changed,
                 metrics,
-                "leases",
                 changes.leases.clone(),
                 |_| {},
             ),
@@ -227,17 +226,36 @@ impl ClusterView for Caches {
         let largest = engine::largest_node(class, nodes.values(), pod)?;
         Ok(largest.map(|(name, slots)| (name.to_owned(), slots)))
     }
-    fn leases(&self) -> Vec<Arc<GpuLease>> {
-        self.leases.state()
+    fn queued(&self, class: &str, role: Role) -> usize {
+        self.leases.count(&queue_key(class, role))
+    }
+}
+
+/// What one watch cache keeps of its kind.
+struct CacheSpec<K> {
+    /// The kind, as logs name it.
+    what: &'static str,
+    /// Drops what the operator never reads from each object.
+    trim: fn(&mut K),
+    /// The rule the cache counts its objects by, if any.
+    tally: Option<TallyRule<K>>,
+}
+
+impl<K> CacheSpec<K> {
+    fn trimmed(what: &'static str, trim: fn(&mut K)) -> Self {
+        Self {
+            what,
+            trim,
+            tally: None,
+        }
     }
 }
 
 fn watch<K>(
     api: Api<K>,
-    trim: fn(&mut K),
+    spec: CacheSpec<K>,
     changed: Arc<Notify>,
     metrics: &Metrics,
-    what: &'static str,
     log: ChangeLog,
     mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Index<K>
@@ -245,10 +263,14 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
-    let (reader, writer) = index();
+    let (reader, writer) = match spec.tally {
+        Some(rule) => tallied_index(rule),
+        None => index(),
+    };
+    let what = spec.what;
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(trim);
+        .modify(spec.trim);
     let on_event = move |event: &watcher::Event<K>, held: Option<ObjectKey>| {
         on_event(event);
         log.record(event, held.as_ref());
@@ -377,6 +399,8 @@ pub(crate) fn trim_lease(lease: &mut GpuLease) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::review::StaticView;
+    use gpupool_api::{GpuLeaseSpec, GpuLeaseStatus, LeasePhase};
     use serde_json::json;
 
     fn node(name: &str, slots: u32) -> Node {
@@ -393,6 +417,76 @@ mod tests {
             .values()
             .map(|n| (n.name.clone(), n.allocatable["gpupool/slot"]))
             .collect()
+    }
+
+    fn lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) -> GpuLease {
+        let mut lease = GpuLease::new(
+            name,
+            GpuLeaseSpec {
+                class_name: class.into(),
+                pod_name: name.into(),
+                pod_uid: format!("uid-{name}"),
+                role,
+                slots: 1,
+            },
+        );
+        lease.metadata.namespace = Some("ns".into());
+        lease.status = phase.map(|phase| GpuLeaseStatus {
+            phase,
+            ..GpuLeaseStatus::default()
+        });
+        lease
+    }
+
+    /// The webhook's `maxQueued` count read from the lease cache's tally is
+    /// the count the same rule gives over the leases themselves.
+    #[test]
+    fn the_queued_count_is_the_tally_of_the_lease_cache() {
+        let (leases, mut writer) = tallied_index(queue_tally_key);
+        let caches = Caches::of_stores(index().0, index().0, index().0, leases.clone());
+        let events = [
+            lease("a", "fast", Role::Primary, None),
+            lease("b", "fast", Role::Primary, Some(LeasePhase::Queued)),
+            lease("c", "fast", Role::Helper, Some(LeasePhase::Queued)),
+            lease("d", "slow", Role::Primary, Some(LeasePhase::Queued)),
+            lease("a", "fast", Role::Primary, Some(LeasePhase::Queued)),
+            lease("b", "fast", Role::Primary, Some(LeasePhase::Admitted)),
+            lease("e", "fast", Role::Primary, Some(LeasePhase::Released)),
+        ];
+        for (n, event) in events.iter().enumerate() {
+            writer.apply(&watcher::Event::Apply(event.clone()));
+            let all: Vec<Arc<GpuLease>> = leases.state();
+            let view = StaticView {
+                leases: all,
+                ..StaticView::default()
+            };
+            for (class, role) in [
+                ("fast", Role::Primary),
+                ("fast", Role::Helper),
+                ("slow", Role::Primary),
+                ("slow", Role::Helper),
+            ] {
+                assert_eq!(
+                    caches.queued(class, role),
+                    view.queued(class, role),
+                    "{class} {role} after event {n}"
+                );
+            }
+        }
+        assert_eq!(
+            (
+                caches.queued("fast", Role::Primary),
+                caches.queued("fast", Role::Helper)
+            ),
+            (1, 1)
+        );
+        writer.apply(&watcher::Event::Delete(lease(
+            "a",
+            "fast",
+            Role::Primary,
+            None,
+        )));
+        assert_eq!(caches.queued("fast", Role::Primary), 0);
     }
 
     #[test]

@@ -18,12 +18,19 @@ use crate::engine::{KeyParts, ObjectKey};
 
 type Objects<K> = HashMap<ObjectKey, Arc<K>>;
 
+/// The rule an index tallies its objects by: the key an object is counted
+/// under, or `None` for one not counted.
+pub type TallyRule<K> = fn(&K) -> Option<String>;
+
+type Counts = HashMap<String, usize>;
+
 /// The reading side: cheap to clone, shared by the decision loop and the
 /// webhook. Guarantee: it holds exactly what the watch last said, each
 /// object under its namespace and name; a re-list replaces the contents at
 /// once when it completes, never half-way.
 pub struct Index<K> {
     objects: Arc<RwLock<Objects<K>>>,
+    counts: Arc<RwLock<Counts>>,
     ready: watch::Receiver<bool>,
 }
 
@@ -31,6 +38,7 @@ impl<K> Clone for Index<K> {
     fn clone(&self) -> Self {
         Self {
             objects: self.objects.clone(),
+            counts: self.counts.clone(),
             ready: self.ready.clone(),
         }
     }
@@ -39,6 +47,9 @@ impl<K> Clone for Index<K> {
 /// The writing side, owned by the task that follows the watch.
 pub struct IndexWriter<K> {
     objects: Arc<RwLock<Objects<K>>>,
+    counts: Arc<RwLock<Counts>>,
+    /// The rule the index tallies by, if it tallies.
+    tally: Option<TallyRule<K>>,
     ready: watch::Sender<bool>,
     /// A re-list under way: what it has listed so far.
     relist: Option<Objects<K>>,
@@ -51,15 +62,29 @@ pub struct WriterGone;
 
 /// An empty index and the writer that fills it.
 pub fn index<K>() -> (Index<K>, IndexWriter<K>) {
+    index_with(None)
+}
+
+/// An empty index that also counts its objects by `rule` (see
+/// [`Index::count`]), and the writer that fills it and keeps the counts.
+pub fn tallied_index<K>(rule: TallyRule<K>) -> (Index<K>, IndexWriter<K>) {
+    index_with(Some(rule))
+}
+
+fn index_with<K>(tally: Option<TallyRule<K>>) -> (Index<K>, IndexWriter<K>) {
     let objects = Arc::new(RwLock::new(Objects::default()));
+    let counts = Arc::new(RwLock::new(Counts::default()));
     let (tx, rx) = watch::channel(false);
     (
         Index {
             objects: objects.clone(),
+            counts: counts.clone(),
             ready: rx,
         },
         IndexWriter {
             objects,
+            counts,
+            tally,
             ready: tx,
             relist: None,
         },
@@ -92,6 +117,19 @@ impl<K> Index<K> {
         read(&self.objects).keys().cloned().collect()
     }
 
+    /// How many of its objects its tally rule counts under `key`, without
+    /// walking them (0 for an index that does not tally). Kept by the
+    /// writer with each change, so it agrees with the objects the index
+    /// holds.
+    pub fn count(&self, key: &str) -> usize {
+        self.counts
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many objects it holds.
     pub fn len(&self) -> usize {
         read(&self.objects).len()
@@ -121,13 +159,16 @@ impl<K: Resource + Clone> IndexWriter<K> {
     pub fn apply(&mut self, event: &watcher::Event<K>) -> Option<ObjectKey> {
         match event {
             watcher::Event::Apply(obj) => {
-                let mut objects = write(&self.objects);
-                upsert(&mut objects, None, obj)
+                let (key, replaced) = upsert(&mut write(&self.objects), None, obj)?;
+                self.retally(replaced.as_deref(), Some(obj));
+                Some(key)
             }
             watcher::Event::Delete(obj) => {
                 let parts = parts_of(obj)?;
                 let removed = write(&self.objects).remove_entry(&parts as &dyn KeyParts);
-                removed.map(|(key, _)| key)
+                let (key, gone) = removed?;
+                self.retally(Some(&gone), None);
+                Some(key)
             }
             watcher::Event::Init => {
                 self.relist = Some(Objects::default());
@@ -140,35 +181,70 @@ impl<K: Resource + Clone> IndexWriter<K> {
             }
             watcher::Event::InitDone => {
                 let listed = self.relist.take().unwrap_or_default();
+                if let Some(rule) = self.tally {
+                    let mut counts = Counts::default();
+                    for key in listed.values().filter_map(|obj| rule(obj)) {
+                        *counts.entry(key).or_default() += 1;
+                    }
+                    *self.write_counts() = counts;
+                }
                 *write(&self.objects) = listed;
                 self.ready.send_replace(true);
                 None
             }
         }
     }
+
+    /// Moves an object's count from what `old` was counted under to what
+    /// `new` is (either may be nothing).
+    fn retally(&self, old: Option<&K>, new: Option<&K>) {
+        let Some(rule) = self.tally else {
+            return;
+        };
+        let (from, to) = (old.and_then(rule), new.and_then(rule));
+        if from == to {
+            return;
+        }
+        let mut counts = self.write_counts();
+        if let Some(from) = from
+            && let Some(n) = counts.get_mut(&from)
+        {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&from);
+            }
+        }
+        if let Some(to) = to {
+            *counts.entry(to).or_default() += 1;
+        }
+    }
+
+    fn write_counts(&self) -> RwLockWriteGuard<'_, Counts> {
+        self.counts.write().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Puts `obj` into `objects`, reusing the key `objects` or `known` already
-/// holds for it; returns that key (`None` for an object without a name).
+/// holds for it; returns that key and the object it replaced (`None` for
+/// an object without a name).
 fn upsert<K: Resource + Clone>(
     objects: &mut Objects<K>,
     known: Option<&Objects<K>>,
     obj: &K,
-) -> Option<ObjectKey> {
+) -> Option<(ObjectKey, Option<Arc<K>>)> {
     let parts = parts_of(obj)?;
     let value = Arc::new(obj.clone());
     if let Some(slot) = objects.get_mut(&parts as &dyn KeyParts) {
-        *slot = value;
-        return objects
-            .get_key_value(&parts as &dyn KeyParts)
-            .map(|(key, _)| key.clone());
+        let replaced = std::mem::replace(slot, value);
+        let (key, _) = objects.get_key_value(&parts as &dyn KeyParts)?;
+        return Some((key.clone(), Some(replaced)));
     }
     let key = known
         .and_then(|k| k.get_key_value(&parts as &dyn KeyParts))
         .map(|(key, _)| key.clone())
         .unwrap_or_else(|| ObjectKey::new(parts.0, parts.1));
     objects.insert(key.clone(), value);
-    Some(key)
+    Some((key, None))
 }
 
 #[cfg(test)]
@@ -270,6 +346,62 @@ mod tests {
         ] {
             assert_eq!(writer.apply(&event), None);
         }
+    }
+
+    /// Counts config maps by their `kind` data entry.
+    fn by_kind(map: &ConfigMap) -> Option<String> {
+        map.data.as_ref()?.get("kind").cloned()
+    }
+
+    fn of_kind(ns: &str, name: &str, rv: &str, kind: Option<&str>) -> ConfigMap {
+        let mut map = map(ns, name, rv);
+        map.data = kind.map(|k| [("kind".to_owned(), k.to_owned())].into());
+        map
+    }
+
+    #[test]
+    fn a_tallied_index_counts_in_step_with_each_change() {
+        let (index, mut writer) = tallied_index::<ConfigMap>(by_kind);
+        let counts = |index: &Index<ConfigMap>| (index.count("a"), index.count("b"));
+        writer.apply(&watcher::Event::Apply(of_kind("n", "x", "1", Some("a"))));
+        writer.apply(&watcher::Event::Apply(of_kind("n", "y", "2", Some("a"))));
+        assert_eq!(counts(&index), (2, 0));
+        // Replaced: counted under its new key only; again under the same: no change.
+        writer.apply(&watcher::Event::Apply(of_kind("n", "x", "3", Some("b"))));
+        writer.apply(&watcher::Event::Apply(of_kind("n", "x", "4", Some("b"))));
+        assert_eq!(counts(&index), (1, 1));
+        // No longer counted, then deleted; an unknown deletion changes nothing.
+        writer.apply(&watcher::Event::Apply(of_kind("n", "y", "5", None)));
+        writer.apply(&watcher::Event::Delete(of_kind("n", "x", "6", Some("b"))));
+        writer.apply(&watcher::Event::Delete(of_kind("n", "z", "7", Some("a"))));
+        assert_eq!(counts(&index), (0, 0));
+        assert_eq!(index.len(), 1);
+
+        // A re-list counts what it listed, when it completes.
+        writer.apply(&watcher::Event::Apply(of_kind("n", "w", "8", Some("a"))));
+        writer.apply(&watcher::Event::Init);
+        writer.apply(&watcher::Event::InitApply(of_kind(
+            "n",
+            "v",
+            "9",
+            Some("b"),
+        )));
+        writer.apply(&watcher::Event::InitApply(of_kind(
+            "n",
+            "u",
+            "10",
+            Some("b"),
+        )));
+        assert_eq!(counts(&index), (1, 0), "nothing moves before it completes");
+        writer.apply(&watcher::Event::InitDone);
+        assert_eq!(counts(&index), (0, 2));
+    }
+
+    #[test]
+    fn an_index_without_a_rule_counts_nothing() {
+        let (index, mut writer) = index::<ConfigMap>();
+        writer.apply(&watcher::Event::Apply(of_kind("n", "x", "1", Some("a"))));
+        assert_eq!((index.len(), index.count("a")), (1, 0));
     }
 
     #[tokio::test]

@@ -43,8 +43,9 @@ pub trait ClusterView {
         class: &ClassInfo,
         pod: &PodInfo,
     ) -> Result<Option<(String, u32)>, String>;
-    /// Every GpuLease.
-    fn leases(&self) -> Vec<Arc<GpuLease>>;
+    /// How many leases of `class` and `role` count toward the class's
+    /// `maxQueued` (see [`queue_tally_key`]).
+    fn queued(&self, class: &str, role: Role) -> usize;
 }
 
 /// A fixed set of objects: the view tests and benchmarks hand to a review.
@@ -75,8 +76,12 @@ impl ClusterView for StaticView {
         let largest = engine::largest_node(class, &nodes, pod)?;
         Ok(largest.map(|(name, slots)| (name.to_owned(), slots)))
     }
-    fn leases(&self) -> Vec<Arc<GpuLease>> {
-        self.leases.clone()
+    fn queued(&self, class: &str, role: Role) -> usize {
+        let key = queue_key(class, role);
+        self.leases
+            .iter()
+            .filter(|l| queue_tally_key(l).is_some_and(|k| k == key))
+            .count()
     }
 }
 
@@ -419,11 +424,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
     if max > 0 {
         // Primaries and helpers are bounded apart, so queued helpers can
         // never lock primaries out (nor the other way round).
-        let queued = view
-            .leases()
-            .iter()
-            .filter(|l| l.spec.class_name == class_name && l.spec.role == role && is_queued(l))
-            .count();
+        let queued = view.queued(&class_name, role);
         if queued >= max as usize {
             return Err(Denial::QueueFull {
                 class: class_name,
@@ -437,11 +438,21 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
 }
 
 /// A lease with no status yet has just been created and waits like a Queued one.
-fn is_queued(lease: &GpuLease) -> bool {
-    lease
+/// What a lease that counts toward its class's `maxQueued` is counted
+/// under: its class and role. A lease counts while it has no status yet
+/// or its phase is Queued. The lease cache tallies leases by this rule,
+/// so a review reads a count instead of walking every lease.
+pub fn queue_tally_key(lease: &GpuLease) -> Option<String> {
+    let queued = lease
         .status
         .as_ref()
-        .is_none_or(|s| s.phase == LeasePhase::Queued)
+        .is_none_or(|s| s.phase == LeasePhase::Queued);
+    queued.then(|| queue_key(&lease.spec.class_name, lease.spec.role))
+}
+
+/// The tally key of `class` and `role` (a class name holds no `/`).
+pub fn queue_key(class: &str, role: Role) -> String {
+    format!("{class}/{role}")
 }
 
 fn resolve_class<'a>(

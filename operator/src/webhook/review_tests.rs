@@ -17,7 +17,7 @@ impl ClusterView for UntouchableView {
     fn largest_node(&self, _: &ClassInfo, _: &PodInfo) -> Result<Option<(String, u32)>, String> {
         panic!("the review read the node store")
     }
-    fn leases(&self) -> Vec<Arc<GpuLease>> {
+    fn queued(&self, _: &str, _: Role) -> usize {
         panic!("the review read the lease store")
     }
 }
