@@ -399,8 +399,6 @@ pub(crate) fn trim_lease(lease: &mut GpuLease) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::review::StaticView;
-    use gpupool_api::{GpuLeaseSpec, GpuLeaseStatus, LeasePhase};
     use serde_json::json;
 
     fn node(name: &str, slots: u32) -> Node {
@@ -417,76 +415,6 @@ mod tests {
             .values()
             .map(|n| (n.name.clone(), n.allocatable["gpupool/slot"]))
             .collect()
-    }
-
-    fn lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) -> GpuLease {
-        let mut lease = GpuLease::new(
-            name,
-            GpuLeaseSpec {
-                class_name: class.into(),
-                pod_name: name.into(),
-                pod_uid: format!("uid-{name}"),
-                role,
-                slots: 1,
-            },
-        );
-        lease.metadata.namespace = Some("ns".into());
-        lease.status = phase.map(|phase| GpuLeaseStatus {
-            phase,
-            ..GpuLeaseStatus::default()
-        });
-        lease
-    }
-
-    /// The webhook's `maxQueued` count read from the lease cache's tally is
-    /// the count the same rule gives over the leases themselves.
-    #[test]
-    fn the_queued_count_is_the_tally_of_the_lease_cache() {
-        let (leases, mut writer) = tallied_index(queue_tally_key);
-        let caches = Caches::of_stores(index().0, index().0, index().0, leases.clone());
-        let events = [
-            lease("a", "fast", Role::Primary, None),
-            lease("b", "fast", Role::Primary, Some(LeasePhase::Queued)),
-            lease("c", "fast", Role::Helper, Some(LeasePhase::Queued)),
-            lease("d", "slow", Role::Primary, Some(LeasePhase::Queued)),
-            lease("a", "fast", Role::Primary, Some(LeasePhase::Queued)),
-            lease("b", "fast", Role::Primary, Some(LeasePhase::Admitted)),
-            lease("e", "fast", Role::Primary, Some(LeasePhase::Released)),
-        ];
-        for (n, event) in events.iter().enumerate() {
-            writer.apply(&watcher::Event::Apply(event.clone()));
-            let all: Vec<Arc<GpuLease>> = leases.state();
-            let view = StaticView {
-                leases: all,
-                ..StaticView::default()
-            };
-            for (class, role) in [
-                ("fast", Role::Primary),
-                ("fast", Role::Helper),
-                ("slow", Role::Primary),
-                ("slow", Role::Helper),
-            ] {
-                assert_eq!(
-                    caches.queued(class, role),
-                    view.queued(class, role),
-                    "{class} {role} after event {n}"
-                );
-            }
-        }
-        assert_eq!(
-            (
-                caches.queued("fast", Role::Primary),
-                caches.queued("fast", Role::Helper)
-            ),
-            (1, 1)
-        );
-        writer.apply(&watcher::Event::Delete(lease(
-            "a",
-            "fast",
-            Role::Primary,
-            None,
-        )));
-        assert_eq!(caches.queued("fast", Role::Primary), 0);
     }
 
     #[test]

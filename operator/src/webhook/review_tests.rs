@@ -1,7 +1,10 @@
 use super::*;
 use gpupool_api::{GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, Role};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::runtime::watcher;
 use serde_json::json;
+
+use crate::controller::{Caches, index};
 
 fn now() -> Timestamp {
     Timestamp::from_microsecond(1_700_000_000_123_456).expect("valid time")
@@ -49,13 +52,17 @@ fn node(name: &str, labels: serde_json::Value, allocatable: serde_json::Value) -
 }
 
 fn lease(name: &str, class: &str, phase: Option<LeasePhase>) -> Arc<GpuLease> {
+    role_lease(name, class, Role::Primary, phase)
+}
+
+fn role_lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) -> Arc<GpuLease> {
     let mut l = GpuLease::new(
         name,
         GpuLeaseSpec {
             class_name: class.into(),
             pod_name: name.into(),
             pod_uid: format!("uid-{name}"),
-            role: Role::Primary,
+            role,
             slots: 1,
         },
     );
@@ -953,4 +960,56 @@ fn review_body_rejects_malformed_input() {
         err.to_string(),
         "this webhook reviews Pod (core), not apps/v1 Deployment"
     );
+}
+
+/// The webhook's `maxQueued` count read from the lease cache's tally is
+/// the count the same rule gives over the leases themselves.
+#[test]
+fn the_queued_count_is_the_tally_of_the_lease_cache() {
+    let (leases, mut writer) = index::tallied_index(queue_tally_key);
+    let caches = Caches::of_stores(
+        index::index().0,
+        index::index().0,
+        index::index().0,
+        leases.clone(),
+    );
+    let events = [
+        role_lease("a", "fast", Role::Primary, None),
+        role_lease("b", "fast", Role::Primary, Some(LeasePhase::Queued)),
+        role_lease("c", "fast", Role::Helper, Some(LeasePhase::Queued)),
+        role_lease("d", "slow", Role::Primary, Some(LeasePhase::Queued)),
+        role_lease("a", "fast", Role::Primary, Some(LeasePhase::Queued)),
+        role_lease("b", "fast", Role::Primary, Some(LeasePhase::Admitted)),
+        role_lease("e", "fast", Role::Primary, Some(LeasePhase::Released)),
+    ];
+    for (n, event) in events.iter().enumerate() {
+        writer.apply(&watcher::Event::Apply((**event).clone()));
+        let all: Vec<Arc<GpuLease>> = leases.state();
+        let view = StaticView {
+            leases: all,
+            ..StaticView::default()
+        };
+        for (class, role) in [
+            ("fast", Role::Primary),
+            ("fast", Role::Helper),
+            ("slow", Role::Primary),
+            ("slow", Role::Helper),
+        ] {
+            assert_eq!(
+                caches.queued(class, role),
+                view.queued(class, role),
+                "{class} {role} after event {n}"
+            );
+        }
+    }
+    assert_eq!(
+        (
+            caches.queued("fast", Role::Primary),
+            caches.queued("fast", Role::Helper)
+        ),
+        (1, 1)
+    );
+    let gone = role_lease("a", "fast", Role::Primary, None);
+    writer.apply(&watcher::Event::Delete((*gone).clone()));
+    assert_eq!(caches.queued("fast", Role::Primary), 0);
 }
