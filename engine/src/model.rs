@@ -321,7 +321,8 @@ pub struct PodInfo {
 pub struct LeaseInfo {
     /// `namespace/name` (same as its pod's).
     pub key: ObjectKey,
-    /// The lease as the API server last returned it.
+    /// The lease as the pass sees it: the cache's, or the controller's own
+    /// write laid over it until the watch confirms it.
     pub lease: Arc<GpuLease>,
     /// The lease is gone from the API server although its pod lives (someone
     /// deleted it): this is its last known state, and the pass recreates it
