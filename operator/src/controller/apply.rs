@@ -43,7 +43,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::PassInput;
-use super::cached_pod::CachedPod;
+use super::cached_pod::{CachedPod, WatchedPod};
 use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
@@ -114,16 +114,17 @@ enum Done {
 
 impl Done {
     /// Drops what the operator never reads from an object a write
-    /// returned (managedFields above all), as the watch caches drop it.
+    /// returned (managedFields above all), as the watch caches drop it (a
+    /// pod is kept cut down from the start).
     /// Finished writes can wait a while to be landed (a burst of lease
     /// creates finishes faster than the loop lands them), so they are
     /// trimmed as they finish rather than when they are recorded.
     fn trimmed(mut self) -> Self {
         match &mut self {
             Done::Lease { lease, .. } => super::caches::trim_lease(lease),
-            Done::Pod(pod) | Done::PodReread(Some(pod)) => pod.trim(),
             Done::Class(class) => class.metadata.managed_fields = None,
-            Done::PodReread(None)
+            Done::Pod(_)
+            | Done::PodReread(_)
             | Done::Evicted { .. }
             | Done::Blocked(_)
             | Done::Unblocked(_)
@@ -868,8 +869,8 @@ impl Writer {
     }
 
     fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
-        // Typed as the cached form: the response is read straight into it.
-        let api: Api<CachedPod> = Api::namespaced(self.client.clone(), &a.key.namespace);
+        // Typed as the cached form's source: the response is read straight into it.
+        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &a.key.namespace);
         let pod = input.pod(&a.key).cloned();
         let lease = input.lease(&a.key).cloned();
         let class = lease.as_ref().map(|l| l.spec.class_name.clone());
@@ -937,11 +938,16 @@ impl Writer {
                             .observe(wait);
                     }
                     events.emit(&a.key, &a.pod_uid, PodEvent::Admitted { node: a.node });
-                    (vec![Done::Pod(p)], vec![])
+                    (vec![Done::Pod(p.into())], vec![])
                 }
                 Err(e) if matches!(api_status(&e), Some(409 | 422)) => {
                     // Someone else changed the pod: read it again, never retry blindly.
-                    let fresh = api.get_opt(&a.key.name).await.ok().flatten();
+                    let fresh = api
+                        .get_opt(&a.key.name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(CachedPod::from);
                     (
                         vec![Done::PodReread(fresh)],
                         vec![Error::AdmissionConflict {
@@ -1226,7 +1232,6 @@ mod tests {
         );
         assert_eq!(kept.resource_version.as_deref(), Some("11"));
         assert_eq!(kept.owner_references, None, "the server's copy keeps it");
-        assert_eq!(pod.metadata.managed_fields, None);
         assert_eq!(
             pod.labels,
             [("gpupool.io/role".into(), "helper".into())].into(),

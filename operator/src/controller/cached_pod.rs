@@ -8,6 +8,12 @@
 //! was the largest item of the operator's heap. This type never allocates
 //! what it does not keep: unknown fields are skipped by the deserializer.
 //!
+//! Its metadata is likewise only the identity and timestamps the rules
+//! read ([`PodMeta`]): an `ObjectMeta` reserves 360 bytes inline, most of
+//! them empty options, for every pod. A watch or a write reads the JSON
+//! into a [`WatchedPod`] (kube's watcher needs an `ObjectMeta` to follow
+//! resourceVersions), which becomes the kept [`CachedPod`] at once.
+//!
 //! The rules still read a [`Pod`]: [`CachedPod::to_pod`] rebuilds one with
 //! exactly the kept fields, so the controller and the webhook (which
 //! reviews whole pods) translate pods with the same function.
@@ -26,9 +32,11 @@ use k8s_openapi::api::core::v1::{
     Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
+
+use super::identity::Identity;
 
 /// The labels kept: the ones admission reads. Any other, even under
 /// `gpupool.io/`, is dropped, so what a pod's owner adds to their pod
@@ -84,20 +92,49 @@ fn kept_str(s: String) -> KeptStr {
 
 /// A pod trimmed to what admission reads. Guarantee: translating
 /// [`CachedPod::to_pod`] gives the same engine input as translating the
-/// whole pod it was read from.
+/// whole pod it was read from. Deserializing one reads a [`WatchedPod`]
+/// and keeps what this type holds.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "WatchedPod")]
 pub struct CachedPod {
-    /// Name, namespace, uid, resourceVersion and timestamps. Once trimmed
-    /// it holds no labels or annotations: the ones admission reads are moved to
-    /// [`CachedPod::labels`] and [`CachedPod::annotations`].
-    pub metadata: ObjectMeta,
+    /// Identity, resourceVersion and timestamps.
+    pub metadata: PodMeta,
     /// The class and role labels, as a short sorted list (a map costs a
     /// 0.5 KiB node even for one entry, and every queued pod has one).
-    #[serde(skip)]
     pub labels: SmallMap<KeptStr, KeptStr>,
     /// The enqueue stamp annotation, likewise.
-    #[serde(skip)]
     pub annotations: SmallMap<KeptStr, KeptStr>,
+    /// The kept part of the spec.
+    pub spec: Option<CachedPodSpec>,
+    /// The kept part of the status.
+    pub status: Option<CachedPodStatus>,
+}
+
+/// The metadata a cached pod keeps: what the rules, the overlay and the
+/// admission patch read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodMeta {
+    /// The namespace.
+    pub namespace: Option<Box<str>>,
+    /// The name.
+    pub name: Option<Box<str>>,
+    /// The UID: a pod deleted and created again under its name is another.
+    pub uid: Option<Box<str>>,
+    /// What the overlay compares the controller's own writes against.
+    pub resource_version: Option<Box<str>>,
+    /// Second in the FIFO's order, after the enqueue stamp.
+    pub creation_timestamp: Option<Time>,
+    /// A terminating pod still holds its slots.
+    pub deletion_timestamp: Option<Time>,
+}
+
+/// A pod as a watch or a write returns it, before its metadata is cut down
+/// to [`PodMeta`]: the form kube's watcher and API calls read, which must
+/// carry an `ObjectMeta`. Nothing keeps one: it becomes a [`CachedPod`].
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct WatchedPod {
+    /// The whole metadata, as sent.
+    pub metadata: ObjectMeta,
     /// The kept part of the spec.
     #[serde(default)]
     pub spec: Option<CachedPodSpec>,
@@ -256,7 +293,7 @@ pub struct CachedPodStatus {
     pub phase: Option<KeptStr>,
 }
 
-impl Resource for CachedPod {
+impl Resource for WatchedPod {
     type DynamicType = ();
     type Scope = k8s_openapi::NamespaceResourceScope;
 
@@ -283,38 +320,60 @@ impl Resource for CachedPod {
     }
 }
 
-impl CachedPod {
-    /// Drops the metadata admission never reads (managed fields, every
-    /// label and annotation but the few it reads) and moves those out of
-    /// `metadata`. Trimming twice changes nothing.
-    pub fn trim(&mut self) {
-        let kept = |map: BTreeMap<String, String>, keys: &[&str]| -> SmallMap<KeptStr, KeptStr> {
-            map.into_iter()
-                .filter(|(k, _)| keys.contains(&k.as_str()))
-                .map(|(k, v)| (kept_str(k), kept_str(v)))
-                .collect()
-        };
-        let meta = &mut self.metadata;
-        meta.managed_fields = None;
-        // A Job's or ReplicaSet's pods name their owner; nothing here reads it.
-        meta.owner_references = None;
-        if let Some(labels) = meta.labels.take() {
-            self.labels = kept(labels, &KEPT_LABELS);
-        }
-        if let Some(annotations) = meta.annotations.take() {
-            self.annotations = kept(annotations, &KEPT_ANNOTATIONS);
+/// Keeps of a pod what admission reads: its identity and timestamps, the
+/// labels and annotations it reads (any other, a tenant's own included, is
+/// dropped), the kept spec and status. Managed fields and owner references
+/// go with the rest of the metadata.
+impl From<WatchedPod> for CachedPod {
+    fn from(pod: WatchedPod) -> Self {
+        let kept =
+            |map: Option<BTreeMap<String, String>>, keys: &[&str]| -> SmallMap<KeptStr, KeptStr> {
+                map.into_iter()
+                    .flatten()
+                    .filter(|(k, _)| keys.contains(&k.as_str()))
+                    .map(|(k, v)| (kept_str(k), kept_str(v)))
+                    .collect()
+            };
+        let meta = pod.metadata;
+        Self {
+            labels: kept(meta.labels, &KEPT_LABELS),
+            annotations: kept(meta.annotations, &KEPT_ANNOTATIONS),
+            metadata: PodMeta {
+                namespace: meta.namespace.map(String::into_boxed_str),
+                name: meta.name.map(String::into_boxed_str),
+                uid: meta.uid.map(String::into_boxed_str),
+                resource_version: meta.resource_version.map(String::into_boxed_str),
+                creation_timestamp: meta.creation_timestamp,
+                deletion_timestamp: meta.deletion_timestamp,
+            },
+            spec: pod.spec,
+            status: pod.status,
         }
     }
+}
 
-    /// The value of annotation `key`, trimmed or not.
+impl Identity for CachedPod {
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+    fn resource_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+    fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+impl CachedPod {
+    /// The value of annotation `key`, when it is one the pod keeps.
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.annotations.get(key).map(|v| &**v).or_else(|| {
-            self.metadata
-                .annotations
-                .as_ref()?
-                .get(key)
-                .map(String::as_str)
-        })
+        self.annotations.get(key).map(|v| &**v)
     }
 
     /// A [`Pod`] holding exactly the kept fields, for the rules that read
@@ -326,17 +385,26 @@ impl CachedPod {
             restart_policy: c.restart_policy.as_deref().map(str::to_owned),
             ..Container::default()
         };
-        let merged = |kept: &SmallMap<KeptStr, KeptStr>,
-                      untrimmed: &Option<BTreeMap<String, String>>| {
-            let mut map = untrimmed.clone().unwrap_or_default();
-            map.extend(kept.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-            (!map.is_empty()).then_some(map)
+        let map = |kept: &SmallMap<KeptStr, KeptStr>| {
+            (!kept.is_empty()).then(|| {
+                kept.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
         };
+        let owned = |s: &Option<Box<str>>| s.as_deref().map(str::to_owned);
+        let meta = &self.metadata;
         Pod {
             metadata: ObjectMeta {
-                labels: merged(&self.labels, &self.metadata.labels),
-                annotations: merged(&self.annotations, &self.metadata.annotations),
-                ..self.metadata.clone()
+                namespace: owned(&meta.namespace),
+                name: owned(&meta.name),
+                uid: owned(&meta.uid),
+                resource_version: owned(&meta.resource_version),
+                creation_timestamp: meta.creation_timestamp.clone(),
+                deletion_timestamp: meta.deletion_timestamp.clone(),
+                labels: map(&self.labels),
+                annotations: map(&self.annotations),
+                ..ObjectMeta::default()
             },
             spec: self.spec.as_ref().map(|s| PodSpec {
                 node_name: s.node_name.clone(),
@@ -416,8 +484,7 @@ mod tests {
     #[test]
     fn the_cached_form_translates_as_the_whole_pod_does() {
         let whole: Pod = serde_json::from_value(whole_pod()).expect("pod");
-        let mut cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
-        cached.trim();
+        let cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
         let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
         let now = jiff::Timestamp::UNIX_EPOCH;
         let from_whole = translate::pod_info(&whole, &resources, now).expect("translates");
@@ -435,8 +502,7 @@ mod tests {
 
     #[test]
     fn only_what_admission_reads_is_kept() {
-        let mut cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
-        cached.trim();
+        let cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
         let pod = serde_json::to_value(cached.to_pod()).expect("serializes");
         assert!(pod["metadata"].get("managedFields").is_none());
         assert_eq!(
@@ -458,26 +524,51 @@ mod tests {
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["metadata"]["resourceVersion"], "42");
 
-        // The labels and annotations admission reads live outside `metadata`,
-        // and trimming again loses none of them.
-        assert_eq!(
-            (&cached.metadata.labels, &cached.metadata.annotations),
-            (&None, &None)
-        );
-        cached.trim();
         assert_eq!(cached.labels.len(), 2);
         assert_eq!(
             cached.annotation("gpupool.io/enqueued-at"),
             Some("2026-01-01T00:00:00.000001Z")
         );
-        let untrimmed: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
-        assert_eq!(untrimmed.annotation("big"), Some("x"), "read untrimmed too");
+        assert_eq!(cached.annotation("big"), None, "a tenant's own is dropped");
+        assert_eq!(cached.annotation("gpupool.io/notes"), None);
+    }
+
+    #[test]
+    fn the_kept_metadata_is_the_identity_and_timestamps() {
+        let mut pod = whole_pod();
+        pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:05:00Z");
+        pod["metadata"]["generateName"] = json!("p-");
+        pod["metadata"]["finalizers"] = json!(["example.com/keep"]);
+        let cached: CachedPod = serde_json::from_value(pod).expect("cached pod");
+        assert_eq!(
+            (
+                Identity::namespace(&cached),
+                Identity::name(&cached),
+                Identity::uid(&cached),
+                Identity::resource_version(&cached),
+                Identity::deleting(&cached)
+            ),
+            ("ml", Some("p"), Some("u-1"), Some("42"), true)
+        );
+        let meta = cached.to_pod().metadata;
+        let time = |t: &str| Some(Time(t.parse().expect("timestamp")));
+        assert_eq!(meta.creation_timestamp, time("2026-01-01T00:00:00Z"));
+        assert_eq!(meta.deletion_timestamp, time("2026-01-01T00:05:00Z"));
+        assert_eq!(
+            (meta.generate_name, meta.finalizers, meta.managed_fields),
+            (None, None, None),
+            "nothing else of the metadata is kept"
+        );
+
+        // A pod the API server never sent (no name) has no key.
+        let nameless: CachedPod = serde_json::from_value(json!({"metadata": {}})).expect("pod");
+        assert_eq!(super::super::identity::parts_of(&nameless), None);
+        assert_eq!(Identity::namespace(&nameless), "");
     }
 
     #[test]
     fn the_strings_every_pod_carries_are_borrowed_not_copied() {
-        let mut cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
-        cached.trim();
+        let cached: CachedPod = serde_json::from_value(whole_pod()).expect("cached pod");
         let borrowed = |s: &KeptStr| matches!(s, Cow::Borrowed(_));
         assert!(cached.labels.iter().all(|(k, _)| borrowed(k)));
         assert!(borrowed(&cached.labels["gpupool.io/role"]));
@@ -581,17 +672,16 @@ mod tests {
         let mut pod = whole_pod();
         pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
             "name": "train", "uid": "j-1", "controller": true}]);
-        let mut cached: CachedPod = serde_json::from_value(pod).expect("cached pod");
-        cached.trim();
-        assert_eq!(cached.metadata.owner_references, None);
+        let cached: CachedPod = serde_json::from_value(pod).expect("cached pod");
+        assert_eq!(cached.to_pod().metadata.owner_references, None);
     }
 
     #[test]
     fn it_is_addressed_as_a_pod() {
-        assert_eq!(CachedPod::kind(&()), "Pod");
-        assert_eq!(CachedPod::api_version(&()), "v1");
-        assert_eq!(CachedPod::plural(&()), "pods");
-        let url = CachedPod::url_path(&(), Some("ml"));
+        assert_eq!(WatchedPod::kind(&()), "Pod");
+        assert_eq!(WatchedPod::api_version(&()), "v1");
+        assert_eq!(WatchedPod::plural(&()), "pods");
+        let url = WatchedPod::url_path(&(), Some("ml"));
         assert_eq!(url, "/api/v1/namespaces/ml/pods");
     }
 }

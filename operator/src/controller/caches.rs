@@ -10,7 +10,7 @@ use std::hash::Hash;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use gpupool_api::{GpuLease, GpuLeaseClass, Role};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -18,8 +18,9 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 
-use super::cached_pod::CachedPod;
+use super::cached_pod::{CachedPod, WatchedPod};
 use super::changes::ChangeLog;
+use super::identity::Identity;
 use super::index::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
 use super::translate;
 use crate::engine::{self, ClassInfo, NodeInfo, ObjectKey, PodInfo};
@@ -78,8 +79,8 @@ impl Caches {
         let changes = CacheChanges::default();
         let mut caches = Self {
             pods: watch(
-                Api::all(client.clone()),
-                CacheSpec::trimmed("pods", CachedPod::trim),
+                Api::<WatchedPod>::all(client.clone()),
+                CacheSpec::trimmed("pods", |_| {}),
                 changed.clone(),
                 metrics,
                 changes.pods.clone(),
@@ -231,18 +232,20 @@ impl ClusterView for Caches {
     }
 }
 
-/// What one watch cache keeps of its kind.
-struct CacheSpec<K> {
+/// What one watch cache keeps of its kind: the objects a watch of `W`
+/// returns, trimmed, in the form `K` (the same type for every kind but
+/// pods, see [`CachedPod`]).
+struct CacheSpec<W, K> {
     /// The kind, as logs name it.
     what: &'static str,
     /// Drops what the operator never reads from each object.
-    trim: fn(&mut K),
+    trim: fn(&mut W),
     /// The rule the cache counts its objects by, if any.
     tally: Option<TallyRule<K>>,
 }
 
-impl<K> CacheSpec<K> {
-    fn trimmed(what: &'static str, trim: fn(&mut K)) -> Self {
+impl<W, K> CacheSpec<W, K> {
+    fn trimmed(what: &'static str, trim: fn(&mut W)) -> Self {
         Self {
             what,
             trim,
@@ -251,17 +254,18 @@ impl<K> CacheSpec<K> {
     }
 }
 
-fn watch<K>(
-    api: Api<K>,
-    spec: CacheSpec<K>,
+fn watch<W, K>(
+    api: Api<W>,
+    spec: CacheSpec<W, K>,
     changed: Arc<Notify>,
     metrics: &Metrics,
     log: ChangeLog,
     mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Index<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone,
+    W: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    W::DynamicType: Default + Eq + Hash + Clone,
+    K: From<W> + Identity + Clone + Send + Sync + 'static,
 {
     let (reader, writer) = match spec.tally {
         Some(rule) => tallied_index(rule),
@@ -270,7 +274,8 @@ where
     let what = spec.what;
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(spec.trim);
+        .modify(spec.trim)
+        .map_ok(kept_form);
     let on_event = move |event: &watcher::Event<K>, held: Option<ObjectKey>| {
         on_event(event);
         log.record(event, held.as_ref());
@@ -286,11 +291,22 @@ where
     reader
 }
 
+/// `event` with its objects in the form the cache keeps.
+fn kept_form<W, K: From<W>>(event: watcher::Event<W>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(obj.into()),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(obj.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(obj.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// Follows a watch: each event goes into the index, then to `on_event`
 /// with the key the index holds it under (`on_event` records the key: a
 /// pass that takes it finds the object already there), and then wakes the
 /// decision loop.
-async fn drive<K: Resource + Clone>(
+async fn drive<K: Identity + Clone>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     mut writer: IndexWriter<K>,
     changed: Arc<Notify>,

@@ -9,10 +9,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kube::Resource;
 use kube::runtime::watcher;
 
-use super::key_hash::{HashSet, parts_of};
+use super::identity::{Identity, parts_of};
+use super::key_hash::HashSet;
 use crate::engine::{KeyParts, ObjectKey};
 
 /// Keys a log holds before it gives up naming them and asks for a full
@@ -63,7 +63,7 @@ impl ChangeLog {
     /// [`IndexWriter::apply`](super::index::IndexWriter::apply)): the log
     /// shares it rather than building one, which at 10,000 pods created at
     /// once is two allocations per pending key.
-    pub fn record<K: Resource>(&self, event: &watcher::Event<K>, held: Option<&ObjectKey>) {
+    pub fn record<K: Identity>(&self, event: &watcher::Event<K>, held: Option<&ObjectKey>) {
         match event {
             watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
                 let Some((namespace, name)) = parts_of(obj) else {

@@ -9,11 +9,11 @@
 
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kube::Resource;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use super::key_hash::{HashMap, parts_of};
+use super::identity::{Identity, parts_of};
+use super::key_hash::HashMap;
 use crate::engine::{KeyParts, ObjectKey};
 
 type Objects<K> = HashMap<ObjectKey, Arc<K>>;
@@ -151,7 +151,7 @@ impl<K> Index<K> {
     }
 }
 
-impl<K: Resource + Clone> IndexWriter<K> {
+impl<K: Identity + Clone> IndexWriter<K> {
     /// Applies one watch event. An object is kept under the key it was
     /// first seen with, so an update allocates no key. Returns that key
     /// for an object applied or deleted one by one (a clone of the index's
@@ -227,7 +227,7 @@ impl<K: Resource + Clone> IndexWriter<K> {
 /// Puts `obj` into `objects`, reusing the key `objects` or `known` already
 /// holds for it; returns that key and the object it replaced (`None` for
 /// an object without a name).
-fn upsert<K: Resource + Clone>(
+fn upsert<K: Identity + Clone>(
     objects: &mut Objects<K>,
     known: Option<&Objects<K>>,
     obj: &K,

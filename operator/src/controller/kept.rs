@@ -395,16 +395,16 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
+    use crate::controller::identity::Identity;
     use gpupool_api::LeasePhase;
-    use kube::Resource;
     use kube::runtime::watcher;
     use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
     use crate::controller::caches::CacheChanges;
+    use crate::controller::identity::parts_of;
     use crate::controller::index::{IndexWriter, index};
-    use crate::controller::key_hash::parts_of;
     use crate::engine::Plan;
 
     /// A value of 0 does not translate.
@@ -536,7 +536,7 @@ mod tests {
             self.version.to_string()
         }
 
-        fn event<K: Resource + Clone>(
+        fn event<K: Identity + Clone>(
             writer: &mut IndexWriter<K>,
             log: &super::super::changes::ChangeLog,
             event: watcher::Event<K>,
@@ -970,7 +970,7 @@ mod tests {
         now: Timestamp,
         at: Instant,
     ) -> Result<(), String> {
-        fn all_keys<K: Resource>(
+        fn all_keys<K: Identity>(
             store: &[Arc<K>],
             fed: &Fed<K>,
             more: Vec<ObjectKey>,

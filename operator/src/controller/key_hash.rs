@@ -6,18 +6,8 @@
 //! its seed, and a collision costs one more key comparison, never a wrong
 //! answer.
 
-use kube::Resource;
-
 /// A `HashMap` hashed with foldhash.
 pub type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A `HashSet` hashed with foldhash.
 pub type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
-
-/// An object's namespace (empty when cluster-scoped) and name, borrowed.
-pub fn parts_of<K: Resource>(obj: &K) -> Option<(&str, &str)> {
-    Some((
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref()?,
-    ))
-}

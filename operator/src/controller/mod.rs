@@ -15,6 +15,7 @@ pub mod caches;
 pub mod changes;
 pub mod error;
 pub mod events;
+pub mod identity;
 pub mod index;
 pub mod kept;
 pub mod key_hash;

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass};
-use kube::Resource;
 
 use super::cached_pod::CachedPod;
-use super::key_hash::{HashMap, parts_of};
+use super::identity::{Identity, parts_of};
+use super::key_hash::HashMap;
 use crate::engine::ObjectKey;
 
 /// How long a lease the controller created may be missing from the cache
@@ -77,13 +77,13 @@ pub fn is_at_least(cached: Option<&str>, written: Option<&str>) -> bool {
     }
 }
 
-fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
+fn key_of<K: Identity>(obj: &K) -> Option<ObjectKey> {
     let (namespace, name) = parts_of(obj)?;
     Some(ObjectKey::new(namespace, name))
 }
 
-fn same_uid<K: Resource>(obj: &K, uid: &str) -> bool {
-    obj.meta().uid.as_deref() == Some(uid)
+fn same_uid<K: Identity>(obj: &K, uid: &str) -> bool {
+    obj.uid() == Some(uid)
 }
 
 /// `cached` (what the cache holds for `key`) with the controller's write
@@ -91,7 +91,7 @@ fn same_uid<K: Resource>(obj: &K, uid: &str) -> bool {
 /// cache caught up with, or whose object it replaced or lost, is forgotten
 /// (unless the controller just created the object and the watch has not
 /// shown it yet).
-fn lay_written<K: Resource>(
+fn lay_written<K: Identity>(
     written: &mut HashMap<ObjectKey, Written<K>>,
     key: &ObjectKey,
     cached: Option<Arc<K>>,
@@ -102,11 +102,8 @@ fn lay_written<K: Resource>(
     };
     match cached {
         Some(obj) => {
-            let lagging = obj.meta().uid == w.object.meta().uid
-                && !is_at_least(
-                    obj.meta().resource_version.as_deref(),
-                    w.object.meta().resource_version.as_deref(),
-                );
+            let lagging = obj.uid() == w.object.uid()
+                && !is_at_least(obj.resource_version(), w.object.resource_version());
             if lagging {
                 return Some(w.object.clone());
             }
@@ -233,9 +230,9 @@ impl Overlay {
     ) -> Option<Arc<CachedPod>> {
         let pod = lay_written(&mut self.pods, key, cached, now);
         if let Some(gone) = self.evicted.get(key) {
-            let pending = pod.as_ref().is_some_and(|p| {
-                same_uid(p.as_ref(), &gone.uid) && p.meta().deletion_timestamp.is_none()
-            });
+            let pending = pod
+                .as_ref()
+                .is_some_and(|p| same_uid(p.as_ref(), &gone.uid) && !p.deleting());
             if !pending || now.duration_since(gone.at) >= TOMBSTONE_TTL {
                 self.evicted.remove(key);
             }
@@ -371,7 +368,7 @@ pub(crate) mod lists {
 
     use super::*;
 
-    fn keys<'a, K: Resource + 'a>(
+    fn keys<'a, K: Identity + 'a>(
         cached: &'a [Arc<K>],
         more: impl Iterator<Item = &'a ObjectKey>,
     ) -> BTreeSet<ObjectKey> {
@@ -382,7 +379,7 @@ pub(crate) mod lists {
             .collect()
     }
 
-    fn find<K: Resource>(cached: &[Arc<K>], key: &ObjectKey) -> Option<Arc<K>> {
+    fn find<K: Identity>(cached: &[Arc<K>], key: &ObjectKey) -> Option<Arc<K>> {
         cached
             .iter()
             .find(|o| key_of(o.as_ref()).as_ref() == Some(key))
