@@ -6,6 +6,7 @@
 //! [`Engine`] instead and updates it per change: its passes run the same
 //! rules over the kept, already ordered state.
 
+mod cached;
 mod capacity;
 mod classes;
 mod facts;
@@ -24,6 +25,7 @@ mod small_map;
 mod state;
 mod status;
 
+pub use cached::{CachedLease, CachedMeta};
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
 pub use small_map::SmallMap;

@@ -8,9 +8,9 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use crate::SmallMap;
+use crate::{CachedLease, SmallMap};
 use gpupool_api::{
-    GpuLease, GpuLeaseClassSpec, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role,
+    GpuLeaseClassSpec, GpuLeaseClassStatus, GpuLeaseSpec, GpuLeaseStatus, NodeGpu, Role,
 };
 use jiff::Timestamp;
 
@@ -323,7 +323,7 @@ pub struct LeaseInfo {
     pub key: ObjectKey,
     /// The lease as the pass sees it: the cache's, or the controller's own
     /// write laid over it until the watch confirms it.
-    pub lease: Arc<GpuLease>,
+    pub lease: Arc<CachedLease>,
     /// The lease is gone from the API server although its pod lives (someone
     /// deleted it): this is its last known state, and the pass recreates it
     /// as it was, keeping the pod's place in the queue.
@@ -332,7 +332,7 @@ pub struct LeaseInfo {
 
 impl LeaseInfo {
     /// The lease `lease`, kept under `key`.
-    pub fn new(key: ObjectKey, lease: Arc<GpuLease>) -> Self {
+    pub fn new(key: ObjectKey, lease: Arc<CachedLease>) -> Self {
         Self {
             key,
             lease,
@@ -343,9 +343,7 @@ impl LeaseInfo {
     /// A lease named `key` with `spec` and `status`, as a test or a
     /// benchmark builds one.
     pub fn from_parts(key: ObjectKey, spec: GpuLeaseSpec, status: Option<GpuLeaseStatus>) -> Self {
-        let mut lease = GpuLease::new(&key.name, spec);
-        lease.metadata.namespace = Some(key.namespace.to_string());
-        lease.status = status;
+        let lease = CachedLease::new(&key.namespace, &key.name, spec, status);
         Self::new(key, Arc::new(lease))
     }
 

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group};
 use gpupool_api::{
-    GpuLease, GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
+    GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
 use gpupool_operator::controller::index::{Index, tallied_index};
-use gpupool_operator::engine::{ClassInfo, PodInfo};
+use gpupool_operator::engine::{CachedLease, ClassInfo, PodInfo};
 use gpupool_operator::webhook::certs;
 use gpupool_operator::webhook::review::{
     ClusterView, Identities, StaticView, Users, WebhookKind, queue_key, queue_tally_key,
@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 #[derive(Clone)]
 struct CachedView {
     base: StaticView,
-    leases: Index<GpuLease>,
+    leases: Index<CachedLease>,
 }
 
 impl ClusterView for CachedView {
@@ -90,7 +90,16 @@ fn static_view() -> StaticView {
         .collect();
     let leases = (0..2_000)
         .map(|i| {
-            let mut l = GpuLease::new(
+            let status = GpuLeaseStatus {
+                phase: if i % 2 == 0 {
+                    LeasePhase::Queued
+                } else {
+                    LeasePhase::Admitted
+                },
+                ..Default::default()
+            };
+            Arc::new(CachedLease::new(
+                "ml",
                 &format!("pod-{i}"),
                 GpuLeaseSpec {
                     class_name: "default".into(),
@@ -99,16 +108,8 @@ fn static_view() -> StaticView {
                     role: Role::Primary,
                     slots: 1,
                 },
-            );
-            l.status = Some(GpuLeaseStatus {
-                phase: if i % 2 == 0 {
-                    LeasePhase::Queued
-                } else {
-                    LeasePhase::Admitted
-                },
-                ..Default::default()
-            });
-            Arc::new(l)
+                Some(status),
+            ))
         })
         .collect();
     StaticView {

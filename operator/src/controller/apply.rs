@@ -50,7 +50,9 @@ use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
-use crate::engine::{Admission, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease};
+use crate::engine::{
+    Admission, CachedLease, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease,
+};
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
 /// API writes in flight at once within a pass.
@@ -102,7 +104,7 @@ fn class_key(class: &str) -> ObjectKey {
 
 /// Result of one independent write chain.
 enum Done {
-    Lease { lease: GpuLease, created: bool },
+    Lease { lease: CachedLease, created: bool },
     Pod(CachedPod),
     PodReread(Option<CachedPod>),
     Evicted { key: ObjectKey, uid: String },
@@ -115,15 +117,15 @@ enum Done {
 impl Done {
     /// Drops what the operator never reads from an object a write
     /// returned (managedFields above all), as the watch caches drop it (a
-    /// pod is kept cut down from the start).
+    /// pod or lease is kept cut down from the start).
     /// Finished writes can wait a while to be landed (a burst of lease
     /// creates finishes faster than the loop lands them), so they are
     /// trimmed as they finish rather than when they are recorded.
     fn trimmed(mut self) -> Self {
         match &mut self {
-            Done::Lease { lease, .. } => super::caches::trim_lease(lease),
             Done::Class(class) => class.metadata.managed_fields = None,
-            Done::Pod(_)
+            Done::Lease { .. }
+            | Done::Pod(_)
             | Done::PodReread(_)
             | Done::Evicted { .. }
             | Done::Blocked(_)
@@ -206,16 +208,13 @@ fn record(
 
 /// A lease about to be created, as it will be once its create and its
 /// first status write land.
-fn assumed_new_lease(new: &NewLease) -> GpuLease {
-    GpuLease {
-        metadata: ObjectMeta {
-            name: Some(new.key.name.to_string()),
-            namespace: Some(new.key.namespace.to_string()),
-            ..Default::default()
-        },
-        spec: new.spec.clone(),
-        status: Some(new.status.clone()),
-    }
+fn assumed_new_lease(new: &NewLease) -> CachedLease {
+    CachedLease::new(
+        &new.key.namespace,
+        &new.key.name,
+        new.spec.clone(),
+        Some(new.status.clone()),
+    )
 }
 
 /// The lease `key` as the pass saw it (or as the progress writer's own
@@ -224,10 +223,10 @@ fn assumed_new_lease(new: &NewLease) -> GpuLease {
 /// to write (it is unchanged, or the lease is not known).
 fn status_to_write(
     input: &PassInput<'_>,
-    moved_on: &HashMap<ObjectKey, Arc<GpuLease>>,
+    moved_on: &HashMap<ObjectKey, Arc<CachedLease>>,
     key: &ObjectKey,
     status: &GpuLeaseStatus,
-) -> Option<Arc<GpuLease>> {
+) -> Option<Arc<CachedLease>> {
     let lease = moved_on.get(key).or_else(|| input.lease(key))?;
     patch::lease_status_differs(lease.status.as_ref(), status).then(|| lease.clone())
 }
@@ -272,7 +271,7 @@ impl Applier {
         &mut self,
         keys: Vec<ObjectKey>,
         build: impl FnOnce(&Writer) -> Chain + Send + 'static,
-        assumed: Option<GpuLease>,
+        assumed: Option<CachedLease>,
         overlay: &mut Overlay,
     ) {
         for key in &keys {
@@ -427,7 +426,7 @@ impl Applier {
         // writer takes them, front of the queue first. A lease whose status is
         // written in full here needs no progress write of its own, and is
         // written over the progress writer's own last write of it.
-        let mut moved_on: HashMap<ObjectKey, Arc<GpuLease>> = HashMap::new();
+        let mut moved_on: HashMap<ObjectKey, Arc<CachedLease>> = HashMap::new();
         for key in statuses.keys() {
             let moved = input
                 .lease(key)
@@ -462,7 +461,7 @@ impl Applier {
         // write: no later pod of its role is ungated before it.
         let mut admitted: Vec<Admitted> = Vec::new();
         // What each admission's lease write writes, and over which lease.
-        let mut admitted_statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<GpuLease>)> =
+        let mut admitted_statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<CachedLease>)> =
             HashMap::new();
         for a in admissions.values().filter(|a| self.busy(&a.key)) {
             let sequence = statuses
@@ -495,7 +494,7 @@ impl Applier {
             if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
                 // The device plugin's GPUs stay as they are: the write
                 // leaves them alone.
-                let mut assumed = GpuLease::clone(&lease);
+                let mut assumed = CachedLease::clone(&lease);
                 let gpus = assumed.status.take().map(|s| s.gpus).unwrap_or_default();
                 assumed.status = Some(GpuLeaseStatus {
                     gpus,
@@ -585,7 +584,7 @@ impl Applier {
     async fn admit(
         &self,
         mut admissions: BTreeMap<ObjectKey, Admission>,
-        statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<GpuLease>)>,
+        statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<CachedLease>)>,
         admitted: Vec<Admitted>,
         input: &PassInput<'_>,
     ) -> Vec<Finished> {
@@ -671,7 +670,7 @@ impl Writer {
 
     fn delete_chain(&self, stale: &StaleLease, input: &PassInput<'_>) -> Option<Chain> {
         let obj = input.lease(&stale.key)?;
-        let uid = obj.metadata.uid.clone()?;
+        let uid = obj.metadata.uid.as_deref()?.to_owned();
         let api = self.leases(&stale.key.namespace);
         let key = stale.key.clone();
         Some(Box::pin(async move {
@@ -710,7 +709,7 @@ impl Writer {
                     tracing::warn!(lease = %key, "lease spec disagreed with its pod; rewritten from the pod");
                     (
                         vec![Done::Lease {
-                            lease,
+                            lease: lease.into(),
                             created: false,
                         }],
                         vec![],
@@ -766,7 +765,7 @@ impl Writer {
             };
             let rv = created.metadata.resource_version.clone();
             let mut done = vec![Done::Lease {
-                lease: created,
+                lease: created.into(),
                 created: true,
             }];
             let body = patch::lease_status_patch(None, &new.status, rv.as_deref());
@@ -791,7 +790,7 @@ impl Writer {
                         events.emit(&new.key, &new.pod_uid, event);
                     }
                     done.push(Done::Lease {
-                        lease: l,
+                        lease: l.into(),
                         created: true,
                     });
                     (done, vec![])
@@ -808,7 +807,12 @@ impl Writer {
     /// very leases about to be admitted), the status is written once more
     /// over the lease as it is now: a conflict of that kind would otherwise
     /// hold back every later admission of the role for a whole pass.
-    fn status_chain(&self, key: ObjectKey, status: GpuLeaseStatus, lease: Arc<GpuLease>) -> Chain {
+    fn status_chain(
+        &self,
+        key: ObjectKey,
+        status: GpuLeaseStatus,
+        lease: Arc<CachedLease>,
+    ) -> Chain {
         let api = self.leases(&key.namespace);
         let events = self.events.clone();
         Box::pin(async move {
@@ -826,7 +830,7 @@ impl Writer {
                 .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
                 .await;
             if matches!(&written, Err(e) if api_status(e) == Some(409)) {
-                written = match api.get_status(&key.name).await {
+                written = match api.get_status(&key.name).await.map(CachedLease::from) {
                     Ok(fresh) if patch::only_progress_changed(&lease, &fresh) => {
                         tracing::debug!(lease = %key, phase = ?status.phase, "only its position or message moved; writing over it");
                         let body = patch::lease_status_patch(
@@ -855,7 +859,7 @@ impl Writer {
                     }
                     (
                         vec![Done::Lease {
-                            lease: l,
+                            lease: l.into(),
                             created: false,
                         }],
                         vec![],
@@ -1111,7 +1115,7 @@ async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<
 #[cfg(test)]
 mod tests {
     use super::super::overlay::lists::LeasePasses;
-    use super::super::test_api::{api_server, lease, queued_lease, written_behind};
+    use super::super::test_api::{api_server, cached_lease, lease, queued_lease, written_behind};
     use super::*;
 
     /// An applier whose client points nowhere: the tests below drive only
@@ -1129,7 +1133,7 @@ mod tests {
         Applier::new(client, metrics, events, progress)
     }
 
-    fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<GpuLease>>) -> Vec<Option<LeasePhase>> {
+    fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<CachedLease>>) -> Vec<Option<LeasePhase>> {
         let leases = LeasePasses::default().pass(overlay, &cached, &[], Instant::now());
         leases
             .iter()
@@ -1143,7 +1147,7 @@ mod tests {
         let mut overlay = Overlay::default();
         let key = ObjectKey::new("ns", "a");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let answer = lease("a", "12", LeasePhase::Released);
+        let answer = cached_lease("a", "12", LeasePhase::Released);
         applier.spawn(
             vec![key.clone()],
             move |_| {
@@ -1158,11 +1162,11 @@ mod tests {
                     )
                 })
             },
-            Some(lease("a", "11", LeasePhase::Released)),
+            Some(cached_lease("a", "11", LeasePhase::Released)),
             &mut overlay,
         );
         assert!(applier.busy(&key));
-        let cached = || vec![Arc::new(lease("a", "11", LeasePhase::Admitted))];
+        let cached = || vec![Arc::new(cached_lease("a", "11", LeasePhase::Admitted))];
         assert_eq!(
             phase_in(&mut overlay, cached()),
             [Some(LeasePhase::Released)]
@@ -1179,7 +1183,7 @@ mod tests {
             phase_in(&mut overlay, cached()),
             [Some(LeasePhase::Released)]
         );
-        let caught_up = vec![Arc::new(lease("a", "12", LeasePhase::Released))];
+        let caught_up = vec![Arc::new(cached_lease("a", "12", LeasePhase::Released))];
         phase_in(&mut overlay, caught_up);
         assert!(overlay.is_empty(), "nothing assumed or remembered");
     }
@@ -1208,7 +1212,7 @@ mod tests {
         let finished = Finished::now((
             vec![
                 Done::Lease {
-                    lease: written,
+                    lease: written.into(),
                     created: true,
                 },
                 Done::PodReread(Some(pod)),
@@ -1224,14 +1228,18 @@ mod tests {
         else {
             panic!("three objects, in order");
         };
-        let kept = &lease.metadata;
         assert_eq!(
-            (&kept.managed_fields, &kept.labels, &kept.annotations),
-            (&None, &None, &None),
-            "what anyone may grow is not kept"
+            lease.metadata,
+            crate::engine::CachedMeta {
+                namespace: Some("ns".into()),
+                name: Some("a".into()),
+                uid: Some("u".into()),
+                resource_version: Some("11".into()),
+                ..Default::default()
+            },
+            "identity and version only: what anyone may grow is not kept, \
+             and the server's copy keeps the owner"
         );
-        assert_eq!(kept.resource_version.as_deref(), Some("11"));
-        assert_eq!(kept.owner_references, None, "the server's copy keeps it");
         assert_eq!(
             pod.labels,
             [("gpupool.io/role".into(), "helper".into())].into(),
@@ -1252,7 +1260,7 @@ mod tests {
         applier.spawn(
             vec![a.clone()],
             |_| Box::pin(async { (vec![], vec![Error::Timeout]) }),
-            Some(lease("a", "1", LeasePhase::Released)),
+            Some(cached_lease("a", "1", LeasePhase::Released)),
             &mut overlay,
         );
         applier.spawn(
@@ -1266,7 +1274,7 @@ mod tests {
             assert!(applier.land(landed, &mut overlay).failed);
         }
         assert!(!applier.busy(&a) && !applier.busy(&b));
-        let cached = vec![Arc::new(lease("a", "1", LeasePhase::Admitted))];
+        let cached = vec![Arc::new(cached_lease("a", "1", LeasePhase::Admitted))];
         assert_eq!(
             phase_in(&mut overlay, cached),
             [Some(LeasePhase::Admitted)],
@@ -1282,7 +1290,7 @@ mod tests {
         applier.spawn(
             vec![key.clone()],
             |_| Box::pin(std::future::pending()),
-            Some(lease("a", "1", LeasePhase::Released)),
+            Some(cached_lease("a", "1", LeasePhase::Released)),
             &mut overlay,
         );
         applier.abandon(&mut overlay);
@@ -1292,7 +1300,7 @@ mod tests {
     }
 
     /// The pass's admission of lease `a`, decided on `seen`.
-    async fn admit_over(client: Client, seen: GpuLease) -> (Vec<Done>, Vec<Error>) {
+    async fn admit_over(client: Client, seen: CachedLease) -> (Vec<Done>, Vec<Error>) {
         applier_for(client)
             .writer
             .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
@@ -1433,8 +1441,15 @@ mod tests {
                     .await
                     .expect("pod created");
                 let uid = pod.metadata.uid.expect("uid");
-                let mut lease = queued_lease(&leases, name, seq).await;
-                lease.spec.pod_uid = uid.clone();
+                let queued = queued_lease(&leases, name, seq).await;
+                let lease = GpuLease {
+                    metadata: queued.metadata.to_object_meta(),
+                    spec: GpuLeaseSpec {
+                        pod_uid: uid.clone(),
+                        ..queued.spec
+                    },
+                    status: queued.status,
+                };
                 leases
                     .replace(name, &PostParams::default(), &lease)
                     .await

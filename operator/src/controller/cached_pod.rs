@@ -9,7 +9,7 @@
 //! what it does not keep: unknown fields are skipped by the deserializer.
 //!
 //! Its metadata is likewise only the identity and timestamps the rules
-//! read ([`PodMeta`]): an `ObjectMeta` reserves 360 bytes inline, most of
+//! read ([`CachedMeta`]): an `ObjectMeta` reserves 360 bytes inline, most of
 //! them empty options, for every pod. A watch or a write reads the JSON
 //! into a [`WatchedPod`] (kube's watcher needs an `ObjectMeta` to follow
 //! resourceVersions), which becomes the kept [`CachedPod`] at once.
@@ -26,17 +26,15 @@ use gpupool_api::names::{
     ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, LABEL_HOSTNAME, LABEL_ROLE,
     SCHEDULING_GATE,
 };
-use gpupool_engine::SmallMap;
+use gpupool_engine::{CachedMeta, SmallMap};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
     Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
-
-use super::identity::Identity;
 
 /// The labels kept: the ones admission reads. Any other, even under
 /// `gpupool.io/`, is dropped, so what a pod's owner adds to their pod
@@ -98,7 +96,7 @@ fn kept_str(s: String) -> KeptStr {
 #[serde(from = "WatchedPod")]
 pub struct CachedPod {
     /// Identity, resourceVersion and timestamps.
-    pub metadata: PodMeta,
+    pub metadata: CachedMeta,
     /// The class and role labels, as a short sorted list (a map costs a
     /// 0.5 KiB node even for one entry, and every queued pod has one).
     pub labels: SmallMap<KeptStr, KeptStr>,
@@ -110,26 +108,8 @@ pub struct CachedPod {
     pub status: Option<CachedPodStatus>,
 }
 
-/// The metadata a cached pod keeps: what the rules, the overlay and the
-/// admission patch read.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodMeta {
-    /// The namespace.
-    pub namespace: Option<Box<str>>,
-    /// The name.
-    pub name: Option<Box<str>>,
-    /// The UID: a pod deleted and created again under its name is another.
-    pub uid: Option<Box<str>>,
-    /// What the overlay compares the controller's own writes against.
-    pub resource_version: Option<Box<str>>,
-    /// Second in the FIFO's order, after the enqueue stamp.
-    pub creation_timestamp: Option<Time>,
-    /// A terminating pod still holds its slots.
-    pub deletion_timestamp: Option<Time>,
-}
-
 /// A pod as a watch or a write returns it, before its metadata is cut down
-/// to [`PodMeta`]: the form kube's watcher and API calls read, which must
+/// to [`CachedMeta`]: the form kube's watcher and API calls read, which must
 /// carry an `ObjectMeta`. Nothing keeps one: it becomes a [`CachedPod`].
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct WatchedPod {
@@ -334,39 +314,14 @@ impl From<WatchedPod> for CachedPod {
                     .map(|(k, v)| (kept_str(k), kept_str(v)))
                     .collect()
             };
-        let meta = pod.metadata;
+        let mut meta = pod.metadata;
         Self {
-            labels: kept(meta.labels, &KEPT_LABELS),
-            annotations: kept(meta.annotations, &KEPT_ANNOTATIONS),
-            metadata: PodMeta {
-                namespace: meta.namespace.map(String::into_boxed_str),
-                name: meta.name.map(String::into_boxed_str),
-                uid: meta.uid.map(String::into_boxed_str),
-                resource_version: meta.resource_version.map(String::into_boxed_str),
-                creation_timestamp: meta.creation_timestamp,
-                deletion_timestamp: meta.deletion_timestamp,
-            },
+            labels: kept(meta.labels.take(), &KEPT_LABELS),
+            annotations: kept(meta.annotations.take(), &KEPT_ANNOTATIONS),
+            metadata: meta.into(),
             spec: pod.spec,
             status: pod.status,
         }
-    }
-}
-
-impl Identity for CachedPod {
-    fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-    fn name(&self) -> Option<&str> {
-        self.metadata.name.as_deref()
-    }
-    fn uid(&self) -> Option<&str> {
-        self.metadata.uid.as_deref()
-    }
-    fn resource_version(&self) -> Option<&str> {
-        self.metadata.resource_version.as_deref()
-    }
-    fn deleting(&self) -> bool {
-        self.metadata.deletion_timestamp.is_some()
     }
 }
 
@@ -392,19 +347,11 @@ impl CachedPod {
                     .collect()
             })
         };
-        let owned = |s: &Option<Box<str>>| s.as_deref().map(str::to_owned);
-        let meta = &self.metadata;
         Pod {
             metadata: ObjectMeta {
-                namespace: owned(&meta.namespace),
-                name: owned(&meta.name),
-                uid: owned(&meta.uid),
-                resource_version: owned(&meta.resource_version),
-                creation_timestamp: meta.creation_timestamp.clone(),
-                deletion_timestamp: meta.deletion_timestamp.clone(),
                 labels: map(&self.labels),
                 annotations: map(&self.annotations),
-                ..ObjectMeta::default()
+                ..self.metadata.to_object_meta()
             },
             spec: self.spec.as_ref().map(|s| PodSpec {
                 node_name: s.node_name.clone(),
@@ -443,7 +390,9 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::controller::identity::Identity;
     use crate::controller::translate;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
     fn whole_pod() -> serde_json::Value {

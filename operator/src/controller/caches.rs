@@ -23,7 +23,7 @@ use super::changes::ChangeLog;
 use super::identity::Identity;
 use super::index::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
 use super::translate;
-use crate::engine::{self, ClassInfo, NodeInfo, ObjectKey, PodInfo};
+use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, ObjectKey, PodInfo};
 use crate::metrics::Metrics;
 use crate::webhook::review::{ClusterView, queue_key, queue_tally_key};
 
@@ -36,8 +36,8 @@ pub struct Caches {
     pub nodes: Index<Node>,
     /// Every GpuLeaseClass.
     pub classes: Index<GpuLeaseClass>,
-    /// Every GpuLease.
-    pub leases: Index<GpuLease>,
+    /// Every GpuLease, as [`CachedLease`].
+    pub leases: Index<CachedLease>,
     /// Every node in the engine's form, kept in step with `nodes` by the
     /// node watch, so an admission review converts no node.
     pub node_index: NodeIndex,
@@ -103,10 +103,10 @@ impl Caches {
                 |_| {},
             ),
             leases: watch(
-                Api::all(client.clone()),
+                Api::<GpuLease>::all(client.clone()),
                 CacheSpec {
                     tally: Some(queue_tally_key),
-                    ..CacheSpec::trimmed("leases", trim_lease)
+                    ..CacheSpec::trimmed("leases", |_| {})
                 },
                 changed,
                 metrics,
@@ -155,7 +155,7 @@ impl Caches {
         pods: Index<CachedPod>,
         nodes: Index<Node>,
         classes: Index<GpuLeaseClass>,
-        leases: Index<GpuLease>,
+        leases: Index<CachedLease>,
     ) -> Self {
         let synced = Synced {
             each: [true; 4],
@@ -396,20 +396,6 @@ fn trim_node(node: &mut Node) {
         status.volumes_in_use = None;
         status.node_info = None;
     }
-}
-
-/// What the operator keeps of a lease, in its cache and of the leases its
-/// writes return: no managedFields, labels, annotations or owner
-/// references. Nothing it decides reads them (its writes are patches, so
-/// the server's copy keeps them), and labels and annotations are the part
-/// of a lease anyone with access to it may grow (an annotation may hold
-/// 256 KiB), so 10,000 leases cannot be made to cost more than their spec
-/// and status.
-pub(crate) fn trim_lease(lease: &mut GpuLease) {
-    lease.metadata.managed_fields = None;
-    lease.metadata.labels = None;
-    lease.metadata.annotations = None;
-    lease.metadata.owner_references = None;
 }
 
 #[cfg(test)]

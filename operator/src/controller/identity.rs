@@ -1,9 +1,14 @@
 //! What the controller reads of a cached object's identity, whatever form
 //! its cache keeps it in: the kinds kept whole read it from their
-//! `ObjectMeta`, a cached pod from the few fields it keeps (see
-//! [`super::cached_pod`]).
+//! `ObjectMeta`, pods and leases from the [`CachedMeta`] they keep instead
+//! (see [`super::cached_pod`] and [`gpupool_engine::CachedLease`]).
 
-use kube::Resource;
+use gpupool_api::{GpuLease, GpuLeaseClass};
+use gpupool_engine::{CachedLease, CachedMeta};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::cached_pod::CachedPod;
 
 /// An object's namespace, name, UID, resourceVersion and whether it is
 /// being deleted.
@@ -21,23 +26,69 @@ pub trait Identity {
     fn deleting(&self) -> bool;
 }
 
-impl<K: Resource> Identity for K {
+impl Identity for ObjectMeta {
     fn namespace(&self) -> &str {
-        self.meta().namespace.as_deref().unwrap_or_default()
+        self.namespace.as_deref().unwrap_or_default()
     }
     fn name(&self) -> Option<&str> {
-        self.meta().name.as_deref()
+        self.name.as_deref()
     }
     fn uid(&self) -> Option<&str> {
-        self.meta().uid.as_deref()
+        self.uid.as_deref()
     }
     fn resource_version(&self) -> Option<&str> {
-        self.meta().resource_version.as_deref()
+        self.resource_version.as_deref()
     }
     fn deleting(&self) -> bool {
-        self.meta().deletion_timestamp.is_some()
+        self.deletion_timestamp.is_some()
     }
 }
+
+impl Identity for CachedMeta {
+    fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or_default()
+    }
+    fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+    fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+    fn resource_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+    fn deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+}
+
+/// Objects whose `metadata` field answers for them.
+macro_rules! identity_of_metadata {
+    ($($kind:ty),* $(,)?) => {$(
+        impl Identity for $kind {
+            fn namespace(&self) -> &str {
+                self.metadata.namespace()
+            }
+            fn name(&self) -> Option<&str> {
+                Identity::name(&self.metadata)
+            }
+            fn uid(&self) -> Option<&str> {
+                Identity::uid(&self.metadata)
+            }
+            fn resource_version(&self) -> Option<&str> {
+                Identity::resource_version(&self.metadata)
+            }
+            fn deleting(&self) -> bool {
+                self.metadata.deleting()
+            }
+        }
+    )*};
+}
+
+identity_of_metadata!(Node, GpuLeaseClass, GpuLease, CachedPod, CachedLease);
+
+#[cfg(test)]
+identity_of_metadata!(k8s_openapi::api::core::v1::ConfigMap);
 
 /// An object's namespace (empty when cluster-scoped) and name, borrowed.
 pub fn parts_of<K: Identity>(obj: &K) -> Option<(&str, &str)> {

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpupool_api::{GpuLease, GpuLeaseClass};
+use gpupool_api::GpuLeaseClass;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
@@ -26,7 +26,7 @@ use super::index::Index;
 use super::key_hash::{HashMap, HashSet};
 use super::overlay::Overlay;
 use super::translate;
-use crate::engine::{Engine, Eviction, LeaseInfo, ObjectKey};
+use crate::engine::{CachedLease, Engine, Eviction, LeaseInfo, ObjectKey};
 
 /// What the engine was last fed for one key.
 struct FedObject<K> {
@@ -175,7 +175,7 @@ pub struct Kept {
     classes: Fed<GpuLeaseClass>,
     nodes: Fed<Node>,
     pods: Fed<CachedPod>,
-    leases: Fed<GpuLease>,
+    leases: Fed<CachedLease>,
     last_overlay_keys: OverlayKeys,
 }
 
@@ -186,7 +186,7 @@ pub struct PassInput<'k> {
     /// statuses it found current).
     pub engine: &'k mut Engine,
     pods: &'k Fed<CachedPod>,
-    leases: &'k Fed<GpuLease>,
+    leases: &'k Fed<CachedLease>,
 }
 
 impl PassInput<'_> {
@@ -197,7 +197,7 @@ impl PassInput<'_> {
 
     /// The lease (cache + overlay, or held after it vanished) the engine's
     /// lease `key` comes from.
-    pub fn lease(&self, key: &ObjectKey) -> Option<&Arc<GpuLease>> {
+    pub fn lease(&self, key: &ObjectKey) -> Option<&Arc<CachedLease>> {
         self.leases.get(key)
     }
 }
@@ -290,7 +290,7 @@ impl Kept {
         );
         for key in &lease_keys {
             // A lease is named like its pod, in its pod's namespace.
-            let pod_cached = |lease: &GpuLease| {
+            let pod_cached = |lease: &CachedLease| {
                 caches
                     .pods
                     .get(key)
@@ -511,7 +511,7 @@ mod tests {
         pods: IndexWriter<CachedPod>,
         nodes: IndexWriter<Node>,
         classes: IndexWriter<GpuLeaseClass>,
-        leases: IndexWriter<GpuLease>,
+        leases: IndexWriter<CachedLease>,
         version: u64,
     }
 
@@ -574,11 +574,11 @@ mod tests {
         serde_json::from_value(v).expect("pod")
     }
 
-    fn lease_object(name: &str, uid: u8, pod_uid: u8, rv: &str, phase: LeasePhase) -> GpuLease {
+    fn lease_object(name: &str, uid: u8, pod_uid: u8, rv: &str, phase: LeasePhase) -> CachedLease {
         let mut lease = crate::controller::test_api::lease(name, rv, phase);
         lease.metadata.uid = Some(format!("lease-{uid}"));
         lease.spec.pod_uid = format!("pod-{pod_uid}");
-        lease
+        lease.into()
     }
 
     fn node_object(name: &str, slots: u8) -> Node {
@@ -1016,7 +1016,7 @@ mod tests {
         }
         let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
         for key in all_keys(&caches.leases.state(), &kept.leases, lease_keys) {
-            let pod_cached = |l: &GpuLease| {
+            let pod_cached = |l: &CachedLease| {
                 caches
                     .pods
                     .get(&key)

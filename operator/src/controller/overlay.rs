@@ -17,7 +17,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_api::{GpuLease, GpuLeaseClass};
+use gpupool_api::GpuLeaseClass;
+use gpupool_engine::CachedLease;
 
 use super::cached_pod::CachedPod;
 use super::identity::{Identity, parts_of};
@@ -52,14 +53,14 @@ struct Gone {
 /// The controller's own recent writes, laid over the watch caches.
 #[derive(Debug, Default)]
 pub struct Overlay {
-    leases: HashMap<ObjectKey, Written<GpuLease>>,
+    leases: HashMap<ObjectKey, Written<CachedLease>>,
     deleted_leases: HashMap<ObjectKey, Gone>,
     pods: HashMap<ObjectKey, Written<CachedPod>>,
     evicted: HashMap<ObjectKey, Gone>,
     classes: HashMap<ObjectKey, Written<GpuLeaseClass>>,
     /// Leases as writes still in flight will leave them.
-    assumed: HashMap<ObjectKey, Arc<GpuLease>>,
-    vanished: HashMap<ObjectKey, (Arc<GpuLease>, Instant)>,
+    assumed: HashMap<ObjectKey, Arc<CachedLease>>,
+    vanished: HashMap<ObjectKey, (Arc<CachedLease>, Instant)>,
 }
 
 /// True when `cached` is at least as new as `written`. resourceVersions are
@@ -123,18 +124,17 @@ fn lay_written<K: Identity>(
 pub struct LeaseView {
     /// The lease as the cache shows it, with the controller's confirmed
     /// writes laid over it and its deletions taken out.
-    pub shown: Option<Arc<GpuLease>>,
+    pub shown: Option<Arc<CachedLease>>,
     /// What the pass decides on: `shown`, or the lease held after it
     /// vanished, with a write still in flight laid over either.
-    pub laid: Option<Arc<GpuLease>>,
+    pub laid: Option<Arc<CachedLease>>,
 }
 
 impl Overlay {
     /// Remembers a lease as the API server returned it after a create or
-    /// status write. The caller trims it as the lease cache trims it: a
-    /// burst of lease creates holds thousands of these until the watch
-    /// catches up.
-    pub fn record_lease(&mut self, lease: GpuLease, created: bool, now: Instant) {
+    /// status write, in the form the lease cache keeps: a burst of lease
+    /// creates holds thousands of these until the watch catches up.
+    pub fn record_lease(&mut self, lease: CachedLease, created: bool, now: Instant) {
         let Some(key) = key_of(&lease) else { return };
         let created = created || self.leases.get(&key).is_some_and(|w| w.created);
         self.deleted_leases.remove(&key);
@@ -177,7 +177,7 @@ impl Overlay {
     /// Lays `lease` over the caches as a write still in flight will leave
     /// it, until [`Overlay::forget_assumed`]: the passes that run meanwhile
     /// count its sequence, phase and node as written.
-    pub fn assume_lease(&mut self, key: ObjectKey, lease: GpuLease) {
+    pub fn assume_lease(&mut self, key: ObjectKey, lease: CachedLease) {
         self.assumed.insert(key, Arc::new(lease));
     }
 
@@ -257,9 +257,9 @@ impl Overlay {
     pub fn lay_lease(
         &mut self,
         key: &ObjectKey,
-        cached: Option<Arc<GpuLease>>,
-        last_shown: Option<&Arc<GpuLease>>,
-        pod_cached: impl Fn(&GpuLease) -> bool,
+        cached: Option<Arc<CachedLease>>,
+        last_shown: Option<&Arc<CachedLease>>,
+        pod_cached: impl Fn(&CachedLease) -> bool,
         now: Instant,
     ) -> LeaseView {
         let cached = match self.deleted_leases.get(key) {
@@ -389,7 +389,7 @@ pub(crate) mod lists {
     /// Passes over lease lists; remembers what each showed.
     #[derive(Default)]
     pub struct LeasePasses {
-        shown: HashMap<ObjectKey, Arc<GpuLease>>,
+        shown: HashMap<ObjectKey, Arc<CachedLease>>,
     }
 
     impl LeasePasses {
@@ -398,10 +398,10 @@ pub(crate) mod lists {
         pub fn pass(
             &mut self,
             o: &mut Overlay,
-            cached: &[Arc<GpuLease>],
+            cached: &[Arc<CachedLease>],
             pod_uids: &[&str],
             now: Instant,
-        ) -> Vec<Arc<GpuLease>> {
+        ) -> Vec<Arc<CachedLease>> {
             let mut out = Vec::new();
             let looked_at = keys(cached, o.lease_keys().chain(self.shown.keys()));
             for key in looked_at {
@@ -451,26 +451,27 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> GpuLease {
-        serde_json::from_value(json!({
+    fn lease(name: &str, uid: &str, rv: &str, phase: &str) -> CachedLease {
+        serde_json::from_value::<gpupool_api::GpuLease>(json!({
             "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
             "metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": rv},
             "spec": {"className": "default", "podName": name, "podUID": "p", "slots": 1},
             "status": {"phase": phase}
         }))
         .expect("lease")
+        .into()
     }
 
-    fn leases<const N: usize>(list: [GpuLease; N]) -> Vec<Arc<GpuLease>> {
+    fn leases<const N: usize>(list: [CachedLease; N]) -> Vec<Arc<CachedLease>> {
         list.into_iter().map(Arc::new).collect()
     }
 
-    fn phases(leases: &[Arc<GpuLease>]) -> Vec<(String, String)> {
+    fn phases(leases: &[Arc<CachedLease>]) -> Vec<(String, String)> {
         let mut v: Vec<_> = leases
             .iter()
             .map(|l| {
                 (
-                    l.metadata.name.clone().unwrap_or_default(),
+                    l.metadata.name.as_deref().unwrap_or_default().to_owned(),
                     format!("{:?}", l.status.as_ref().map(|s| s.phase)),
                 )
             })
@@ -511,7 +512,7 @@ mod tests {
     fn a_write_to_an_object_earlier_passes_saw_unchanged_is_laid_over_it() {
         let t0 = Instant::now();
         let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
-        let cached: Vec<Arc<GpuLease>> = ["a", "b", "c"]
+        let cached: Vec<Arc<CachedLease>> = ["a", "b", "c"]
             .into_iter()
             .map(|n| Arc::new(lease(n, n, "10", "Queued")))
             .collect();

@@ -2,7 +2,8 @@
 //! is unit-tested.
 
 use gpupool_api::names::{LABEL_HOSTNAME, SCHEDULING_GATE};
-use gpupool_api::{GpuLease, GpuLeaseClassStatus, GpuLeaseStatus};
+use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
+use gpupool_engine::CachedLease;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
@@ -113,7 +114,7 @@ pub fn lease_status_differs(old: Option<&GpuLeaseStatus>, new: &GpuLeaseStatus) 
 /// lease's identity, spec, phase and sequence, and none of them moved.
 /// A change anywhere else (another replica's phase, the device plugin's
 /// GPUs or `boundAt`, a new lease of the same name) keeps the conflict.
-pub fn only_progress_changed(seen: &GpuLease, fresh: &GpuLease) -> bool {
+pub fn only_progress_changed(seen: &CachedLease, fresh: &CachedLease) -> bool {
     if seen.metadata.uid != fresh.metadata.uid || seen.spec != fresh.spec {
         return false;
     }
@@ -149,8 +150,9 @@ mod tests {
     use gpupool_api::{GpuLeaseSpec, LeaseGpu, LeasePhase, Role};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn queued_lease() -> GpuLease {
-        let mut lease = GpuLease::new(
+    fn queued_lease() -> CachedLease {
+        let mut lease = CachedLease::new(
+            "ns",
             "a",
             GpuLeaseSpec {
                 class_name: "default".into(),
@@ -159,6 +161,7 @@ mod tests {
                 role: Role::Primary,
                 slots: 1,
             },
+            None,
         );
         lease.metadata.uid = Some("u".into());
         lease.status = Some(GpuLeaseStatus {
@@ -174,12 +177,12 @@ mod tests {
     #[test]
     fn only_a_moved_position_or_message_lets_a_status_be_written_over_the_new_lease() {
         let seen = queued_lease();
-        let with = |change: &dyn Fn(&mut GpuLease)| {
+        let with = |change: &dyn Fn(&mut CachedLease)| {
             let mut fresh = seen.clone();
             change(&mut fresh);
             only_progress_changed(&seen, &fresh)
         };
-        fn status(lease: &mut GpuLease) -> &mut GpuLeaseStatus {
+        fn status(lease: &mut CachedLease) -> &mut GpuLeaseStatus {
             lease.status.as_mut().expect("status")
         }
         assert!(with(&|_| {}));

@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::Patch;
 use prometheus_client::metrics::counter::Counter;
@@ -39,7 +38,7 @@ use tokio::sync::Notify;
 
 use super::apply::patch_params;
 use super::patch;
-use crate::engine::ObjectKey;
+use crate::engine::{CachedLease, CachedMeta, ObjectKey};
 
 /// Writes at most this many at once, so a slow API server cannot pile up
 /// requests.
@@ -342,7 +341,7 @@ impl ProgressMetrics {
 #[derive(Debug, Clone)]
 pub struct Wanted {
     /// The lease the status was decided on.
-    pub lease: Arc<GpuLease>,
+    pub lease: Arc<CachedLease>,
     /// The status wanted.
     pub status: GpuLeaseStatus,
 }
@@ -382,10 +381,10 @@ impl Base<'_> {
 }
 
 /// `lease` as the writer's own writes since left it (`base`).
-fn moved_on(lease: &GpuLease, base: Base<'_>) -> GpuLease {
-    GpuLease {
-        metadata: ObjectMeta {
-            resource_version: Some(base.resource_version.to_owned()),
+fn moved_on(lease: &CachedLease, base: Base<'_>) -> CachedLease {
+    CachedLease {
+        metadata: CachedMeta {
+            resource_version: Some(base.resource_version.into()),
             ..lease.metadata.clone()
         },
         spec: lease.spec.clone(),
@@ -414,7 +413,12 @@ impl Shared {
     /// status is about to be written in full; returns `lease` (the version
     /// that status was decided on) moved on to what this writer's own
     /// writes left, when they are all that changed it since.
-    fn take_over(&mut self, key: &ObjectKey, lease: &GpuLease, now: Instant) -> Option<GpuLease> {
+    fn take_over(
+        &mut self,
+        key: &ObjectKey,
+        lease: &CachedLease,
+        now: Instant,
+    ) -> Option<CachedLease> {
         self.queue.forget(key);
         let decided_on = lease.metadata.resource_version.as_deref()?;
         let rebased = self
@@ -536,7 +540,7 @@ impl ProgressWriter {
     /// what waits for it, and returns the lease as this writer's own writes
     /// left it when they are all that changed it since `lease` (so the full
     /// write goes over that version instead of meeting a conflict).
-    pub fn take_over(&self, key: &ObjectKey, lease: &GpuLease) -> Option<GpuLease> {
+    pub fn take_over(&self, key: &ObjectKey, lease: &CachedLease) -> Option<CachedLease> {
         lock(&self.shared).take_over(key, lease, Instant::now())
     }
 }
@@ -666,9 +670,8 @@ mod tests {
             role: gpupool_api::Role::Primary,
             slots: 1,
         };
-        let mut lease = GpuLease::new("l", spec);
+        let mut lease = CachedLease::new("ns", "l", spec, Some(persisted.clone()));
         lease.metadata.resource_version = Some("42".into());
-        lease.status = Some(persisted.clone());
         let lease = Arc::new(lease);
         let unchanged = Wanted {
             lease: lease.clone(),
@@ -804,8 +807,9 @@ mod tests {
         );
     }
 
-    fn lease_at(rv: &str, status: GpuLeaseStatus) -> Arc<GpuLease> {
-        let mut lease = GpuLease::new(
+    fn lease_at(rv: &str, status: GpuLeaseStatus) -> Arc<CachedLease> {
+        let mut lease = CachedLease::new(
+            "ns",
             "l",
             gpupool_api::GpuLeaseSpec {
                 class_name: "default".into(),
@@ -814,9 +818,9 @@ mod tests {
                 role: gpupool_api::Role::Primary,
                 slots: 1,
             },
+            Some(status),
         );
         lease.metadata.resource_version = Some(rv.into());
-        lease.status = Some(status);
         Arc::new(lease)
     }
 
@@ -880,7 +884,7 @@ mod tests {
     struct Fixture {
         _server: gpupool_sim_apiserver::RunningApiServer,
         api: Api<GpuLease>,
-        seen: Arc<GpuLease>,
+        seen: Arc<CachedLease>,
         writer: ProgressWriter,
         metrics: ProgressMetrics,
     }
@@ -942,7 +946,7 @@ mod tests {
             node: Some("node-1".into()),
             ..now.status.clone().expect("status")
         };
-        super::super::test_api::written_behind(&f.api, "a", &now, &admitted).await;
+        super::super::test_api::written_behind(&f.api, "a", &now.into(), &admitted).await;
         f.offer_moved(2, 3).await;
         assert_eq!(written(&f.metrics, "conflict"), 1);
         let status = f.status().await;

@@ -2,6 +2,7 @@
 //! server.
 
 use gpupool_api::{GpuLease, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role};
+use gpupool_engine::CachedLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PostParams};
 use kube::{Api, Client};
@@ -59,8 +60,14 @@ pub fn lease(name: &str, rv: &str, phase: LeasePhase) -> GpuLease {
     }
 }
 
-/// Creates lease `name` Queued at `position` and returns it as read back.
-pub async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> GpuLease {
+/// [`lease`] as the lease cache keeps it.
+pub fn cached_lease(name: &str, rv: &str, phase: LeasePhase) -> CachedLease {
+    lease(name, rv, phase).into()
+}
+
+/// Creates lease `name` Queued at `position` and returns it as read back,
+/// as the lease cache keeps it.
+pub async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> CachedLease {
     let mut new = lease(name, "", LeasePhase::Queued);
     new.metadata.uid = None;
     new.metadata.resource_version = None;
@@ -79,6 +86,7 @@ pub async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> Gpu
     api.patch_status(name, &patch_params(), &Patch::Merge(&body))
         .await
         .expect("status written")
+        .into()
 }
 
 /// Another writer's `status` for lease `name` over the lease as it was
@@ -86,7 +94,7 @@ pub async fn queued_lease(api: &Api<GpuLease>, name: &str, position: u32) -> Gpu
 pub async fn written_behind(
     api: &Api<GpuLease>,
     name: &str,
-    seen: &GpuLease,
+    seen: &CachedLease,
     status: &GpuLeaseStatus,
 ) -> GpuLease {
     let body = patch::lease_status_patch(

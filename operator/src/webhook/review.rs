@@ -15,10 +15,10 @@ use gpupool_api::names::{
     ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, LABEL_ROLE, SCHEDULING_GATE,
 };
 use gpupool_api::pod::{self, PodError};
-use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
+use gpupool_api::{GpuLeaseClass, LeasePhase, Role};
 
 use crate::controller::translate;
-use crate::engine::{self, ClassInfo, NodeInfo, PodInfo, established_default};
+use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, PodInfo, established_default};
 
 pub use super::guard::{Identities, validate_class, validate_lease};
 use jiff::Timestamp;
@@ -56,7 +56,7 @@ pub struct StaticView {
     /// The nodes.
     pub nodes: Vec<Arc<Node>>,
     /// The leases.
-    pub leases: Vec<Arc<GpuLease>>,
+    pub leases: Vec<Arc<CachedLease>>,
 }
 
 impl ClusterView for StaticView {
@@ -442,7 +442,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
 /// under: its class and role. A lease counts while it has no status yet
 /// or its phase is Queued. The lease cache tallies leases by this rule,
 /// so a review reads a count instead of walking every lease.
-pub fn queue_tally_key(lease: &GpuLease) -> Option<String> {
+pub fn queue_tally_key(lease: &CachedLease) -> Option<String> {
     let queued = lease
         .status
         .as_ref()

@@ -51,12 +51,17 @@ fn node(name: &str, labels: serde_json::Value, allocatable: serde_json::Value) -
     )
 }
 
-fn lease(name: &str, class: &str, phase: Option<LeasePhase>) -> Arc<GpuLease> {
+fn lease(name: &str, class: &str, phase: Option<LeasePhase>) -> Arc<CachedLease> {
     role_lease(name, class, Role::Primary, phase)
 }
 
-fn role_lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) -> Arc<GpuLease> {
-    let mut l = GpuLease::new(
+fn role_lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) -> Arc<CachedLease> {
+    let status = phase.map(|phase| GpuLeaseStatus {
+        phase,
+        ..Default::default()
+    });
+    Arc::new(CachedLease::new(
+        "ml",
         name,
         GpuLeaseSpec {
             class_name: class.into(),
@@ -65,12 +70,8 @@ fn role_lease(name: &str, class: &str, role: Role, phase: Option<LeasePhase>) ->
             role,
             slots: 1,
         },
-    );
-    l.status = phase.map(|phase| GpuLeaseStatus {
-        phase,
-        ..Default::default()
-    });
-    Arc::new(l)
+        status,
+    ))
 }
 
 fn one_default_class() -> StaticView {
@@ -984,7 +985,7 @@ fn the_queued_count_is_the_tally_of_the_lease_cache() {
     ];
     for (n, event) in events.iter().enumerate() {
         writer.apply(&watcher::Event::Apply((**event).clone()));
-        let all: Vec<Arc<GpuLease>> = leases.state();
+        let all: Vec<Arc<CachedLease>> = leases.state();
         let view = StaticView {
             leases: all,
             ..StaticView::default()
