@@ -26,41 +26,31 @@ pub trait Identity {
     fn deleting(&self) -> bool;
 }
 
-impl Identity for ObjectMeta {
-    fn namespace(&self) -> &str {
-        self.namespace.as_deref().unwrap_or_default()
-    }
-    fn name(&self) -> Option<&str> {
-        self.name.as_deref()
-    }
-    fn uid(&self) -> Option<&str> {
-        self.uid.as_deref()
-    }
-    fn resource_version(&self) -> Option<&str> {
-        self.resource_version.as_deref()
-    }
-    fn deleting(&self) -> bool {
-        self.deletion_timestamp.is_some()
-    }
+/// The two metadata types: the same fields, owned as `String` in one and
+/// `Box<str>` in the other.
+macro_rules! identity_of_fields {
+    ($($meta:ty),* $(,)?) => {$(
+        impl Identity for $meta {
+            fn namespace(&self) -> &str {
+                self.namespace.as_deref().unwrap_or_default()
+            }
+            fn name(&self) -> Option<&str> {
+                self.name.as_deref()
+            }
+            fn uid(&self) -> Option<&str> {
+                self.uid.as_deref()
+            }
+            fn resource_version(&self) -> Option<&str> {
+                self.resource_version.as_deref()
+            }
+            fn deleting(&self) -> bool {
+                self.deletion_timestamp.is_some()
+            }
+        }
+    )*};
 }
 
-impl Identity for CachedMeta {
-    fn namespace(&self) -> &str {
-        self.namespace.as_deref().unwrap_or_default()
-    }
-    fn name(&self) -> Option<&str> {
-        self.name.as_deref()
-    }
-    fn uid(&self) -> Option<&str> {
-        self.uid.as_deref()
-    }
-    fn resource_version(&self) -> Option<&str> {
-        self.resource_version.as_deref()
-    }
-    fn deleting(&self) -> bool {
-        self.deletion_timestamp.is_some()
-    }
-}
+identity_of_fields!(ObjectMeta, CachedMeta);
 
 /// Objects whose `metadata` field answers for them.
 macro_rules! identity_of_metadata {
