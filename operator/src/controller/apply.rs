@@ -873,7 +873,7 @@ impl Writer {
     }
 
     fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
-        // Typed as the cached form's source: the response is read straight into it.
+        // The answer is read as the pod watch reads a pod, and kept as it keeps one.
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &a.key.namespace);
         let pod = input.pod(&a.key).cloned();
         let lease = input.lease(&a.key).cloned();

@@ -233,8 +233,8 @@ impl ClusterView for Caches {
 }
 
 /// What one watch cache keeps of its kind: the objects a watch of `W`
-/// returns, trimmed, in the form `K` (the same type for every kind but
-/// pods, see [`CachedPod`]).
+/// returns, trimmed, in the form `K` (the same type for nodes and classes;
+/// pods and leases are kept as [`CachedPod`] and [`CachedLease`]).
 struct CacheSpec<W, K> {
     /// The kind, as logs name it.
     what: &'static str,

@@ -3,12 +3,12 @@
 //! `ObjectMeta`, pods and leases from the [`CachedMeta`] they keep instead
 //! (see [`super::cached_pod`] and [`gpupool_engine::CachedLease`]).
 
-use gpupool_api::{GpuLease, GpuLeaseClass};
-use gpupool_engine::{CachedLease, CachedMeta};
+use gpupool_api::GpuLeaseClass;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::cached_pod::CachedPod;
+use crate::engine::{CachedLease, CachedMeta};
 
 /// An object's namespace, name, UID, resourceVersion and whether it is
 /// being deleted.
@@ -75,7 +75,7 @@ macro_rules! identity_of_metadata {
     )*};
 }
 
-identity_of_metadata!(Node, GpuLeaseClass, GpuLease, CachedPod, CachedLease);
+identity_of_metadata!(Node, GpuLeaseClass, CachedPod, CachedLease);
 
 #[cfg(test)]
 identity_of_metadata!(k8s_openapi::api::core::v1::ConfigMap);

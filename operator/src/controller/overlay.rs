@@ -18,12 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpupool_api::GpuLeaseClass;
-use gpupool_engine::CachedLease;
 
 use super::cached_pod::CachedPod;
 use super::identity::{Identity, parts_of};
 use super::key_hash::HashMap;
-use crate::engine::ObjectKey;
+use crate::engine::{CachedLease, ObjectKey};
 
 /// How long a lease the controller created may be missing from the cache
 /// before the overlay forgets it (it was deleted before the watch showed it).

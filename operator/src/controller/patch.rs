@@ -3,11 +3,11 @@
 
 use gpupool_api::names::{LABEL_HOSTNAME, SCHEDULING_GATE};
 use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
-use gpupool_engine::CachedLease;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use super::translate::gate_index;
+use crate::engine::CachedLease;
 
 /// The status field the device plugin owns: the operator never writes it,
 /// so a stale cache can never erase what the plugin reported.

@@ -2,13 +2,13 @@
 //! server.
 
 use gpupool_api::{GpuLease, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role};
-use gpupool_engine::CachedLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PostParams};
 use kube::{Api, Client};
 
 use super::apply::patch_params;
 use super::patch;
+use crate::engine::CachedLease;
 
 /// A simulated API server with both CRDs and namespace `ns`, and a client
 /// of it.
