@@ -50,6 +50,7 @@ use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
+use super::watched::WatchedLease;
 use crate::engine::{
     Admission, CachedLease, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease,
 };
@@ -664,7 +665,10 @@ struct Writer {
 }
 
 impl Writer {
-    fn leases(&self, ns: &str) -> Api<GpuLease> {
+    /// Leases in `ns`, their answers read as the watch reads a lease
+    /// ([`WatchedLease`]): each write's answer carries the lease's managed
+    /// fields, which the parser then skips.
+    fn leases(&self, ns: &str) -> Api<WatchedLease> {
         Api::namespaced(self.client.clone(), ns)
     }
 
@@ -724,6 +728,8 @@ impl Writer {
     }
 
     fn create_chain(&self, new: NewLease) -> Chain {
+        // A create sends a whole lease, so it goes through the lease's own type.
+        let posts: Api<GpuLease> = Api::namespaced(self.client.clone(), &new.key.namespace);
         let api = self.leases(&new.key.namespace);
         let events = self.events.clone();
         Box::pin(async move {
@@ -748,7 +754,7 @@ impl Writer {
                 dry_run: false,
                 field_manager: Some(FIELD_MANAGER_OPERATOR.to_owned()),
             };
-            let created = match api.create(&pp, &lease).await {
+            let created = match posts.create(&pp, &lease).await {
                 Ok(l) => l,
                 Err(e) if api_status(&e) == Some(409) => {
                     return (vec![], vec![Error::LeaseConflict { lease: new.key }]);

@@ -12,7 +12,9 @@
 //! read ([`CachedMeta`]): an `ObjectMeta` reserves 360 bytes inline, most of
 //! them empty options, for every pod. A watch or a write reads the JSON
 //! into a [`WatchedPod`] (kube's watcher needs an `ObjectMeta` to follow
-//! resourceVersions), which becomes the kept [`CachedPod`] at once.
+//! resourceVersions), which becomes the kept [`CachedPod`] at once; its
+//! metadata is read with [`kept_metadata`], so the managed fields, owner
+//! references and the labels and annotations not kept are never built.
 //!
 //! The rules still read a [`Pod`]: [`CachedPod::to_pod`] rebuilds one with
 //! exactly the kept fields, so the controller and the webhook (which
@@ -33,16 +35,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
-/// The labels kept: the ones admission reads. Any other, even under
-/// `gpupool.io/`, is dropped, so what a pod's owner adds to their pod
-/// cannot grow the operator's cache.
-const KEPT_LABELS: [&str; 2] = [LABEL_CLASS, LABEL_ROLE];
-
-/// The annotations kept: the enqueue stamp.
-const KEPT_ANNOTATIONS: [&str; 1] = [ANNOTATION_ENQUEUED_AT];
+use super::watched::{KEPT_ANNOTATIONS, KEPT_LABELS, kept_metadata, watched_form_of};
 
 /// The strings nearly every kept pod carries: the label and annotation
 /// keys, the admission gate, the default resource, the roles, the phases,
@@ -113,7 +108,9 @@ pub struct CachedPod {
 /// carry an `ObjectMeta`. Nothing keeps one: it becomes a [`CachedPod`].
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct WatchedPod {
-    /// The whole metadata, as sent.
+    /// The kept part of the metadata ([`kept_metadata`]): identity,
+    /// timestamps and the kept labels and annotations.
+    #[serde(deserialize_with = "kept_metadata")]
     pub metadata: ObjectMeta,
     /// The kept part of the spec.
     #[serde(default)]
@@ -273,32 +270,7 @@ pub struct CachedPodStatus {
     pub phase: Option<KeptStr>,
 }
 
-impl Resource for WatchedPod {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Pod::kind(&())
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Pod::group(&())
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Pod::version(&())
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Pod::api_version(&())
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Pod::plural(&())
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_form_of!(WatchedPod => Pod);
 
 /// Keeps of a pod what admission reads: its identity and timestamps, the
 /// labels and annotations it reads (any other, a tenant's own included, is
@@ -393,6 +365,7 @@ mod tests {
     use crate::controller::identity::Identity;
     use crate::controller::translate;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::Resource;
     use serde_json::json;
 
     fn whole_pod() -> serde_json::Value {

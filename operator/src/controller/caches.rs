@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
-use gpupool_api::{GpuLease, GpuLeaseClass, Role};
+use gpupool_api::{GpuLeaseClass, Role};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -23,6 +23,7 @@ use super::changes::ChangeLog;
 use super::identity::Identity;
 use super::index::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
 use super::translate;
+use super::watched::WatchedLease;
 use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, ObjectKey, PodInfo};
 use crate::metrics::Metrics;
 use crate::webhook::review::{ClusterView, queue_key, queue_tally_key};
@@ -103,7 +104,7 @@ impl Caches {
                 |_| {},
             ),
             leases: watch(
-                Api::<GpuLease>::all(client.clone()),
+                Api::<WatchedLease>::all(client.clone()),
                 CacheSpec {
                     tally: Some(queue_tally_key),
                     ..CacheSpec::trimmed("leases", |_| {})

@@ -26,6 +26,7 @@ pub mod progress;
 mod test_api;
 pub mod translate;
 mod ungate;
+pub mod watched;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use gpupool_api::{GpuLease, GpuLeaseStatus};
+use gpupool_api::GpuLeaseStatus;
 use kube::Api;
 use kube::api::Patch;
 use prometheus_client::metrics::counter::Counter;
@@ -38,6 +38,7 @@ use tokio::sync::Notify;
 
 use super::apply::patch_params;
 use super::patch;
+use super::watched::WatchedLease;
 use crate::engine::{CachedLease, CachedMeta, ObjectKey};
 
 /// Writes at most this many at once, so a slow API server cannot pile up
@@ -512,7 +513,7 @@ impl ProgressWriter {
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     return;
                 };
-                let api: Api<GpuLease> = Api::namespaced(client.clone(), &write.key.namespace);
+                let api: Api<WatchedLease> = Api::namespaced(client.clone(), &write.key.namespace);
                 let metrics = metrics.clone();
                 let weak = weak.clone();
                 tokio::spawn(async move {
@@ -546,7 +547,7 @@ impl ProgressWriter {
 }
 
 /// Sends one write and records what it left; returns the result label.
-async fn send(api: &Api<GpuLease>, write: Write, shared: &Weak<Mutex<Shared>>) -> &'static str {
+async fn send(api: &Api<WatchedLease>, write: Write, shared: &Weak<Mutex<Shared>>) -> &'static str {
     let outcome = api
         .patch_status(&write.key.name, &patch_params(), &Patch::Merge(&write.body))
         .await;
@@ -575,7 +576,7 @@ async fn send(api: &Api<GpuLease>, write: Write, shared: &Weak<Mutex<Shared>>) -
 /// the answer carries both: only then can a later write be laid over it.
 /// Anything else makes the writer forget its record of the lease.
 fn what_landed(
-    outcome: Result<GpuLease, kube::Error>,
+    outcome: Result<WatchedLease, kube::Error>,
 ) -> (&'static str, Option<(GpuLeaseStatus, String)>) {
     match outcome {
         Ok(lease) => ("written", lease.status.zip(lease.metadata.resource_version)),
@@ -598,6 +599,7 @@ fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpupool_api::GpuLease;
     use serde_json::json;
 
     fn key(name: &str) -> ObjectKey {
@@ -1059,7 +1061,11 @@ mod tests {
             position: Some(3),
             ..Default::default()
         });
-        let (result, landed) = what_landed(Ok(answer.clone()));
+        // Read back as an API answer is: through JSON.
+        let read = |lease: GpuLease| -> WatchedLease {
+            serde_json::from_value(serde_json::to_value(lease).expect("json")).expect("answer")
+        };
+        let (result, landed) = what_landed(Ok(read(answer.clone())));
         assert_eq!(result, "written");
         let (status, rv) = landed.expect("kept");
         assert_eq!((status.position, rv.as_str()), (Some(3), "42"));
@@ -1068,10 +1074,10 @@ mod tests {
         // written, but its record is dropped.
         let mut no_version = answer.clone();
         no_version.metadata.resource_version = None;
-        assert_eq!(what_landed(Ok(no_version)), ("written", None));
+        assert_eq!(what_landed(Ok(read(no_version))), ("written", None));
         let mut no_status = answer;
         no_status.status = None;
-        assert_eq!(what_landed(Ok(no_status)), ("written", None));
+        assert_eq!(what_landed(Ok(read(no_status))), ("written", None));
 
         assert_eq!(what_landed(Err(api_error(409))), ("conflict", None));
         assert_eq!(what_landed(Err(api_error(404))), ("gone", None));
