@@ -142,11 +142,13 @@ pub struct CachedPodSpec {
     /// The scheduling gates' names, in order: where the admission gate is.
     #[serde(default, deserialize_with = "gate_names")]
     pub scheduling_gates: Option<Box<[KeptStr]>>,
-    /// App containers: names and resources only.
-    #[serde(default)]
+    /// App containers that request a resource a class can name: names
+    /// and those resources only. Any other container takes no slot, so
+    /// none is kept (a pod's sidecars cost nothing here).
+    #[serde(default, deserialize_with = "slot_containers")]
     pub containers: Vec<CachedContainer>,
-    /// Init containers: names, resources and restart policy (sidecars).
-    #[serde(default)]
+    /// Init containers, likewise, with their restart policy (sidecars).
+    #[serde(default, deserialize_with = "slot_init_containers")]
     pub init_containers: Option<Vec<CachedContainer>>,
 }
 
@@ -166,7 +168,8 @@ pub struct CachedContainer {
     pub restart_policy: Option<KeptStr>,
 }
 
-/// A container's requests and limits (claims are not read).
+/// A container's requests and limits of resources a class can name
+/// (claims are not read).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedResources {
     /// Requested quantities by resource name.
@@ -175,6 +178,24 @@ pub struct CachedResources {
     /// Limits by resource name.
     #[serde(default, deserialize_with = "quantity_list")]
     pub limits: Box<[(KeptStr, KeptStr)]>,
+}
+
+impl CachedContainer {
+    /// Whether it requests or limits a resource a class can name.
+    fn asks_for_slots(&self) -> bool {
+        self.resources
+            .as_ref()
+            .is_some_and(|r| !r.requests.is_empty() || !r.limits.is_empty())
+    }
+}
+
+/// Whether `resource` can be a class's: a class names a domain-qualified
+/// extended resource (`domain/name`, the CRD's schema says so), never
+/// `cpu`, `memory`, `ephemeral-storage` or `hugepages-*`. The cached pod
+/// keeps only these: a real pod's CPU and memory requests and limits
+/// would otherwise be eight strings per container that no rule reads.
+fn may_be_class_resource(resource: &str) -> bool {
+    resource.contains('/')
 }
 
 impl CachedResources {
@@ -252,14 +273,40 @@ fn shared_tolerations<'de, D: Deserializer<'de>>(
     }))
 }
 
-/// A JSON map of quantities (or null) as a list in key order.
+/// A JSON map of quantities (or null) as a list in key order, of the
+/// resources a class can name only.
 fn quantity_list<'de, D: Deserializer<'de>>(d: D) -> Result<Box<[(KeptStr, KeptStr)]>, D::Error> {
     let map: Option<BTreeMap<String, Quantity>> = Option::deserialize(d)?;
     Ok(map
         .unwrap_or_default()
         .into_iter()
+        .filter(|(k, _)| may_be_class_resource(k))
         .map(|(k, q)| (kept_str(k), kept_str(q.0)))
         .collect())
+}
+
+/// A list of containers (or null), keeping those that ask for slots.
+fn slot_container_list<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<CachedContainer>>, D::Error> {
+    let list: Option<Vec<CachedContainer>> = Option::deserialize(d)?;
+    Ok(list.map(|mut list| {
+        list.retain(CachedContainer::asks_for_slots);
+        list.shrink_to_fit();
+        list
+    }))
+}
+
+/// The app containers that ask for slots.
+fn slot_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<CachedContainer>, D::Error> {
+    Ok(slot_container_list(d)?.unwrap_or_default())
+}
+
+/// The init containers that ask for slots; none when none does.
+fn slot_init_containers<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<CachedContainer>>, D::Error> {
+    Ok(slot_container_list(d)?.filter(|list| !list.is_empty()))
 }
 
 /// The part of a pod's status admission reads.
@@ -298,6 +345,18 @@ impl From<WatchedPod> for CachedPod {
 }
 
 impl CachedPod {
+    /// Whether any of its containers asks for a resource a class can name.
+    /// A pod that does not can never take a slot, queue or be counted on a
+    /// node, whatever classes exist then, and never will: a pod's
+    /// containers and their extended resources cannot change after it is
+    /// created. So the pod cache keeps only pods for which this holds, and
+    /// the operator's memory grows with the GPU pods, not the cluster's.
+    pub fn may_take_slots(&self) -> bool {
+        self.spec.as_ref().is_some_and(|s| {
+            !s.containers.is_empty() || s.init_containers.as_ref().is_some_and(|c| !c.is_empty())
+        })
+    }
+
     /// The value of annotation `key`, when it is one the pod keeps.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(|v| &**v)
@@ -396,11 +455,69 @@ mod tests {
                 "containers": [{
                     "name": "main", "image": "i", "command": ["run"],
                     "env": [{"name": "A", "value": "1"}],
-                    "resources": {"limits": {"gpupool/slot": "2", "cpu": "1"}}
+                    "resources": {"limits": {"gpupool/slot": "2", "cpu": "1", "example.com/nic": "1"}}
                 }]
             },
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
         })
+    }
+
+    #[test]
+    fn only_resources_a_class_can_name_and_the_containers_asking_for_them_are_kept() {
+        let cached: CachedPod = serde_json::from_value(json!({
+            "metadata": {"namespace": "ml", "name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "fetch", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "resources": {"limits": {"example.com/nic": "1", "hugepages-2Mi": "2Mi"}}}
+                ],
+                "containers": [
+                    {"name": "log", "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}}},
+                    {"name": "train", "resources": {
+                        "requests": {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "1Gi",
+                                     "gpupool/slot": "2"},
+                        "limits": {"memory": "32Gi", "gpupool/slot": "2"}}},
+                    {"name": "idle"}
+                ]
+            }
+        }))
+        .expect("cached pod");
+        assert!(cached.may_take_slots());
+        let spec = cached.spec.as_ref().expect("spec");
+        let names = |cs: &[CachedContainer]| cs.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&spec.containers), ["train"]);
+        assert_eq!(
+            names(spec.init_containers.as_deref().expect("init containers")),
+            ["proxy"]
+        );
+        let train = spec.containers[0].resources.as_ref().expect("resources");
+        let listed = |l: &[(KeptStr, KeptStr)]| {
+            l.iter()
+                .map(|(k, q)| format!("{k}={q}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&train.requests), ["gpupool/slot=2"]);
+        assert_eq!(listed(&train.limits), ["gpupool/slot=2"]);
+
+        // A pod that asks for no such resource may never take a slot.
+        let plain: CachedPod = serde_json::from_value(json!({
+            "metadata": {"namespace": "ml", "name": "web"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}],
+                "containers": [{"name": "c", "resources": {"limits": {"memory": "1Gi"}}}]
+            }
+        }))
+        .expect("cached pod");
+        assert!(!plain.may_take_slots());
+        let spec = plain.spec.as_ref().expect("spec");
+        assert!(spec.containers.is_empty() && spec.init_containers.is_none());
+        let bare: CachedPod = serde_json::from_value(
+            json!({"metadata": {"name": "x"}, "spec": {"containers": null}}),
+        )
+        .expect("cached pod");
+        assert!(!bare.may_take_slots());
+        assert!(!CachedPod::default().may_take_slots());
     }
 
     #[test]
@@ -433,7 +550,8 @@ mod tests {
         );
         assert_eq!(
             pod["spec"]["containers"][0]["resources"],
-            json!({"limits": {"cpu": "1", "gpupool/slot": "2"}})
+            json!({"limits": {"example.com/nic": "1", "gpupool/slot": "2"}}),
+            "CPU is no resource a class can name"
         );
         assert_eq!(
             pod["metadata"]["annotations"],
@@ -523,7 +641,10 @@ mod tests {
             .collect();
         assert_eq!(
             shown,
-            [("cpu", false, "1", true), ("gpupool/slot", true, "2", true)]
+            [
+                ("example.com/nic", false, "1", true),
+                ("gpupool/slot", true, "2", true)
+            ]
         );
         let sidecar = &spec.init_containers.as_ref().expect("init")[1];
         assert!(sidecar.restart_policy.as_ref().is_some_and(borrowed));

@@ -31,7 +31,8 @@ use crate::webhook::review::{ClusterView, queue_key, queue_tally_key};
 /// The four caches a pass snapshots.
 #[derive(Clone)]
 pub struct Caches {
-    /// Every pod, in the form that keeps only what admission reads.
+    /// Every pod that may take a class's slots ([`CachedPod::may_take_slots`]),
+    /// in the form that keeps only what admission reads.
     pub pods: Index<CachedPod>,
     /// Every node.
     pub nodes: Index<Node>,
@@ -81,7 +82,10 @@ impl Caches {
         let mut caches = Self {
             pods: watch(
                 Api::<WatchedPod>::all(client.clone()),
-                CacheSpec::trimmed("pods", |_| {}),
+                CacheSpec {
+                    keep: CachedPod::may_take_slots,
+                    ..CacheSpec::trimmed("pods", |_| {})
+                },
                 changed.clone(),
                 metrics,
                 changes.pods.clone(),
@@ -243,6 +247,10 @@ struct CacheSpec<W, K> {
     trim: fn(&mut W),
     /// The rule the cache counts its objects by, if any.
     tally: Option<TallyRule<K>>,
+    /// Which objects the cache holds: one this refuses is never stored,
+    /// and its events wake no pass. It must judge an object the same way
+    /// all its life (it sees each event's object alone).
+    keep: fn(&K) -> bool,
 }
 
 impl<W, K> CacheSpec<W, K> {
@@ -251,7 +259,19 @@ impl<W, K> CacheSpec<W, K> {
             what,
             trim,
             tally: None,
+            keep: |_| true,
         }
+    }
+}
+
+/// Whether a cache that keeps the objects `keep` accepts takes `event`:
+/// every re-list marker, and the events of objects it keeps.
+fn takes<K>(event: &watcher::Event<K>, keep: fn(&K) -> bool) -> bool {
+    match event {
+        watcher::Event::Apply(obj)
+        | watcher::Event::Delete(obj)
+        | watcher::Event::InitApply(obj) => keep(obj),
+        watcher::Event::Init | watcher::Event::InitDone => true,
     }
 }
 
@@ -272,11 +292,12 @@ where
         Some(rule) => tallied_index(rule),
         None => index(),
     };
-    let what = spec.what;
+    let (what, keep) = (spec.what, spec.keep);
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(spec.trim)
-        .map_ok(kept_form);
+        .map_ok(kept_form)
+        .try_filter(move |event| std::future::ready(takes(event, keep)));
     let on_event = move |event: &watcher::Event<K>, held: Option<ObjectKey>| {
         on_event(event);
         log.record(event, held.as_ref());
@@ -449,5 +470,49 @@ mod tests {
         // A node without a name is never indexed.
         update(&watcher::Event::Apply(Node::default()));
         assert_eq!(slots(&index).len(), 1);
+    }
+
+    fn pod(name: &str, resources: serde_json::Value) -> CachedPod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn the_pod_cache_takes_only_pods_that_may_take_slots_and_every_relist_marker() {
+        let keep: fn(&CachedPod) -> bool = CachedPod::may_take_slots;
+        let gpu = pod(
+            "gpu",
+            json!({"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}),
+        );
+        let web = pod("web", json!({"requests": {"cpu": "2", "memory": "1Gi"}}));
+        let pods_of = |events: Vec<watcher::Event<CachedPod>>| -> Vec<String> {
+            let (index, mut writer) = index::<CachedPod>();
+            for event in events.into_iter().filter(|e| takes(e, keep)) {
+                writer.apply(&event);
+            }
+            let mut names: Vec<String> = index.keys().iter().map(|k| k.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(
+            pods_of(vec![
+                watcher::Event::Init,
+                watcher::Event::InitApply(gpu.clone()),
+                watcher::Event::InitApply(web.clone()),
+                watcher::Event::InitDone,
+                watcher::Event::Apply(pod("web2", json!({}))),
+            ]),
+            ["gpu"],
+            "a re-list completes, and keeps the GPU pod alone"
+        );
+        assert!(!takes(&watcher::Event::Apply(web.clone()), keep));
+        assert!(!takes(&watcher::Event::Delete(web), keep));
+        assert!(takes(&watcher::Event::Delete(gpu), keep));
+        // Every other cache takes every event.
+        let all: CacheSpec<Node, Node> = CacheSpec::trimmed("nodes", |_| {});
+        assert!(takes(&watcher::Event::Apply(node("a", 0)), all.keep));
     }
 }

@@ -29,7 +29,10 @@
 //! divided by the burst's admissions: the write rate the burst asks of the
 //! API server, to set beside its raw patch rate), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
-//! were created) ÷ peak leases).
+//! were created) ÷ peak leases). With `--other-pods N`, N pods that ask for
+//! no GPU are created first, and `otherPodsRssKiB` is how much the
+//! operator's RSS grew meanwhile and in the 3 s after: what a cluster's
+//! other workloads cost it.
 //!
 //! `podCreateWithWebhookMs` is what a client of the API server waits for a
 //! create, so with `--concurrency N` it includes the wait behind the other
@@ -72,6 +75,12 @@ pub struct Args {
     /// Pods created concurrently.
     #[arg(long, env = "GPUPOOL_BENCH_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
+    /// Pods that ask for no GPU, created before the bench's own and left
+    /// waiting behind a scheduling gate of their own: a cluster's other
+    /// workloads, which the operator should not hold in memory
+    /// (`otherPodsRssKiB` is its RSS growth while they are created).
+    #[arg(long, env = "GPUPOOL_BENCH_OTHER_PODS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub other_pods: u32,
     /// Give up after this many seconds.
     #[arg(long, env = "GPUPOOL_BENCH_TIMEOUT_SECONDS", default_value_t = 1800)]
     pub timeout_seconds: u64,
@@ -90,6 +99,11 @@ pub struct Args {
 }
 
 const NS: &str = "bench";
+/// Where `--other-pods` go.
+const OTHER_NS: &str = "bench-other";
+/// How long the operator is given to take in the other pods' watch events
+/// before its RSS is read again.
+const OTHER_PODS_SETTLE: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
 struct Seen {
@@ -177,6 +191,19 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
             }
         }
     });
+
+    let other_pods_rss_kib = if args.other_pods > 0 {
+        let before = operator_rss_kib(cluster, "VmRSS:").unwrap_or(0);
+        create_other_pods(&client, args.other_pods, args.concurrency).await?;
+        tokio::time::sleep(OTHER_PODS_SETTLE).await;
+        let after = operator_rss_kib(cluster, "VmRSS:").unwrap_or(0);
+        Some(after.saturating_sub(before))
+    } else {
+        None
+    };
+    let webhook_calls_before = cluster
+        .api_server()
+        .map_or(0, |server| server.webhook_call_durations_ms().len());
 
     // The operator's footprint and API writes before the burst, to subtract.
     let rss_before_kib = operator_rss_kib(cluster, "VmRSS:").unwrap_or(0);
@@ -360,6 +387,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         server
             .webhook_call_durations_ms()
             .into_iter()
+            .skip(webhook_calls_before)
             .map(f64::from)
             .collect()
     });
@@ -389,11 +417,58 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "webhookReviewMs": reviews.as_ref().map(HistogramFigures::to_json),
         "operatorApiErrors": counter_by_label(&operator_metrics, "gpupool_operator_api_errors_total"),
         "progressWrites": counter_by_label(&operator_metrics, "gpupool_operator_progress_writes_total"),
+        "otherPods": args.other_pods,
+        "otherPodsRssKiB": other_pods_rss_kib,
         "peakLeases": peak_leases,
         "rssPerLeaseKiB": rss_per_lease_kib,
         "apiServerRawPatchesPerSecond": raw.per_second,
         "apiServerRawPatchesFailed": raw.failed,
     }))
+}
+
+/// Creates `count` pods in [`OTHER_NS`] as a cluster's other workloads
+/// look (two containers with CPU and memory requests and limits, labels
+/// and an annotation), none asking for a GPU. Each waits behind a
+/// scheduling gate nobody removes, so the simulated scheduler and kubelets
+/// do no work for them; every watch of pods sees them all the same.
+async fn create_other_pods(
+    client: &kube::Client,
+    count: u32,
+    concurrency: u32,
+) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": OTHER_NS}}))?,
+        )
+        .await
+        .context("creating the namespace of the other pods")?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), OTHER_NS);
+    let resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"},
+                           "limits": {"cpu": "500m", "memory": "256Mi"}});
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            let pod = json!({
+                "metadata": {"name": format!("web-{i:05}"),
+                             "labels": {"app": "web", "tier": "frontend", "pod-template-hash": "5d8f7c9b6"},
+                             "annotations": {"prometheus.io/scrape": "true"}},
+                "spec": {"schedulingGates": [{"name": "bench.gpupool.io/hold"}],
+                         "containers": [{"name": "web", "image": "sim", "resources": resources},
+                                        {"name": "proxy", "image": "sim", "resources": resources}]}
+            });
+            async move {
+                let pod: Pod = serde_json::from_value(pod)?;
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .with_context(|| format!("creating the other pod web-{i:05}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency.max(1) as usize)
+        .try_collect::<()>()
+        .await
 }
 
 /// Label patches on ConfigMaps of its own, as fast as the API server takes
