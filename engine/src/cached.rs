@@ -4,8 +4,12 @@
 //! takes 112 bytes, so at 10,000 queued pods (and as many leases) the
 //! caches hold about 5 MB less.
 
+use std::sync::Arc;
+
 use gpupool_api::{GpuLease, GpuLeaseSpec, GpuLeaseStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use crate::model::ObjectKey;
 
 /// The metadata a cached object keeps: its identity, the resourceVersion
 /// it was read at and the two timestamps the rules read. Labels,
@@ -14,10 +18,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 /// itself, so what anyone adds to an object cannot grow the cache.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CachedMeta {
-    /// The namespace.
-    pub namespace: Option<Box<str>>,
-    /// The name.
-    pub name: Option<Box<str>>,
+    /// The namespace: shared, so that a cache holds each namespace's name
+    /// once for all its objects (see [`CachedMeta::share_key`]).
+    pub namespace: Option<Arc<str>>,
+    /// The name: shared with the key a cache holds the object under.
+    pub name: Option<Arc<str>>,
     /// The UID: an object deleted and created again under its name is
     /// another.
     pub uid: Option<Box<str>>,
@@ -33,8 +38,8 @@ pub struct CachedMeta {
 impl From<ObjectMeta> for CachedMeta {
     fn from(meta: ObjectMeta) -> Self {
         Self {
-            namespace: meta.namespace.map(String::into_boxed_str),
-            name: meta.name.map(String::into_boxed_str),
+            namespace: meta.namespace.map(Arc::from),
+            name: meta.name.map(Arc::from),
             uid: meta.uid.map(String::into_boxed_str),
             resource_version: meta.resource_version.map(String::into_boxed_str),
             creation_timestamp: meta.creation_timestamp,
@@ -44,14 +49,28 @@ impl From<ObjectMeta> for CachedMeta {
 }
 
 impl CachedMeta {
+    /// Holds `key`'s strings instead of its own where they are equal (an
+    /// unequal one is left as it is), so an object kept under `key` costs
+    /// no second copy of its namespace and name. At 10,000 queued pods and
+    /// as many leases that is about 40,000 small allocations fewer.
+    pub fn share_key(&mut self, key: &ObjectKey) {
+        let share = |mine: &mut Option<Arc<str>>, theirs: &Arc<str>| {
+            if mine.as_deref() == Some(&**theirs) {
+                *mine = Some(theirs.clone());
+            }
+        };
+        share(&mut self.namespace, &key.namespace);
+        share(&mut self.name, &key.name);
+    }
+
     /// An `ObjectMeta` holding exactly these fields.
     pub fn to_object_meta(&self) -> ObjectMeta {
-        let owned = |s: &Option<Box<str>>| s.as_deref().map(str::to_owned);
+        let owned = |s: Option<&str>| s.map(str::to_owned);
         ObjectMeta {
-            namespace: owned(&self.namespace),
-            name: owned(&self.name),
-            uid: owned(&self.uid),
-            resource_version: owned(&self.resource_version),
+            namespace: owned(self.namespace.as_deref()),
+            name: owned(self.name.as_deref()),
+            uid: owned(self.uid.as_deref()),
+            resource_version: owned(self.resource_version.as_deref()),
             creation_timestamp: self.creation_timestamp.clone(),
             deletion_timestamp: self.deletion_timestamp.clone(),
             ..ObjectMeta::default()
@@ -165,6 +184,37 @@ mod tests {
             (None, None, None, None),
             "nothing else of the metadata is kept"
         );
+    }
+
+    #[test]
+    fn a_shared_key_replaces_equal_strings_only() {
+        let key = ObjectKey::new("ml", "p");
+        let mut meta = CachedMeta {
+            namespace: Some("ml".into()),
+            name: Some("p".into()),
+            uid: Some("u".into()),
+            ..CachedMeta::default()
+        };
+        meta.share_key(&key);
+        let same = |mine: &Option<Arc<str>>, theirs: &Arc<str>| {
+            mine.as_ref().is_some_and(|m| Arc::ptr_eq(m, theirs))
+        };
+        assert!(same(&meta.namespace, &key.namespace) && same(&meta.name, &key.name));
+        assert_eq!(meta.uid.as_deref(), Some("u"));
+
+        // Another object's key, or none at all, changes nothing.
+        let mut other = CachedMeta {
+            namespace: Some("ml".into()),
+            name: Some("q".into()),
+            ..CachedMeta::default()
+        };
+        other.share_key(&key);
+        assert!(same(&other.namespace, &key.namespace));
+        assert!(!same(&other.name, &key.name));
+        assert_eq!(other.name.as_deref(), Some("q"));
+        let mut unnamed = CachedMeta::default();
+        unnamed.share_key(&key);
+        assert_eq!(unnamed, CachedMeta::default());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::cached_pod::CachedPod;
-use crate::engine::{CachedLease, CachedMeta};
+use crate::engine::{CachedLease, CachedMeta, ObjectKey};
 
 /// An object's namespace, name, UID, resourceVersion and whether it is
 /// being deleted.
@@ -24,10 +24,14 @@ pub trait Identity {
     fn resource_version(&self) -> Option<&str>;
     /// Whether it carries a deletion timestamp.
     fn deleting(&self) -> bool;
+    /// Holds `key`'s namespace and name instead of its own copies, where
+    /// its form can share them (the cached forms can; a kind kept whole
+    /// owns its strings, and keeps them).
+    fn share_key(&mut self, _key: &ObjectKey) {}
 }
 
 /// The two metadata types: the same fields, owned as `String` in one and
-/// `Box<str>` in the other.
+/// `Box<str>` and `Arc<str>` in the other.
 macro_rules! identity_of_fields {
     ($($meta:ty),* $(,)?) => {$(
         impl Identity for $meta {
@@ -52,9 +56,18 @@ macro_rules! identity_of_fields {
 
 identity_of_fields!(ObjectMeta, CachedMeta);
 
-/// Objects whose `metadata` field answers for them.
+/// Objects whose `metadata` field answers for them; `shares` for the
+/// cached forms, whose [`CachedMeta`] can share the cache's key.
 macro_rules! identity_of_metadata {
+    (shares $($kind:ty),* $(,)?) => {$(
+        identity_of_metadata!(@impl $kind, fn share_key(&mut self, key: &ObjectKey) {
+            self.metadata.share_key(key);
+        });
+    )*};
     ($($kind:ty),* $(,)?) => {$(
+        identity_of_metadata!(@impl $kind,);
+    )*};
+    (@impl $kind:ty, $($share:item)?) => {
         impl Identity for $kind {
             fn namespace(&self) -> &str {
                 self.metadata.namespace()
@@ -71,11 +84,13 @@ macro_rules! identity_of_metadata {
             fn deleting(&self) -> bool {
                 self.metadata.deleting()
             }
+            $($share)?
         }
-    )*};
+    };
 }
 
-identity_of_metadata!(Node, GpuLeaseClass, CachedPod, CachedLease);
+identity_of_metadata!(Node, GpuLeaseClass);
+identity_of_metadata!(shares CachedPod, CachedLease);
 
 #[cfg(test)]
 identity_of_metadata!(k8s_openapi::api::core::v1::ConfigMap);

@@ -5,7 +5,10 @@
 //! takes 96 bytes per hash slot. At 10,000 pods and leases that was about
 //! 5 MB of the operator's heap for keys alone. Here the key is an
 //! [`ObjectKey`] (two shared strings, 32 bytes), kept from the first time
-//! the object was seen, and a lookup by name builds no key.
+//! the object was seen, and a lookup by name builds no key. The object
+//! kept holds the key's strings rather than copies where its form can
+//! ([`Identity::share_key`]), and every key of one namespace holds the same
+//! string for it: a namespace's name is kept once, not once per object.
 
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -13,7 +16,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use super::identity::{Identity, parts_of};
-use super::key_hash::HashMap;
+use super::key_hash::{HashMap, HashSet};
 use crate::engine::{KeyParts, ObjectKey};
 
 type Objects<K> = HashMap<ObjectKey, Arc<K>>;
@@ -23,6 +26,38 @@ type Objects<K> = HashMap<ObjectKey, Arc<K>>;
 pub type TallyRule<K> = fn(&K) -> Option<String>;
 
 type Counts = HashMap<String, usize>;
+
+/// The namespaces' names the keys hold, one string each. A name no key or
+/// object holds any more is dropped at the next re-list, or when the set
+/// has doubled since it was last pruned: it never holds more than twice
+/// the namespaces in use at its last pruning, or 32.
+#[derive(Default)]
+struct Namespaces {
+    held: HashSet<Arc<str>>,
+    /// How many were held after the last pruning.
+    pruned_to: usize,
+}
+
+impl Namespaces {
+    /// The one string for namespace `ns`.
+    fn get(&mut self, ns: &str) -> Arc<str> {
+        if let Some(held) = self.held.get(ns) {
+            return held.clone();
+        }
+        if self.held.len() >= 2 * self.pruned_to.max(16) {
+            self.prune();
+        }
+        let held: Arc<str> = ns.into();
+        self.held.insert(held.clone());
+        held
+    }
+
+    /// Drops the names only this set holds.
+    fn prune(&mut self) {
+        self.held.retain(|ns| Arc::strong_count(ns) > 1);
+        self.pruned_to = self.held.len();
+    }
+}
 
 /// The reading side: cheap to clone, shared by the decision loop and the
 /// webhook. Guarantee: it holds exactly what the watch last said, each
@@ -53,6 +88,8 @@ pub struct IndexWriter<K> {
     ready: watch::Sender<bool>,
     /// A re-list under way: what it has listed so far.
     relist: Option<Objects<K>>,
+    /// The namespaces' names its keys share.
+    namespaces: Namespaces,
 }
 
 /// The writer went away before its first full list: the index never fills.
@@ -87,6 +124,7 @@ fn index_with<K>(tally: Option<TallyRule<K>>) -> (Index<K>, IndexWriter<K>) {
             tally,
             ready: tx,
             relist: None,
+            namespaces: Namespaces::default(),
         },
     )
 }
@@ -159,7 +197,8 @@ impl<K: Identity + Clone> IndexWriter<K> {
     pub fn apply(&mut self, event: &watcher::Event<K>) -> Option<ObjectKey> {
         match event {
             watcher::Event::Apply(obj) => {
-                let (key, replaced) = upsert(&mut write(&self.objects), None, obj)?;
+                let (key, replaced) =
+                    upsert(&mut write(&self.objects), None, &mut self.namespaces, obj)?;
                 self.retally(replaced.as_deref(), Some(obj));
                 Some(key)
             }
@@ -176,7 +215,12 @@ impl<K: Identity + Clone> IndexWriter<K> {
             }
             watcher::Event::InitApply(obj) => {
                 let relist = self.relist.get_or_insert_with(Objects::default);
-                upsert(relist, Some(&read(&self.objects)), obj);
+                upsert(
+                    relist,
+                    Some(&read(&self.objects)),
+                    &mut self.namespaces,
+                    obj,
+                );
                 None
             }
             watcher::Event::InitDone => {
@@ -189,6 +233,7 @@ impl<K: Identity + Clone> IndexWriter<K> {
                     *self.write_counts() = counts;
                 }
                 *write(&self.objects) = listed;
+                self.namespaces.prune();
                 self.ready.send_replace(true);
                 None
             }
@@ -225,31 +270,37 @@ impl<K: Identity + Clone> IndexWriter<K> {
 }
 
 /// Puts `obj` into `objects`, reusing the key `objects` or `known` already
-/// holds for it; returns that key and the object it replaced (`None` for
-/// an object without a name).
+/// holds for it (a new key takes its namespace from `namespaces`), the
+/// object holding the key's strings; returns that key and the object it
+/// replaced (`None` for an object without a name).
 fn upsert<K: Identity + Clone>(
     objects: &mut Objects<K>,
     known: Option<&Objects<K>>,
+    namespaces: &mut Namespaces,
     obj: &K,
 ) -> Option<(ObjectKey, Option<Arc<K>>)> {
     let parts = parts_of(obj)?;
-    let value = Arc::new(obj.clone());
-    if let Some(slot) = objects.get_mut(&parts as &dyn KeyParts) {
-        let replaced = std::mem::replace(slot, value);
-        let (key, _) = objects.get_key_value(&parts as &dyn KeyParts)?;
-        return Some((key.clone(), Some(replaced)));
+    let mut value = obj.clone();
+    if let Some((key, _)) = objects.get_key_value(&parts as &dyn KeyParts) {
+        let key = key.clone();
+        value.share_key(&key);
+        // An insert under an equal key keeps the key the map holds.
+        let replaced = objects.insert(key.clone(), Arc::new(value));
+        return Some((key, replaced));
     }
     let key = known
         .and_then(|k| k.get_key_value(&parts as &dyn KeyParts))
         .map(|(key, _)| key.clone())
-        .unwrap_or_else(|| ObjectKey::new(parts.0, parts.1));
-    objects.insert(key.clone(), value);
+        .unwrap_or_else(|| ObjectKey::new(namespaces.get(parts.0), parts.1));
+    value.share_key(&key);
+    objects.insert(key.clone(), Arc::new(value));
     Some((key, None))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::CachedLease;
     use k8s_openapi::api::core::v1::ConfigMap;
 
     fn map(ns: &str, name: &str, rv: &str) -> ConfigMap {
@@ -312,6 +363,70 @@ mod tests {
         assert!(Arc::ptr_eq(&first.name, &now.name));
         assert!(Arc::ptr_eq(&first.namespace, &now.namespace));
         assert_eq!(version(&index, "a", "x").as_deref(), Some("3"));
+    }
+
+    fn lease(ns: &str, name: &str, rv: &str) -> CachedLease {
+        let spec = gpupool_api::GpuLeaseSpec {
+            class_name: "c".into(),
+            pod_name: name.into(),
+            pod_uid: "u".into(),
+            role: gpupool_api::Role::Primary,
+            slots: 1,
+        };
+        let mut lease = CachedLease::new(ns, name, spec, None);
+        lease.metadata.resource_version = Some(rv.into());
+        lease
+    }
+
+    #[tokio::test]
+    async fn a_kept_object_holds_its_keys_strings_and_a_namespace_is_held_once() {
+        let (index, mut writer) = index::<CachedLease>();
+        let shares = |index: &Index<CachedLease>, name: &str| {
+            let key = ObjectKey::new("a", name);
+            let kept = index.get(&key).expect("kept");
+            let held = index.keys().into_iter().find(|k| *k == key).expect("key");
+            let (ns, n) = (
+                kept.metadata.namespace.clone().expect("namespace"),
+                kept.metadata.name.clone().expect("name"),
+            );
+            assert!(Arc::ptr_eq(&ns, &held.namespace) && Arc::ptr_eq(&n, &held.name));
+            held
+        };
+        writer.apply(&watcher::Event::Apply(lease("a", "x", "1")));
+        writer.apply(&watcher::Event::Apply(lease("a", "y", "1")));
+        let (x, y) = (shares(&index, "x"), shares(&index, "y"));
+        assert!(
+            Arc::ptr_eq(&x.namespace, &y.namespace),
+            "one string per namespace"
+        );
+
+        // An update and a re-list keep sharing the first key's strings.
+        writer.apply(&watcher::Event::Apply(lease("a", "x", "2")));
+        assert!(Arc::ptr_eq(&shares(&index, "x").name, &x.name));
+        writer.apply(&watcher::Event::Init);
+        writer.apply(&watcher::Event::InitApply(lease("a", "x", "3")));
+        writer.apply(&watcher::Event::InitApply(lease("a", "z", "3")));
+        writer.apply(&watcher::Event::InitDone);
+        assert!(Arc::ptr_eq(&shares(&index, "x").name, &x.name));
+        assert!(Arc::ptr_eq(&shares(&index, "z").namespace, &x.namespace));
+        assert!(index.get(&ObjectKey::new("a", "y")).is_none());
+    }
+
+    #[test]
+    fn namespaces_no_key_holds_are_dropped_when_pruned() {
+        let mut namespaces = Namespaces::default();
+        let kept = namespaces.get("kept");
+        drop(namespaces.get("gone"));
+        assert!(Arc::ptr_eq(&namespaces.get("kept"), &kept));
+        namespaces.prune();
+        assert_eq!(namespaces.held.len(), 1);
+        assert!(namespaces.held.contains("kept"));
+        // Growing past twice what was left after a pruning prunes again.
+        for i in 0..40 {
+            drop(namespaces.get(&format!("ns-{i}")));
+        }
+        assert!(namespaces.held.len() <= 32, "{}", namespaces.held.len());
+        assert!(namespaces.held.contains("kept"));
     }
 
     #[test]
