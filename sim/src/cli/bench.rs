@@ -15,7 +15,8 @@
 //! being seen ungated is one slot-free → ungate sample. All times come from
 //! one pod watch in this process.
 //!
-//! Cost figures: `failedCreates` (pod creates that failed, with the first
+//! Cost figures: `eventsDropped` (Events the operator dropped, its event
+//! queue full), `failedCreates` (pod creates that failed, with the first
 //! few errors; the run goes on with the pods that exist), `writesPerAdmission`
 //! (every write request the operator's identity made during the run, as the
 //! in-memory API server counts them per user, ÷ admissions; `null` on a real
@@ -417,6 +418,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "webhookReviewMs": reviews.as_ref().map(HistogramFigures::to_json),
         "operatorApiErrors": counter_by_label(&operator_metrics, "gpupool_operator_api_errors_total"),
         "progressWrites": counter_by_label(&operator_metrics, "gpupool_operator_progress_writes_total"),
+        "eventsDropped": counter(&operator_metrics, "gpupool_operator_events_dropped_total"),
         "otherPods": args.other_pods,
         "otherPodsRssKiB": other_pods_rss_kib,
         "peakLeases": peak_leases,
@@ -688,6 +690,15 @@ impl HistogramFigures {
     }
 }
 
+/// The value of the unlabelled counter `metric` in a metrics text (`None`
+/// when it is not there).
+fn counter(text: &str, metric: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(metric)?.strip_prefix(' ')?;
+        value.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
+}
+
 /// A labelled counter of the operator's, by the value of its one label:
 /// `{"lease_conflict": 12, ...}` for
 /// `gpupool_operator_api_errors_total{error="lease_conflict"} 12`.
@@ -837,6 +848,21 @@ gpupool_operator_progress_writes_total{result=\"written\"} 40
             ])
         );
         assert!(counter_by_label(text, "gpupool_operator_events_dropped_total").is_empty());
+    }
+
+    #[test]
+    fn an_unlabelled_counter_is_read_by_its_name_alone() {
+        let text = "\
+gpupool_operator_events_dropped_total 7
+gpupool_operator_events_dropped_created 1700000000.0
+gpupool_operator_api_errors_total{error=\"admit_pod\"} 1
+";
+        assert_eq!(
+            counter(text, "gpupool_operator_events_dropped_total"),
+            Some(7)
+        );
+        assert_eq!(counter(text, "gpupool_operator_api_errors_total"), None);
+        assert_eq!(counter(text, "gpupool_operator_events_dropped"), None);
     }
 
     #[test]
