@@ -464,10 +464,11 @@ mod tests {
         assert_eq!(PodEvent::Released.reason_and_note().0, "Released");
     }
 
-    /// A client whose API server answers every write by echoing its body,
+    /// A sink whose API server answers every write by echoing its body,
     /// each only once the test lets one more through (`release`).
-    struct HeldBackApi {
-        client: Client,
+    struct HeldBack {
+        sink: EventSink,
+        metrics: Metrics,
         /// Each write's `reason`, in arrival order.
         seen: Arc<Mutex<Vec<String>>>,
         /// Lets held writes be answered, one per permit.
@@ -476,10 +477,12 @@ mod tests {
         arrivals: mpsc::UnboundedReceiver<()>,
     }
 
-    fn held_back_api() -> HeldBackApi {
+    /// A [`HeldBack`] sink with every write slot taken by a Queued event
+    /// its API server holds, as on a slow API server.
+    async fn held_back_and_full() -> HeldBack {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let release = Arc::new(Semaphore::new(0));
-        let (arrived, arrivals) = mpsc::unbounded_channel();
+        let (arrived, mut arrivals) = mpsc::unbounded_channel();
         let (s, r) = (seen.clone(), release.clone());
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
             let (seen, release, arrived) = (s.clone(), r.clone(), arrived.clone());
@@ -498,28 +501,12 @@ mod tests {
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
             }
         });
-        HeldBackApi {
-            client: Client::new(service, "default"),
-            seen,
-            release,
-            arrivals,
-        }
-    }
-
-    fn sink_on(client: Client) -> (EventSink, Metrics) {
         let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
-        (
-            EventSink::spawn(client, "test".into(), metrics.clone()),
-            metrics,
-        )
-    }
-
-    fn pod(name: &str) -> ObjectKey {
-        ObjectKey::new("ml", name)
-    }
-
-    /// Fills every write slot with a Queued event the API server holds.
-    async fn fill_every_slot(sink: &EventSink, arrivals: &mut mpsc::UnboundedReceiver<()>) {
+        let sink = EventSink::spawn(
+            Client::new(service, "default"),
+            "test".into(),
+            metrics.clone(),
+        );
         for i in 0..IN_FLIGHT {
             sink.emit(
                 &pod(&format!("a{i}")),
@@ -530,91 +517,82 @@ mod tests {
         for _ in 0..IN_FLIGHT {
             arrivals.recv().await.expect("a held write");
         }
+        HeldBack {
+            sink,
+            metrics,
+            seen,
+            release,
+            arrivals,
+        }
+    }
+
+    fn pod(name: &str) -> ObjectKey {
+        ObjectKey::new("ml", name)
     }
 
     #[tokio::test]
     async fn at_most_in_flight_events_are_written_at_once() {
-        let HeldBackApi {
-            client,
-            seen,
-            release,
-            mut arrivals,
-        } = held_back_api();
-        let (sink, metrics) = sink_on(client);
-        fill_every_slot(&sink, &mut arrivals).await;
-        sink.emit(&pod("b"), "uid-b", PodEvent::Released);
-        sink.emit(&pod("c"), "uid-c", PodEvent::Released);
+        let mut h = held_back_and_full().await;
+        h.sink.emit(&pod("b"), "uid-b", PodEvent::Released);
+        h.sink.emit(&pod("c"), "uid-c", PodEvent::Released);
         for _ in 0..100 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(seen.lock().expect("not poisoned").len(), IN_FLIGHT);
-        release.add_permits(1);
-        arrivals.recv().await.expect("one more once one ends");
-        release.add_permits(1_000);
-        arrivals.recv().await.expect("and the last");
-        assert_eq!(seen.lock().expect("not poisoned").len(), IN_FLIGHT + 2);
-        assert_eq!(metrics.events_dropped.get(), 0);
+        assert_eq!(h.seen.lock().expect("not poisoned").len(), IN_FLIGHT);
+        h.release.add_permits(1);
+        h.arrivals.recv().await.expect("one more once one ends");
+        h.release.add_permits(1_000);
+        h.arrivals.recv().await.expect("and the last");
+        assert_eq!(h.seen.lock().expect("not poisoned").len(), IN_FLIGHT + 2);
+        assert_eq!(h.metrics.events_dropped.get(), 0);
     }
 
     #[tokio::test]
     async fn a_preemption_is_published_before_events_queued_ahead_of_it() {
-        let HeldBackApi {
-            client,
-            seen,
-            release,
-            mut arrivals,
-        } = held_back_api();
-        let (sink, _) = sink_on(client);
-        // The publisher is now stuck on its writes, as it would be on a
-        // slow API server, with a burst queued behind them.
-        fill_every_slot(&sink, &mut arrivals).await;
-        sink.emit(&pod("b"), "uid-b", PodEvent::Released);
-        sink.emit(&pod("c"), "uid-c", PodEvent::Queued { position: Some(2) });
-        sink.emit(
+        // The publisher is stuck on its writes with a burst queued behind.
+        let mut h = held_back_and_full().await;
+        h.sink.emit(&pod("b"), "uid-b", PodEvent::Released);
+        h.sink
+            .emit(&pod("c"), "uid-c", PodEvent::Queued { position: Some(2) });
+        h.sink.emit(
             &pod("w"),
             "uid-w",
             PodEvent::Preempted { by: "ml/a".into() },
         );
-        release.add_permits(1);
-        arrivals
+        h.release.add_permits(1);
+        h.arrivals
             .recv()
             .await
             .expect("the first write after a slot frees");
         assert_eq!(
-            seen.lock().expect("not poisoned")[IN_FLIGHT],
+            h.seen.lock().expect("not poisoned")[IN_FLIGHT],
             "Preempted",
             "the urgent lane goes first"
         );
-        release.add_permits(1_000);
+        h.release.add_permits(1_000);
         for _ in 0..2 {
-            arrivals.recv().await.expect("every event is written");
+            h.arrivals.recv().await.expect("every event is written");
         }
-        let mut rest = seen.lock().expect("not poisoned")[IN_FLIGHT + 1..].to_vec();
+        let mut rest = h.seen.lock().expect("not poisoned")[IN_FLIGHT + 1..].to_vec();
         rest.sort();
         assert_eq!(rest, ["Queued", "Released"]);
     }
 
     #[tokio::test]
     async fn a_full_urgent_lane_drops_and_counts_what_it_cannot_hold() {
-        let HeldBackApi {
-            client,
-            mut arrivals,
-            ..
-        } = held_back_api();
-        let (sink, metrics) = sink_on(client);
-        fill_every_slot(&sink, &mut arrivals).await;
+        let h = held_back_and_full().await;
         for i in 0..=URGENT_QUEUE {
             let by = format!("ml/p{i}");
-            sink.emit(&pod("a"), "uid-a", PodEvent::Preempted { by });
+            h.sink.emit(&pod("a"), "uid-a", PodEvent::Preempted { by });
         }
         assert_eq!(
-            metrics.events_dropped.get(),
+            h.metrics.events_dropped.get(),
             1,
             "one more than the lane holds"
         );
-        sink.emit(&pod("a"), "uid-a", PodEvent::Released);
+        h.sink.emit(&pod("a"), "uid-a", PodEvent::Released);
         assert_eq!(
-            metrics.events_dropped.get(),
+            h.metrics.events_dropped.get(),
             1,
             "the main queue still takes events"
         );

@@ -140,14 +140,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_json::Value> {
     let client = cluster.client();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-        )
-        .await
-        .context("creating the bench namespace")?;
+    create_namespace(&client, NS).await?;
     let classes: Api<GpuLeaseClass> = Api::all(client.clone());
     classes
         .create(
@@ -428,6 +421,19 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
     }))
 }
 
+/// Creates the namespace `name`.
+async fn create_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+        )
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
 /// Creates `count` pods in [`OTHER_NS`] as a cluster's other workloads
 /// look (two containers with CPU and memory requests and limits, labels
 /// and an annotation), none asking for a GPU. Each waits behind a
@@ -438,14 +444,7 @@ async fn create_other_pods(
     count: u32,
     concurrency: u32,
 ) -> anyhow::Result<()> {
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": OTHER_NS}}))?,
-        )
-        .await
-        .context("creating the namespace of the other pods")?;
+    create_namespace(client, OTHER_NS).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), OTHER_NS);
     let resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"},
                            "limits": {"cpu": "500m", "memory": "256Mi"}});
