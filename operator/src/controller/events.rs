@@ -206,6 +206,19 @@ struct Publisher {
     controller: String,
     instance: String,
     recent: Recent,
+    /// The series being written, each with the repeats of it that came
+    /// meanwhile: they wait for that write, so that they count up the
+    /// Event it creates instead of creating more (a pod that flaps must
+    /// not fill its namespace with Events), and are written as one.
+    writing: HashMap<SeriesKey, Option<Repeats>>,
+}
+
+/// Repeats of a series that came while it was being written.
+struct Repeats {
+    /// How many.
+    count: i32,
+    /// The latest.
+    latest: Emit,
 }
 
 /// How one write of an Event ended.
@@ -220,12 +233,35 @@ struct Written {
 }
 
 impl Publisher {
+    /// Takes `e` to publish: the write to start, or nothing when its
+    /// series is being written (it is then written with that write's
+    /// other repeats once that one lands).
+    fn take(&mut self, e: Emit, now: Timestamp) -> Option<BoxFuture<'static, Written>> {
+        let key = SeriesKey::of(&e);
+        if let Some(waiting) = self.writing.get_mut(&key) {
+            match waiting {
+                Some(repeats) => {
+                    repeats.count = repeats.count.saturating_add(1);
+                    repeats.latest = e;
+                }
+                None => {
+                    *waiting = Some(Repeats {
+                        count: 1,
+                        latest: e,
+                    });
+                }
+            }
+            return None;
+        }
+        self.writing.insert(key.clone(), None);
+        Some(self.write(e, key, now))
+    }
+
     /// Starts writing `e`: a count up of the series it repeats, or a new
     /// Event. What the series remember is updated when the write ends
     /// ([`Publisher::landed`]), so the task can have several in flight.
-    fn write(&mut self, e: Emit, now: Timestamp) -> BoxFuture<'static, Written> {
+    fn write(&mut self, e: Emit, key: SeriesKey, now: Timestamp) -> BoxFuture<'static, Written> {
         self.recent.expire(now);
-        let key = SeriesKey::of(&e);
         let namespace = e.reference.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
         let repeat = self.recent.repeat(&key).map(|published| {
@@ -278,8 +314,14 @@ impl Publisher {
     }
 
     /// Notes how a write ended: a new Event is what later repeats count
-    /// up; a failure is counted and logged.
-    fn landed(&mut self, written: Written, metrics: &Metrics) {
+    /// up; a failure is counted and logged. Returns the write of the
+    /// repeats that came meanwhile, counted up at once, if any came.
+    fn landed(
+        &mut self,
+        written: Written,
+        metrics: &Metrics,
+        now: Timestamp,
+    ) -> Option<BoxFuture<'static, Written>> {
         let Written { emit, key, outcome } = written;
         match outcome {
             Ok(None) => {}
@@ -287,13 +329,20 @@ impl Publisher {
                 if replaced {
                     self.recent.forget(&key);
                 }
-                self.recent.insert(key, name, emit.at);
+                self.recent.insert(key.clone(), name, emit.at);
             }
             Err(err) => {
                 metrics.error("publish_event");
                 tracing::warn!(object = %emit.what, reason = emit.reason, error = %err, "cannot publish event");
             }
         }
+        let Repeats { count, latest } = self.writing.remove(&key).flatten()?;
+        // The write counts one; the rest are counted here.
+        for _ in 1..count {
+            self.recent.repeat(&key);
+        }
+        self.writing.insert(key.clone(), None);
+        Some(self.write(latest, key, now))
     }
 
     /// A new Event, named after its object and the time it happened, as
@@ -337,25 +386,23 @@ impl EventSink {
             controller: gpupool_api::names::FIELD_MANAGER_OPERATOR.to_owned(),
             instance,
             recent: Recent::default(),
+            writing: HashMap::new(),
         };
         let task_metrics = metrics.clone();
         tokio::spawn(async move {
             let mut writing = FuturesUnordered::new();
             loop {
                 let room = writing.len() < IN_FLIGHT;
-                tokio::select! {
+                let next = tokio::select! {
                     biased;
                     Some(written) = writing.next(), if !writing.is_empty() => {
-                        publisher.landed(written, &task_metrics);
+                        publisher.landed(written, &task_metrics, Timestamp::now())
                     }
-                    Some(e) = urgent_rx.recv(), if room => {
-                        writing.push(publisher.write(e, Timestamp::now()));
-                    }
-                    Some(e) = rx.recv(), if room => {
-                        writing.push(publisher.write(e, Timestamp::now()));
-                    }
+                    Some(e) = urgent_rx.recv(), if room => publisher.take(e, Timestamp::now()),
+                    Some(e) = rx.recv(), if room => publisher.take(e, Timestamp::now()),
                     else => break,
-                }
+                };
+                writing.extend(next);
             }
         });
         Self {
@@ -612,6 +659,7 @@ mod tests {
             controller: "gpupool-operator".into(),
             instance: "test".into(),
             recent: Recent::default(),
+            writing: HashMap::new(),
         };
         let at = Timestamp::from_second(1_800_000_000).expect("time");
         let event = publisher.event(&Emit {
