@@ -170,11 +170,11 @@ impl Recent {
         }
     }
 
-    /// Counts one more occurrence of `key`, when it was published recently;
-    /// returns the Event to update.
-    fn repeat(&mut self, key: &SeriesKey) -> Option<&Published> {
+    /// Counts `times` more occurrences of `key`, when it was published
+    /// recently; returns the Event to update.
+    fn repeat(&mut self, key: &SeriesKey, times: i32) -> Option<&Published> {
         let published = self.by_key.get_mut(key)?;
-        published.count = published.count.saturating_add(1);
+        published.count = published.count.saturating_add(times);
         Some(published)
     }
 
@@ -254,17 +254,24 @@ impl Publisher {
             return None;
         }
         self.writing.insert(key.clone(), None);
-        Some(self.write(e, key, now))
+        Some(self.write(e, key, 1, now))
     }
 
-    /// Starts writing `e`: a count up of the series it repeats, or a new
-    /// Event. What the series remember is updated when the write ends
-    /// ([`Publisher::landed`]), so the task can have several in flight.
-    fn write(&mut self, e: Emit, key: SeriesKey, now: Timestamp) -> BoxFuture<'static, Written> {
+    /// Starts writing `e`, which stands for `times` occurrences: a count up
+    /// of the series it repeats, or a new Event. What the series remember
+    /// is updated when the write ends ([`Publisher::landed`]), so the task
+    /// can have several in flight.
+    fn write(
+        &mut self,
+        e: Emit,
+        key: SeriesKey,
+        times: i32,
+        now: Timestamp,
+    ) -> BoxFuture<'static, Written> {
         self.recent.expire(now);
         let namespace = e.reference.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
-        let repeat = self.recent.repeat(&key).map(|published| {
+        let repeat = self.recent.repeat(&key, times).map(|published| {
             let series = K8sEvent {
                 series: Some(EventSeries {
                     count: published.count,
@@ -337,12 +344,8 @@ impl Publisher {
             }
         }
         let Repeats { count, latest } = self.writing.remove(&key).flatten()?;
-        // The write counts one; the rest are counted here.
-        for _ in 1..count {
-            self.recent.repeat(&key);
-        }
         self.writing.insert(key.clone(), None);
-        Some(self.write(latest, key, now))
+        Some(self.write(latest, key, count, now))
     }
 
     /// A new Event, named after its object and the time it happened, as
@@ -646,6 +649,74 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn repeats_that_waited_on_a_failed_write_are_written_as_one_new_event() {
+        // Each request's method; the first is held, then refused with a 500.
+        let methods = Arc::new(Mutex::new(Vec::new()));
+        let release = Arc::new(Semaphore::new(0));
+        let (arrived, mut arrivals) = mpsc::unbounded_channel();
+        let (m, r) = (methods.clone(), release.clone());
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (methods, release, arrived) = (m.clone(), r.clone(), arrived.clone());
+            async move {
+                let method = request.method().to_string();
+                let first = {
+                    let mut methods = methods.lock().expect("not poisoned");
+                    methods.push(method);
+                    methods.len() == 1
+                };
+                let body = request.into_body().collect().await?.to_bytes();
+                let _ = arrived.send(());
+                let status = if first {
+                    release.acquire().await?.forget();
+                    500
+                } else {
+                    201
+                };
+                let body = if first {
+                    bytes::Bytes::from_static(
+                        br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"unavailable","reason":"InternalError","code":500}"#,
+                    )
+                } else {
+                    body
+                };
+                let response = http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(body))?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+            }
+        });
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let sink = EventSink::spawn(
+            Client::new(service, "default"),
+            "test".into(),
+            metrics.clone(),
+        );
+        let queued = || PodEvent::Queued { position: Some(1) };
+        for _ in 0..3 {
+            sink.emit(&pod("a"), "uid-a", queued());
+        }
+        arrivals.recv().await.expect("the first write");
+        release.add_permits(1);
+        arrivals.recv().await.expect("the repeats' write");
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            *methods.lock().expect("not poisoned"),
+            ["POST", "POST"],
+            "the two repeats are one new Event, since the first was never written"
+        );
+        let failed = metrics
+            .errors
+            .get_or_create(&crate::metrics::ErrorLabel {
+                error: "publish_event".into(),
+            })
+            .get();
+        assert_eq!(failed, 1);
+    }
+
+    #[tokio::test]
     async fn an_event_carries_the_time_it_happened() {
         let publisher = Publisher {
             client: Client::new(
@@ -699,14 +770,17 @@ mod tests {
     #[test]
     fn a_repeat_within_the_window_counts_up_the_event_it_repeats() {
         let mut recent = Recent::default();
-        assert!(recent.repeat(&key("a", "x")).is_none(), "nothing published");
+        assert!(
+            recent.repeat(&key("a", "x"), 1).is_none(),
+            "nothing published"
+        );
         recent.insert(key("a", "x"), "a.1".into(), at(0));
         assert!(
-            recent.repeat(&key("a", "other note")).is_none(),
+            recent.repeat(&key("a", "other note"), 1).is_none(),
             "another note is another event"
         );
-        assert!(recent.repeat(&key("b", "x")).is_none(), "another pod");
-        let published = recent.repeat(&key("a", "x")).cloned();
+        assert!(recent.repeat(&key("b", "x"), 1).is_none(), "another pod");
+        let published = recent.repeat(&key("a", "x"), 1).cloned();
         assert_eq!(
             published,
             Some(Published {
@@ -714,13 +788,13 @@ mod tests {
                 count: 2
             })
         );
-        assert_eq!(recent.repeat(&key("a", "x")).map(|p| p.count), Some(3));
+        assert_eq!(recent.repeat(&key("a", "x"), 1).map(|p| p.count), Some(3));
 
         // Six minutes after it was first published it is forgotten.
         recent.expire(at(359));
-        assert!(recent.repeat(&key("a", "x")).is_some());
+        assert!(recent.repeat(&key("a", "x"), 1).is_some());
         recent.expire(at(360));
-        assert!(recent.repeat(&key("a", "x")).is_none());
+        assert!(recent.repeat(&key("a", "x"), 1).is_none());
         assert!(recent.by_key.is_empty() && recent.order.is_empty());
     }
 
@@ -731,13 +805,16 @@ mod tests {
             recent.insert(key(&format!("p{i}"), "x"), format!("p{i}.1"), at(0));
         }
         assert_eq!((recent.by_key.len(), recent.order.len()), (RECENT, RECENT));
-        assert!(recent.repeat(&key("p0", "x")).is_none(), "the oldest went");
-        assert!(recent.repeat(&key("p10", "x")).is_some());
+        assert!(
+            recent.repeat(&key("p0", "x"), 1).is_none(),
+            "the oldest went"
+        );
+        assert!(recent.repeat(&key("p10", "x"), 1).is_some());
         let last = format!("p{}", RECENT + 9);
-        assert!(recent.repeat(&key(&last, "x")).is_some());
+        assert!(recent.repeat(&key(&last, "x"), 1).is_some());
 
         recent.forget(&key("p10", "x"));
-        assert!(recent.repeat(&key("p10", "x")).is_none());
+        assert!(recent.repeat(&key("p10", "x"), 1).is_none());
         assert_eq!(
             (recent.by_key.len(), recent.order.len()),
             (RECENT - 1, RECENT - 1)
