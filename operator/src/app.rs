@@ -51,8 +51,14 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     // PodDisruptionBudget must come back at once, not after minutes of
     // client-side retries that would stall every admission behind it.
     kube_config.default_retry = false;
-    let client =
-        kube::Client::try_from(kube_config).map_err(|e| RunError::KubeConfig(e.to_string()))?;
+    let client = kube::Client::try_from(kube_config.clone())
+        .map_err(|e| RunError::KubeConfig(e.to_string()))?;
+    // The decision loop's writers get a pool of their own with at most
+    // `api_requests_in_flight` requests out: a burst of writes then costs
+    // that many connections (each with its TLS and HTTP buffers) rather
+    // than one per write, and watches and leader election, on the pool
+    // above, never wait behind it.
+    let writes_client = limited_client(kube_config, config.api_requests_in_flight)?;
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -107,7 +113,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         Leadership::always()
     };
     tasks.spawn({
-        let (client, leader, health) = (client.clone(), leadership.rx.clone(), health.clone());
+        let (client, leader, health) = (writes_client, leadership.rx.clone(), health.clone());
         let loop_config = LoopConfig {
             resync: config.resync,
             instance: config.identity.clone(),
@@ -148,10 +154,136 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     }
 }
 
+/// A client of its own connection pool that has at most `in_flight`
+/// requests out at once; later ones wait their turn, first come first
+/// served. A request stops counting once its response's headers arrive,
+/// so a watch would not hold a turn for its whole life.
+fn limited_client(config: kube::Config, in_flight: usize) -> Result<kube::Client, RunError> {
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| RunError::KubeConfig(e.to_string()))?
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(in_flight))
+        .build())
+}
+
 async fn shutdown_signal() -> std::io::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => Ok(()),
         r = tokio::signal::ctrl_c() => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::{Semaphore, mpsc};
+
+    use super::*;
+
+    /// What every held request is answered with.
+    const ANSWER: &str = "{}";
+
+    /// A plain HTTP/1.1 server that reports each request as it arrives and
+    /// answers one only when `answers` gives it a permit. Returns its URL.
+    async fn holding_server() -> (String, mpsc::UnboundedReceiver<()>, Arc<Semaphore>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (arrived, arrivals) = mpsc::unbounded_channel();
+        let answers = Arc::new(Semaphore::new(0));
+        let gate = answers.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let (arrived, gate) = (arrived.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        // A GET is its headers, up to the blank line.
+                        let end = loop {
+                            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                            match tcp.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        buf.drain(..end);
+                        let _ = arrived.send(());
+                        gate.acquire().await.expect("never closed").forget();
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+                            ANSWER.len()
+                        );
+                        if tcp.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, arrivals, answers)
+    }
+
+    /// Sends `n` GETs through `client` at once.
+    fn send(client: &kube::Client, n: usize) -> tokio::task::JoinSet<kube::Result<String>> {
+        let mut requests = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let client = client.clone();
+            requests.spawn(async move {
+                let request = http::Request::get("/version")
+                    .body(Vec::new())
+                    .expect("request");
+                client.request_text(request).await
+            });
+        }
+        requests
+    }
+
+    /// How many requests arrive within a moment.
+    async fn arrivals_within_a_moment(arrivals: &mut mpsc::UnboundedReceiver<()>) -> usize {
+        let mut n = 0;
+        while tokio::time::timeout(Duration::from_millis(300), arrivals.recv())
+            .await
+            .is_ok_and(|arrived| arrived.is_some())
+        {
+            n += 1;
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn the_limited_client_has_at_most_its_limit_out_and_the_rest_wait_their_turn() {
+        let (url, mut arrivals, answers) = holding_server().await;
+        let config = kube::Config::new(url.parse().expect("url"));
+
+        // Without the limit, all eight reach the server at once: the
+        // server itself holds nothing back.
+        let unlimited = kube::Client::try_from(config.clone()).expect("client");
+        let mut requests = send(&unlimited, 8);
+        assert_eq!(arrivals_within_a_moment(&mut arrivals).await, 8);
+        answers.add_permits(8);
+        while let Some(done) = requests.join_next().await {
+            assert_eq!(done.expect("task").expect("answered"), ANSWER);
+        }
+
+        let limited = limited_client(config, 3).expect("client");
+        let mut requests = send(&limited, 8);
+        assert_eq!(arrivals_within_a_moment(&mut arrivals).await, 3);
+        // Each answer lets exactly one waiting request out.
+        answers.add_permits(1);
+        assert_eq!(arrivals_within_a_moment(&mut arrivals).await, 1);
+        answers.add_permits(2);
+        assert_eq!(arrivals_within_a_moment(&mut arrivals).await, 2);
+        answers.add_permits(5);
+        let mut answered = 0;
+        while let Some(done) = requests.join_next().await {
+            assert_eq!(done.expect("task").expect("answered"), ANSWER);
+            answered += 1;
+        }
+        assert_eq!(answered, 8);
     }
 }

@@ -100,6 +100,15 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub worker_threads: u16,
 
+    /// Most API requests the decision loop's writers (admissions, lease
+    /// status, queue progress, Events) have in flight at once; more wait
+    /// their turn in order. Each request in flight holds a connection of
+    /// its own with its buffers, so this bounds the connections, and the
+    /// memory, a burst of writes costs. Watches and leader election use
+    /// connections of their own and never wait behind writes.
+    #[arg(long, env = "GPUPOOL_API_REQUESTS_IN_FLIGHT", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub api_requests_in_flight: u16,
+
     /// Identity of this replica in leader election (defaults to POD_NAME, else
     /// the host name and process id).
     #[arg(long, env = "GPUPOOL_IDENTITY")]
@@ -163,6 +172,8 @@ pub struct Config {
     pub status_writes_per_second: u32,
     /// Worker threads of the operator's runtime.
     pub worker_threads: usize,
+    /// Most requests the decision loop's writers have in flight at once.
+    pub api_requests_in_flight: usize,
     /// Leader-election identity.
     pub identity: String,
     /// ClusterRole owning the webhook configurations, if any.
@@ -207,6 +218,7 @@ impl Args {
             resync: Duration::from_secs(self.resync_seconds),
             status_writes_per_second: self.status_writes_per_second,
             worker_threads: usize::from(self.worker_threads),
+            api_requests_in_flight: usize::from(self.api_requests_in_flight),
             identity,
             webhook_owner_cluster_role: self.webhook_owner_cluster_role,
         })
@@ -293,6 +305,19 @@ mod tests {
             WebhookEndpoint::Url("https://127.0.0.1:9443".parse().expect("url"))
         );
         assert!(cfg.gate_owners.is_empty());
+        assert_eq!(cfg.api_requests_in_flight, 32);
+    }
+
+    #[test]
+    fn api_requests_in_flight_is_passed_through() {
+        let cfg = parse(&[
+            "--webhook-url",
+            "https://a",
+            "--api-requests-in-flight",
+            "7",
+        ])
+        .expect("valid");
+        assert_eq!(cfg.api_requests_in_flight, 7);
     }
 
     #[test]
@@ -356,6 +381,15 @@ mod tests {
             (
                 &["--webhook-url", "https://a", "--resync-seconds", "0"],
                 "--resync-seconds",
+            ),
+            (
+                &[
+                    "--webhook-url",
+                    "https://a",
+                    "--api-requests-in-flight",
+                    "0",
+                ],
+                "--api-requests-in-flight",
             ),
             (
                 &[
