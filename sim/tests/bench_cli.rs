@@ -55,6 +55,7 @@ async fn a_small_bench_reports_every_figure() {
         "admissionsPerSecondOverall",
         "apiServerRawPatchesPerSecond",
         "operatorPeakRssMiB",
+        "operatorPeakOpenFiles",
         "writesPerAdmission",
     ] {
         assert!(

@@ -28,7 +28,9 @@
 //! server over the run), `apiWritesPerBurstAdmissionByClient` (the same,
 //! counted from the class's opening to the burst's last admission and
 //! divided by the burst's admissions: the write rate the burst asks of the
-//! API server, to set beside its raw patch rate), `peakLeases` (most GpuLeases seen at once) and
+//! API server, to set beside its raw patch rate), `operatorPeakOpenFiles`
+//! (the most files the operator held open in the samples taken every 0.5 s
+//! while pods run, its connections among them), `peakLeases` (most GpuLeases seen at once) and
 //! `rssPerLeaseKiB` ((the operator's peak RSS − its RSS before the pods
 //! were created) ÷ peak leases). With `--other-pods N`, N pods that ask for
 //! no GPU are created first, and `otherPodsRssKiB` is how much the
@@ -43,7 +45,7 @@
 //! on a real control plane.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -286,6 +288,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
 
     let mut seen = Seen::default();
     let mut rss_peak_kib = 0u64;
+    let mut open_files_peak = 0usize;
     let mut last_rss = Instant::now() - Duration::from_secs(1);
     let mut peak_leases = 0usize;
     let mut last_leases = Instant::now() - Duration::from_secs(2);
@@ -315,6 +318,8 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         if last_rss.elapsed() >= Duration::from_millis(500) {
             last_rss = Instant::now();
             rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
+            let open = operator_pid(cluster).and_then(open_files).unwrap_or(0);
+            open_files_peak = open_files_peak.max(open);
         }
         if last_leases.elapsed() >= Duration::from_secs(2) {
             last_leases = Instant::now();
@@ -402,6 +407,7 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         "podCreateWithWebhookMs": {"p50": percentile(&mut create_ms, 0.50), "p99": percentile(&mut create_ms, 0.99)},
         "webhookCallMs": webhook_call_ms.as_mut().map(|ms| json!({"calls": ms.len(), "p50": percentile(ms, 0.50), "p99": percentile(ms, 0.99)})),
         "operatorPeakRssMiB": rss_peak_kib as f64 / 1024.0,
+        "operatorPeakOpenFiles": open_files_peak,
         "failedCreates": {"count": failed_creates, "firstErrors": create_errors},
         "writesPerAdmission": writes_per_admission,
         "writesPerAdmissionByRoute": writes_by_route,
@@ -533,19 +539,31 @@ fn percentile(v: &mut [f64], q: f64) -> Option<f64> {
 /// How many pod-create errors the figures quote verbatim.
 const MAX_CREATE_ERRORS: usize = 5;
 
+/// The operator process, found among the cluster's children by its
+/// command name.
+fn operator_pid(cluster: &mut SimCluster) -> Option<u32> {
+    cluster.child_pids().into_iter().find(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| "gpupool-operator".starts_with(comm.trim()))
+    })
+}
+
 /// A `/proc/<pid>/status` field (`VmRSS:` now, `VmHWM:` the peak) of the
-/// operator process, found among the cluster's children by its command
-/// name, in KiB.
+/// operator process, in KiB.
 fn operator_rss_kib(cluster: &mut SimCluster, field: &str) -> Option<u64> {
-    for pid in cluster.child_pids() {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if !"gpupool-operator".starts_with(comm.trim()) {
-            continue;
-        }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        return parse_status_kib(&status, field);
-    }
-    None
+    let pid = operator_pid(cluster)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kib(&status, field)
+}
+
+/// How many files process `pid` has open now (its sockets among them).
+fn open_files(pid: u32) -> Option<usize> {
+    entries(Path::new(&format!("/proc/{pid}/fd")))
+}
+
+/// How many entries directory `dir` holds; `None` when it cannot be read.
+fn entries(dir: &Path) -> Option<usize> {
+    Some(std::fs::read_dir(dir).ok()?.count())
 }
 
 /// The KiB value of `field` in a `/proc/<pid>/status` text.
@@ -769,6 +787,20 @@ mod tests {
             "b did not grow"
         );
         assert_eq!(per_admission(&before, &after, 0), None);
+    }
+
+    #[test]
+    fn open_files_are_the_entries_of_the_fd_directory() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        assert_eq!(entries(dir.path()), Some(0));
+        for name in ["0", "1", "2"] {
+            std::fs::write(dir.path().join(name), b"").expect("entry written");
+        }
+        assert_eq!(entries(dir.path()), Some(3));
+        assert_eq!(entries(&dir.path().join("absent")), None);
+        // The reading itself holds this process's fd directory open.
+        assert!(open_files(std::process::id()).is_some_and(|n| n >= 1));
+        assert_eq!(open_files(u32::MAX), None, "no such process");
     }
 
     #[test]
