@@ -309,15 +309,17 @@ mod tests {
     }
 
     #[test]
-    fn api_requests_in_flight_is_passed_through() {
-        let cfg = parse(&[
-            "--webhook-url",
-            "https://a",
-            "--api-requests-in-flight",
-            "7",
-        ])
-        .expect("valid");
-        assert_eq!(cfg.api_requests_in_flight, 7);
+    fn api_requests_in_flight_takes_any_value_in_its_range() {
+        for n in [1, 7, 1024] {
+            let value = n.to_string();
+            let args = [
+                "--webhook-url",
+                "https://a",
+                "--api-requests-in-flight",
+                &value,
+            ];
+            assert_eq!(parse(&args).expect("valid").api_requests_in_flight, n);
+        }
     }
 
     #[test]
@@ -388,6 +390,15 @@ mod tests {
                     "https://a",
                     "--api-requests-in-flight",
                     "0",
+                ],
+                "--api-requests-in-flight",
+            ),
+            (
+                &[
+                    "--webhook-url",
+                    "https://a",
+                    "--api-requests-in-flight",
+                    "1025",
                 ],
                 "--api-requests-in-flight",
             ),
