@@ -58,6 +58,12 @@ use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
 /// API writes in flight at once within a pass.
 const CONCURRENCY: usize = 64;
+/// Background writes spawned beyond the [`CONCURRENCY`] that run: each
+/// takes a slot the moment one frees, even while a pass is being decided.
+/// Any more wait in [`Applier`]'s queue as their data alone: a burst of
+/// thousands of pods to give leases would otherwise hold a task and its
+/// future (about a kilobyte) for each lease create not yet begun.
+const SPAWNED_AHEAD: usize = CONCURRENCY;
 /// Longest one object's chain of writes may take before it is abandoned
 /// (and retried by a later pass), so one stuck request never stalls admission.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,6 +94,17 @@ pub struct Applier {
     in_flight: HashMap<ObjectKey, u32>,
     /// Background writes running at once, across passes.
     permits: Arc<Semaphore>,
+    /// Background writes not yet spawned, in the order they were asked for.
+    waiting: VecDeque<Waiting>,
+}
+
+/// A background write waiting to be spawned: its objects and what builds
+/// its chain.
+struct Waiting {
+    keys: Vec<ObjectKey>,
+    /// `Sync` only so that the applier is: it is never called through a
+    /// shared reference.
+    build: Box<dyn FnOnce(&Writer) -> Chain + Send + Sync>,
 }
 
 /// A background write that finished: the objects it was for and its
@@ -256,6 +273,7 @@ impl Applier {
             tasks: HashMap::new(),
             in_flight: HashMap::new(),
             permits: Arc::new(Semaphore::new(CONCURRENCY)),
+            waiting: VecDeque::new(),
         }
     }
 
@@ -271,7 +289,7 @@ impl Applier {
     fn spawn(
         &mut self,
         keys: Vec<ObjectKey>,
-        build: impl FnOnce(&Writer) -> Chain + Send + 'static,
+        build: impl FnOnce(&Writer) -> Chain + Send + Sync + 'static,
         assumed: Option<CachedLease>,
         overlay: &mut Overlay,
     ) {
@@ -281,15 +299,32 @@ impl Applier {
         if let (Some(lease), Some(key)) = (assumed, keys.first()) {
             overlay.assume_lease(key.clone(), lease);
         }
-        let permits = self.permits.clone();
-        let writer = self.writer.clone();
-        let task = self.background.spawn(async move {
-            // The semaphore is never closed; without a permit the write
-            // still runs, only unthrottled.
-            let _permit = permits.acquire_owned().await.ok();
-            Finished::now(with_timeout(build(&writer)).await)
+        self.waiting.push_back(Waiting {
+            keys,
+            build: Box::new(build),
         });
-        self.tasks.insert(task.id(), keys);
+        self.spawn_waiting();
+    }
+
+    /// Spawns waiting writes, first asked first, while fewer than
+    /// [`CONCURRENCY`] + [`SPAWNED_AHEAD`] tasks are out; each runs once it
+    /// has one of the [`CONCURRENCY`] permits, which are handed out in the
+    /// order the tasks asked for them.
+    fn spawn_waiting(&mut self) {
+        while self.background.len() < CONCURRENCY + SPAWNED_AHEAD {
+            let Some(Waiting { keys, build }) = self.waiting.pop_front() else {
+                return;
+            };
+            let permits = self.permits.clone();
+            let writer = self.writer.clone();
+            let task = self.background.spawn(async move {
+                // The semaphore is never closed; without a permit the write
+                // still runs, only unthrottled.
+                let _permit = permits.acquire_owned().await.ok();
+                Finished::now(with_timeout(build(&writer)).await)
+            });
+            self.tasks.insert(task.id(), keys);
+        }
     }
 
     /// The next background write to finish; pending forever while none runs
@@ -311,6 +346,8 @@ impl Applier {
         &mut self,
         joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>,
     ) -> Landed {
+        // The joined task's place goes to the next waiting write.
+        self.spawn_waiting();
         match joined {
             Ok((id, finished)) => Landed {
                 keys: self.tasks.remove(&id).unwrap_or_default(),
@@ -359,6 +396,7 @@ impl Applier {
         self.background.abort_all();
         self.background.detach_all();
         self.tasks.clear();
+        self.waiting.clear();
         for key in self.in_flight.drain().map(|(k, _)| k) {
             overlay.forget_assumed(&key);
         }
@@ -1292,17 +1330,98 @@ mod tests {
     async fn losing_leadership_stops_background_writes_and_forgets_them() {
         let mut applier = offline_applier();
         let mut overlay = Overlay::default();
-        let key = ObjectKey::new("ns", "a");
-        applier.spawn(
-            vec![key.clone()],
-            |_| Box::pin(std::future::pending()),
-            Some(cached_lease("a", "1", LeasePhase::Released)),
-            &mut overlay,
-        );
+        // Some spawned, one still waiting to be.
+        let keys: Vec<ObjectKey> = (0..=CONCURRENCY + SPAWNED_AHEAD)
+            .map(|i| ObjectKey::new("ns", format!("p{i}")))
+            .collect();
+        let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for key in &keys {
+            let built = built.clone();
+            applier.spawn(
+                vec![key.clone()],
+                move |_| {
+                    built.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Box::pin(std::future::pending())
+                },
+                Some(cached_lease(&key.name, "1", LeasePhase::Released)),
+                &mut overlay,
+            );
+        }
+        assert_eq!(applier.waiting.len(), 1);
         applier.abandon(&mut overlay);
-        assert!(!applier.busy(&key));
+        assert!(keys.iter().all(|key| !applier.busy(key)));
         assert!(overlay.is_empty());
         assert!(applier.try_landed().is_none());
+        assert!(applier.waiting.is_empty(), "the waiting write is dropped");
+        tokio::task::yield_now().await;
+        assert_eq!(
+            built.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "no chain is built once leadership is lost"
+        );
+    }
+
+    #[tokio::test]
+    async fn background_writes_past_the_spawned_ones_wait_as_data_until_a_task_is_free() {
+        let mut applier = offline_applier();
+        let mut overlay = Overlay::default();
+        let spawned = CONCURRENCY + SPAWNED_AHEAD;
+        let total = spawned + 10;
+        let keys: Vec<ObjectKey> = (0..total)
+            .map(|i| ObjectKey::new("ns", format!("p{i:03}")))
+            .collect();
+        // Which writes have built their chains (they do once they run), and
+        // a gate every chain waits at.
+        let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let gate = Arc::new(Semaphore::new(0));
+        for (i, key) in keys.iter().enumerate() {
+            let (started, gate) = (started.clone(), gate.clone());
+            applier.spawn(
+                vec![key.clone()],
+                move |_| {
+                    started.lock().expect("not poisoned").push(i);
+                    Box::pin(async move {
+                        gate.acquire().await.expect("never closed").forget();
+                        (vec![], vec![])
+                    })
+                },
+                Some(cached_lease(&key.name, "1", LeasePhase::Queued)),
+                &mut overlay,
+            );
+        }
+        assert_eq!(applier.background.len(), spawned);
+        assert_eq!(applier.waiting.len(), total - spawned);
+        assert!(
+            keys.iter().all(|key| applier.busy(key)),
+            "a waiting write's object is in flight as much as a running one's"
+        );
+        let running = || started.lock().expect("not poisoned").clone();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while running().len() < CONCURRENCY {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the first writes run");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(running().len(), CONCURRENCY, "no more run than the permits");
+        assert!(running().iter().all(|&i| i < spawned));
+
+        gate.add_permits(total);
+        let mut landed = 0;
+        while landed < total {
+            let next = applier.next_landed().await;
+            assert!(!applier.land(next, &mut overlay).failed);
+            landed += 1;
+        }
+        assert!(applier.waiting.is_empty());
+        assert!(applier.try_landed().is_none());
+        assert!(keys.iter().all(|key| !applier.busy(key)));
+        let mut ran = running();
+        ran.sort_unstable();
+        assert_eq!(ran, (0..total).collect::<Vec<_>>(), "each write ran once");
     }
 
     /// The pass's admission of lease `a`, decided on `seen`.
