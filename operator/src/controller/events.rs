@@ -514,38 +514,65 @@ mod tests {
         assert_eq!(PodEvent::Released.reason_and_note().0, "Released");
     }
 
-    /// A sink whose API server answers every write by echoing its body,
-    /// each only once the test lets one more through (`release`).
+    /// How the test API server answers one write.
+    #[derive(Clone, Copy)]
+    struct Answer {
+        /// Held until the test lets one more through (`release`).
+        held: bool,
+        /// Refused with a 500 rather than accepted (its body echoed).
+        refused: bool,
+    }
+
+    /// A sink whose API server answers the `n`th write (from 0) as
+    /// `answer(n)` says.
     struct HeldBack {
         sink: EventSink,
         metrics: Metrics,
-        /// Each write's `reason`, in arrival order.
+        /// Each write's `reason` (empty for a body that is not an Event),
+        /// in arrival order.
         seen: Arc<Mutex<Vec<String>>>,
+        /// Each write's HTTP method, likewise.
+        methods: Arc<Mutex<Vec<String>>>,
         /// Lets held writes be answered, one per permit.
         release: Arc<Semaphore>,
         /// One message per write as it arrives.
         arrivals: mpsc::UnboundedReceiver<()>,
     }
 
-    /// A [`HeldBack`] sink with every write slot taken by a Queued event
-    /// its API server holds, as on a slow API server.
-    async fn held_back_and_full() -> HeldBack {
+    fn held_back(answer: fn(usize) -> Answer) -> HeldBack {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let methods = Arc::new(Mutex::new(Vec::new()));
         let release = Arc::new(Semaphore::new(0));
-        let (arrived, mut arrivals) = mpsc::unbounded_channel();
-        let (s, r) = (seen.clone(), release.clone());
+        let (arrived, arrivals) = mpsc::unbounded_channel();
+        let (s, m, r) = (seen.clone(), methods.clone(), release.clone());
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let (seen, release, arrived) = (s.clone(), r.clone(), arrived.clone());
+            let (seen, methods, release, arrived) =
+                (s.clone(), m.clone(), r.clone(), arrived.clone());
             async move {
+                let method = request.method().to_string();
                 let body = request.into_body().collect().await?.to_bytes();
-                let event: K8sEvent = serde_json::from_slice(&body)?;
-                seen.lock()
-                    .expect("not poisoned")
-                    .push(event.reason.clone().unwrap_or_default());
+                let reason = serde_json::from_slice::<K8sEvent>(&body)
+                    .ok()
+                    .and_then(|event| event.reason)
+                    .unwrap_or_default();
+                let answer = {
+                    let mut methods = methods.lock().expect("not poisoned");
+                    methods.push(method);
+                    seen.lock().expect("not poisoned").push(reason);
+                    answer(methods.len() - 1)
+                };
                 let _ = arrived.send(());
-                release.acquire().await?.forget();
+                if answer.held {
+                    release.acquire().await?.forget();
+                }
+                let (status, body) = if answer.refused {
+                    let refusal: &[u8] = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"unavailable","reason":"InternalError","code":500}"#;
+                    (500, bytes::Bytes::from_static(refusal))
+                } else {
+                    (201, body)
+                };
                 let response = http::Response::builder()
-                    .status(201)
+                    .status(status)
                     .header("content-type", "application/json")
                     .body(http_body_util::Full::new(body))?;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
@@ -557,23 +584,34 @@ mod tests {
             "test".into(),
             metrics.clone(),
         );
+        HeldBack {
+            sink,
+            metrics,
+            seen,
+            methods,
+            release,
+            arrivals,
+        }
+    }
+
+    /// A [`HeldBack`] sink with every write slot taken by a Queued event
+    /// its API server holds, as on a slow API server.
+    async fn held_back_and_full() -> HeldBack {
+        let mut h = held_back(|_| Answer {
+            held: true,
+            refused: false,
+        });
         for i in 0..IN_FLIGHT {
-            sink.emit(
+            h.sink.emit(
                 &pod(&format!("a{i}")),
                 "uid",
                 PodEvent::Queued { position: Some(1) },
             );
         }
         for _ in 0..IN_FLIGHT {
-            arrivals.recv().await.expect("a held write");
+            h.arrivals.recv().await.expect("a held write");
         }
-        HeldBack {
-            sink,
-            metrics,
-            seen,
-            release,
-            arrivals,
-        }
+        h
     }
 
     fn pod(name: &str) -> ObjectKey {
@@ -650,64 +688,28 @@ mod tests {
 
     #[tokio::test]
     async fn repeats_that_waited_on_a_failed_write_are_written_as_one_new_event() {
-        // Each request's method; the first is held, then refused with a 500.
-        let methods = Arc::new(Mutex::new(Vec::new()));
-        let release = Arc::new(Semaphore::new(0));
-        let (arrived, mut arrivals) = mpsc::unbounded_channel();
-        let (m, r) = (methods.clone(), release.clone());
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let (methods, release, arrived) = (m.clone(), r.clone(), arrived.clone());
-            async move {
-                let method = request.method().to_string();
-                let first = {
-                    let mut methods = methods.lock().expect("not poisoned");
-                    methods.push(method);
-                    methods.len() == 1
-                };
-                let body = request.into_body().collect().await?.to_bytes();
-                let _ = arrived.send(());
-                let status = if first {
-                    release.acquire().await?.forget();
-                    500
-                } else {
-                    201
-                };
-                let body = if first {
-                    bytes::Bytes::from_static(
-                        br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"unavailable","reason":"InternalError","code":500}"#,
-                    )
-                } else {
-                    body
-                };
-                let response = http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(http_body_util::Full::new(body))?;
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
-            }
+        // The first write is held, then refused with a 500.
+        let mut h = held_back(|n| Answer {
+            held: n == 0,
+            refused: n == 0,
         });
-        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
-        let sink = EventSink::spawn(
-            Client::new(service, "default"),
-            "test".into(),
-            metrics.clone(),
-        );
         let queued = || PodEvent::Queued { position: Some(1) };
         for _ in 0..3 {
-            sink.emit(&pod("a"), "uid-a", queued());
+            h.sink.emit(&pod("a"), "uid-a", queued());
         }
-        arrivals.recv().await.expect("the first write");
-        release.add_permits(1);
-        arrivals.recv().await.expect("the repeats' write");
+        h.arrivals.recv().await.expect("the first write");
+        h.release.add_permits(1);
+        h.arrivals.recv().await.expect("the repeats' write");
         for _ in 0..100 {
             tokio::task::yield_now().await;
         }
         assert_eq!(
-            *methods.lock().expect("not poisoned"),
+            *h.methods.lock().expect("not poisoned"),
             ["POST", "POST"],
             "the two repeats are one new Event, since the first was never written"
         );
-        let failed = metrics
+        let failed = h
+            .metrics
             .errors
             .get_or_create(&crate::metrics::ErrorLabel {
                 error: "publish_event".into(),
