@@ -122,6 +122,21 @@ impl CachedLease {
             status,
         }
     }
+
+    /// A lease kept under `key` with `spec` and `status`, as it is before
+    /// the API server has stored it, holding `key`'s strings rather than
+    /// copies of them.
+    pub fn under(key: &ObjectKey, spec: GpuLeaseSpec, status: Option<GpuLeaseStatus>) -> Self {
+        Self {
+            metadata: CachedMeta {
+                namespace: Some(key.namespace.clone()),
+                name: Some(key.name.clone()),
+                ..CachedMeta::default()
+            },
+            spec,
+            status,
+        }
+    }
 }
 
 #[cfg(test)]

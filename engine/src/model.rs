@@ -343,7 +343,7 @@ impl LeaseInfo {
     /// A lease named `key` with `spec` and `status`, as a test or a
     /// benchmark builds one.
     pub fn from_parts(key: ObjectKey, spec: GpuLeaseSpec, status: Option<GpuLeaseStatus>) -> Self {
-        let lease = CachedLease::new(&key.namespace, &key.name, spec, status);
+        let lease = CachedLease::under(&key, spec, status);
         Self::new(key, Arc::new(lease))
     }
 

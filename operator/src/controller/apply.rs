@@ -224,17 +224,6 @@ fn record(
     }
 }
 
-/// A lease about to be created, as it will be once its create and its
-/// first status write land.
-fn assumed_new_lease(new: &NewLease) -> CachedLease {
-    CachedLease::new(
-        &new.key.namespace,
-        &new.key.name,
-        new.spec.clone(),
-        Some(new.status.clone()),
-    )
-}
-
 /// The lease `key` as the pass saw it (or as the progress writer's own
 /// writes moved it on since, `moved_on`), when writing `status` over it
 /// would change something the operator owns; `None` when there is nothing
@@ -290,7 +279,7 @@ impl Applier {
         &mut self,
         keys: Vec<ObjectKey>,
         build: impl FnOnce(&Writer) -> Chain + Send + Sync + 'static,
-        assumed: Option<CachedLease>,
+        assumed: Option<Arc<CachedLease>>,
         overlay: &mut Overlay,
     ) {
         for key in &keys {
@@ -304,6 +293,27 @@ impl Applier {
             build: Box::new(build),
         });
         self.spawn_waiting();
+    }
+
+    /// Creates the lease `new` in the background. The write and the
+    /// overlay share one copy of it: a create that waits for a write slot
+    /// (thousands do in a burst of new pods) costs the lease it assumes and
+    /// no second copy of its spec and status.
+    fn spawn_create(&mut self, new: NewLease, overlay: &mut Overlay) {
+        let NewLease {
+            key,
+            pod_uid,
+            spec,
+            status,
+        } = new;
+        let lease = Arc::new(CachedLease::under(&key, spec, Some(status)));
+        let (create, assumed) = (key.clone(), lease.clone());
+        self.spawn(
+            vec![key],
+            move |w| w.create_chain(create, pod_uid, lease),
+            Some(assumed),
+            overlay,
+        );
     }
 
     /// Spawns waiting writes, first asked first, while fewer than
@@ -449,17 +459,9 @@ impl Applier {
         let mut statuses = plan.lease_statuses;
         for new in plan.create_leases {
             statuses.remove(&new.key);
-            if self.busy(&new.key) {
-                continue;
+            if !self.busy(&new.key) {
+                self.spawn_create(new, overlay);
             }
-            let assumed = assumed_new_lease(&new);
-            let key = new.key.clone();
-            self.spawn(
-                vec![key],
-                move |w| w.create_chain(new),
-                Some(assumed),
-                overlay,
-            );
         }
         // Position and message updates never hold up this pass: the budgeted
         // writer takes them, front of the queue first. A lease whose status is
@@ -543,7 +545,7 @@ impl Applier {
                 self.spawn(
                     vec![key],
                     move |w| w.status_chain(k, status, lease),
-                    Some(assumed),
+                    Some(Arc::new(assumed)),
                     overlay,
                 );
             }
@@ -765,46 +767,44 @@ impl Writer {
         })
     }
 
-    fn create_chain(&self, new: NewLease) -> Chain {
+    /// Creates the lease `lease` describes for the pod `pod_uid`, then
+    /// writes its status (a create cannot set it). `lease` is the one the
+    /// overlay assumes meanwhile; one assumed without a status is created
+    /// bare, and the next pass gives it its sequence.
+    fn create_chain(&self, key: ObjectKey, pod_uid: String, lease: Arc<CachedLease>) -> Chain {
         // A create sends a whole lease, so it goes through the lease's own type.
-        let posts: Api<GpuLease> = Api::namespaced(self.client.clone(), &new.key.namespace);
-        let api = self.leases(&new.key.namespace);
+        let posts: Api<GpuLease> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api = self.leases(&key.namespace);
         let events = self.events.clone();
         Box::pin(async move {
-            let lease = GpuLease {
+            let object = GpuLease {
                 metadata: ObjectMeta {
-                    name: Some(new.key.name.to_string()),
-                    namespace: Some(new.key.namespace.to_string()),
+                    name: Some(key.name.to_string()),
+                    namespace: Some(key.namespace.to_string()),
                     owner_references: Some(vec![OwnerReference {
                         api_version: "v1".into(),
                         kind: "Pod".into(),
-                        name: new.key.name.to_string(),
-                        uid: new.pod_uid.clone(),
+                        name: key.name.to_string(),
+                        uid: pod_uid.clone(),
                         controller: Some(true),
                         block_owner_deletion: Some(false),
                     }]),
                     ..Default::default()
                 },
-                spec: new.spec.clone(),
+                spec: lease.spec.clone(),
                 status: None,
             };
             let pp = PostParams {
                 dry_run: false,
                 field_manager: Some(FIELD_MANAGER_OPERATOR.to_owned()),
             };
-            let created = match posts.create(&pp, &lease).await {
+            let created = match posts.create(&pp, &object).await {
                 Ok(l) => l,
                 Err(e) if api_status(&e) == Some(409) => {
-                    return (vec![], vec![Error::LeaseConflict { lease: new.key }]);
+                    return (vec![], vec![Error::LeaseConflict { lease: key }]);
                 }
                 Err(source) => {
-                    return (
-                        vec![],
-                        vec![Error::CreateLease {
-                            lease: new.key,
-                            source,
-                        }],
-                    );
+                    return (vec![], vec![Error::CreateLease { lease: key, source }]);
                 }
             };
             let rv = created.metadata.resource_version.clone();
@@ -812,26 +812,29 @@ impl Writer {
                 lease: created.into(),
                 created: true,
             }];
-            let body = patch::lease_status_patch(None, &new.status, rv.as_deref());
+            let Some(status) = lease.status.as_ref() else {
+                return (done, vec![]);
+            };
+            let body = patch::lease_status_patch(None, status, rv.as_deref());
             match api
-                .patch_status(&new.key.name, &patch_params(), &Patch::Merge(&body))
+                .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
                 .await
             {
                 Ok(l) => {
-                    tracing::info!(lease = %new.key, sequence = ?new.status.sequence, phase = ?new.status.phase, "lease created");
-                    let event = match new.status.phase {
+                    tracing::info!(lease = %key, sequence = ?status.sequence, phase = ?status.phase, "lease created");
+                    let event = match status.phase {
                         LeasePhase::Rejected => Some(PodEvent::Rejected {
-                            why: new.status.message.clone().unwrap_or_default(),
+                            why: status.message.clone().unwrap_or_default(),
                         }),
                         LeasePhase::Queued => Some(PodEvent::Queued {
-                            position: new.status.position,
+                            position: status.position,
                         }),
                         // A lease recreated after a deletion: nothing new
                         // happened to the pod.
                         _ => None,
                     };
                     if let Some(event) = event {
-                        events.emit(&new.key, &new.pod_uid, event);
+                        events.emit(&key, &pod_uid, event);
                     }
                     done.push(Done::Lease {
                         lease: l.into(),
@@ -839,7 +842,7 @@ impl Writer {
                     });
                     (done, vec![])
                 }
-                Err(e) => (done, vec![status_error(new.key, e)]),
+                Err(e) => (done, vec![status_error(key, e)]),
             }
         })
     }
@@ -1206,7 +1209,7 @@ mod tests {
                     )
                 })
             },
-            Some(cached_lease("a", "11", LeasePhase::Released)),
+            Some(Arc::new(cached_lease("a", "11", LeasePhase::Released))),
             &mut overlay,
         );
         assert!(applier.busy(&key));
@@ -1297,6 +1300,90 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_create_shares_the_lease_it_assumes_and_writes_it_then_its_status() {
+        let (_server, client) = api_server().await;
+        let mut applier = applier_for(client.clone());
+        let mut overlay = Overlay::default();
+        let key = ObjectKey::new("ns", "a");
+        let spec = lease("a", "", LeasePhase::Queued).spec;
+        let status = GpuLeaseStatus {
+            phase: LeasePhase::Queued,
+            sequence: Some(7),
+            position: Some(1),
+            message: Some("waiting: first in line".into()),
+            ..Default::default()
+        };
+        applier.spawn_create(
+            NewLease {
+                key: key.clone(),
+                pod_uid: "pod-a".into(),
+                spec: spec.clone(),
+                status: status.clone(),
+            },
+            &mut overlay,
+        );
+
+        let assumed = overlay.assumed_lease(&key).expect("assumed").clone();
+        assert_eq!(
+            Arc::strong_count(&assumed),
+            3,
+            "one copy, held by the overlay, the waiting write and this test"
+        );
+        assert!(
+            assumed
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|name| Arc::ptr_eq(name, &key.name)),
+            "the lease holds its key's name, not a copy"
+        );
+        assert_eq!(assumed.status.as_ref(), Some(&status));
+
+        let landed = applier.next_landed().await;
+        assert!(!applier.land(landed, &mut overlay).failed);
+        assert!(
+            overlay.assumed_lease(&key).is_none(),
+            "the answer replaces it"
+        );
+        assert_eq!(Arc::strong_count(&assumed), 1, "the write let go of it");
+        let stored = Api::<GpuLease>::namespaced(client, "ns")
+            .get("a")
+            .await
+            .expect("lease");
+        assert_eq!(stored.spec, spec);
+        let owner = stored.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owner.len(), 1);
+        assert_eq!(
+            (owner[0].kind.as_str(), owner[0].uid.as_str()),
+            ("Pod", "pod-a")
+        );
+        let written = stored.status.expect("status");
+        assert_eq!(written.sequence, Some(7));
+        assert_eq!(written.position, Some(1));
+        assert_eq!(written.message, status.message);
+    }
+
+    #[tokio::test]
+    async fn a_lease_assumed_without_a_status_is_created_bare() {
+        let (_server, client) = api_server().await;
+        let applier = applier_for(client.clone());
+        let key = ObjectKey::new("ns", "a");
+        let spec = lease("a", "", LeasePhase::Queued).spec;
+        let bare = Arc::new(CachedLease::under(&key, spec, None));
+        let (done, errors) = applier.writer.create_chain(key, "pod-a".into(), bare).await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(matches!(
+            done.as_slice(),
+            [Done::Lease { created: true, .. }]
+        ));
+        let stored = Api::<GpuLease>::namespaced(client, "ns")
+            .get("a")
+            .await
+            .expect("lease");
+        assert_eq!(stored.status, None, "the next pass gives it its sequence");
+    }
+
+    #[tokio::test]
     async fn a_failed_or_panicked_background_write_releases_its_object() {
         let mut applier = offline_applier();
         let mut overlay = Overlay::default();
@@ -1304,7 +1391,7 @@ mod tests {
         applier.spawn(
             vec![a.clone()],
             |_| Box::pin(async { (vec![], vec![Error::Timeout]) }),
-            Some(cached_lease("a", "1", LeasePhase::Released)),
+            Some(Arc::new(cached_lease("a", "1", LeasePhase::Released))),
             &mut overlay,
         );
         applier.spawn(
@@ -1343,7 +1430,7 @@ mod tests {
                     built.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     Box::pin(std::future::pending())
                 },
-                Some(cached_lease(&key.name, "1", LeasePhase::Released)),
+                Some(Arc::new(cached_lease(&key.name, "1", LeasePhase::Released))),
                 &mut overlay,
             );
         }
@@ -1385,7 +1472,7 @@ mod tests {
                         (vec![], vec![])
                     })
                 },
-                Some(cached_lease(&key.name, "1", LeasePhase::Queued)),
+                Some(Arc::new(cached_lease(&key.name, "1", LeasePhase::Queued))),
                 &mut overlay,
             );
         }

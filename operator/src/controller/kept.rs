@@ -904,7 +904,7 @@ mod tests {
                     full_overlay.record_lease_deleted(key(name), uid, at);
                 }
                 Step::Assumed { name, phase } => {
-                    let lease = lease_object(NAMES[name], 0, 0, "", PHASES[phase]);
+                    let lease = Arc::new(lease_object(NAMES[name], 0, 0, "", PHASES[phase]));
                     fed_overlay.assume_lease(key(name), lease.clone());
                     full_overlay.assume_lease(key(name), lease);
                 }

@@ -176,8 +176,14 @@ impl Overlay {
     /// Lays `lease` over the caches as a write still in flight will leave
     /// it, until [`Overlay::forget_assumed`]: the passes that run meanwhile
     /// count its sequence, phase and node as written.
-    pub fn assume_lease(&mut self, key: ObjectKey, lease: CachedLease) {
-        self.assumed.insert(key, Arc::new(lease));
+    pub fn assume_lease(&mut self, key: ObjectKey, lease: Arc<CachedLease>) {
+        self.assumed.insert(key, lease);
+    }
+
+    /// The lease assumed for `key`, if any.
+    #[cfg(test)]
+    pub fn assumed_lease(&self, key: &ObjectKey) -> Option<&Arc<CachedLease>> {
+        self.assumed.get(key)
     }
 
     /// The write behind an assumed lease landed (its answer, if any, is
@@ -520,7 +526,10 @@ mod tests {
         }
         o.record_lease(lease("b", "b", "11", "Admitted"), false, t0);
         o.record_lease_deleted(ObjectKey::new("ns", "c"), "c".into(), t0);
-        o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "a", "10", "Admitted"));
+        o.assume_lease(
+            ObjectKey::new("ns", "a"),
+            Arc::new(lease("a", "a", "10", "Admitted")),
+        );
         let merged = passes.pass(&mut o, &cached, &[], t0);
         assert_eq!(
             phases(&merged),
@@ -570,8 +579,14 @@ mod tests {
             lease("a", "u", "1", "Admitted"),
             lease("b", "v", "1", "Queued"),
         ]);
-        o.assume_lease(ObjectKey::new("ns", "a"), lease("a", "u", "1", "Released"));
-        o.assume_lease(ObjectKey::new("ns", "new"), lease("new", "", "", "Queued"));
+        o.assume_lease(
+            ObjectKey::new("ns", "a"),
+            Arc::new(lease("a", "u", "1", "Released")),
+        );
+        o.assume_lease(
+            ObjectKey::new("ns", "new"),
+            Arc::new(lease("new", "", "", "Queued")),
+        );
         assert_eq!(
             phases(&passes.pass(&mut o, &cached, &[], t0)),
             vec![
