@@ -317,9 +317,10 @@ async fn measure(cluster: &mut SimCluster, args: &Args) -> anyhow::Result<serde_
         }
         if last_rss.elapsed() >= Duration::from_millis(500) {
             last_rss = Instant::now();
-            rss_peak_kib = rss_peak_kib.max(operator_rss_kib(cluster, "VmHWM:").unwrap_or(0));
-            let open = operator_pid(cluster).and_then(open_files).unwrap_or(0);
-            open_files_peak = open_files_peak.max(open);
+            if let Some(pid) = operator_pid(cluster) {
+                rss_peak_kib = rss_peak_kib.max(status_kib(pid, "VmHWM:").unwrap_or(0));
+                open_files_peak = open_files_peak.max(open_files(pid).unwrap_or(0));
+            }
         }
         if last_leases.elapsed() >= Duration::from_secs(2) {
             last_leases = Instant::now();
@@ -551,7 +552,11 @@ fn operator_pid(cluster: &mut SimCluster) -> Option<u32> {
 /// A `/proc/<pid>/status` field (`VmRSS:` now, `VmHWM:` the peak) of the
 /// operator process, in KiB.
 fn operator_rss_kib(cluster: &mut SimCluster, field: &str) -> Option<u64> {
-    let pid = operator_pid(cluster)?;
+    status_kib(operator_pid(cluster)?, field)
+}
+
+/// A `/proc/<pid>/status` field of process `pid`, in KiB.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_kib(&status, field)
 }
@@ -809,6 +814,9 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmRSS:"), Some(10240));
         assert_eq!(parse_status_kib(status, "VmHWM:"), Some(20480));
         assert_eq!(parse_status_kib(status, "VmSwap:"), None);
+        // A live process's own status file, and none for a process that is not.
+        assert!(status_kib(std::process::id(), "VmRSS:").is_some_and(|kib| kib > 0));
+        assert_eq!(status_kib(u32::MAX, "VmRSS:"), None);
     }
 
     #[test]
