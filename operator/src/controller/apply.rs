@@ -898,7 +898,6 @@ impl Writer {
                 Ok(l) => {
                     if released {
                         tracing::info!(lease = %key, "released");
-                        events.emit(&key, &pod_uid, PodEvent::Released);
                     }
                     if let Some(why) = rejected {
                         tracing::info!(lease = %key, %why, "rejected");
