@@ -23,6 +23,7 @@
 //! does not fill its namespace with Events, and memory stays bounded.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -107,13 +108,89 @@ impl PodEvent {
     }
 }
 
+/// What an event is about. A pod is held by the key the index holds it
+/// under, whose strings it shares: in a create burst the queue holds
+/// thousands of events, and a full `ObjectReference` and a log name for
+/// each were seven copies of strings the index already has (about 0.3 KiB
+/// an event). The reference is built when the event is written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Regarding {
+    /// A pod.
+    Pod {
+        /// Its namespace and name.
+        key: ObjectKey,
+        /// Its UID.
+        uid: Arc<str>,
+    },
+    /// A GpuLeaseClass (cluster-scoped).
+    Class {
+        /// Its name.
+        name: Arc<str>,
+        /// Its UID, when known.
+        uid: Option<Arc<str>>,
+    },
+}
+
+impl Regarding {
+    /// The namespace its Event is written in.
+    fn namespace(&self) -> &str {
+        match self {
+            Regarding::Pod { key, .. } => &key.namespace,
+            // Events about a cluster-scoped object go to `default`, as
+            // kube's recorder puts them.
+            Regarding::Class { .. } => "default",
+        }
+    }
+
+    /// Its name, which its Events are named after.
+    fn name(&self) -> &str {
+        match self {
+            Regarding::Pod { key, .. } => &key.name,
+            Regarding::Class { name, .. } => name,
+        }
+    }
+
+    /// The Event's `regarding`.
+    fn reference(&self) -> ObjectReference {
+        match self {
+            Regarding::Pod { key, uid } => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(key.namespace.to_string()),
+                name: Some(key.name.to_string()),
+                uid: Some(uid.to_string()),
+                ..Default::default()
+            },
+            Regarding::Class { name, uid } => ObjectReference {
+                api_version: Some(format!(
+                    "{}/{}",
+                    gpupool_api::names::GROUP,
+                    gpupool_api::names::VERSION
+                )),
+                kind: Some("GpuLeaseClass".into()),
+                name: Some(name.to_string()),
+                uid: uid.as_deref().map(str::to_owned),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// `namespace/name` of a pod, the name of a class: for logs.
+impl std::fmt::Display for Regarding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Regarding::Pod { key, .. } => key.fmt(f),
+            Regarding::Class { name, .. } => f.write_str(name),
+        }
+    }
+}
+
 /// An event to publish.
 #[derive(Debug, Clone)]
 struct Emit {
     /// The object it is about.
-    reference: ObjectReference,
-    /// `namespace/name` for logs.
-    what: String,
+    regarding: Regarding,
     reason: &'static str,
     note: String,
     warning: bool,
@@ -124,9 +201,7 @@ struct Emit {
 /// What makes two events the same occurrence, counted in one series.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct SeriesKey {
-    namespace: Option<String>,
-    name: Option<String>,
-    uid: Option<String>,
+    regarding: Regarding,
     reason: &'static str,
     note: String,
 }
@@ -134,9 +209,7 @@ struct SeriesKey {
 impl SeriesKey {
     fn of(e: &Emit) -> Self {
         Self {
-            namespace: e.reference.namespace.clone(),
-            name: e.reference.name.clone(),
-            uid: e.reference.uid.clone(),
+            regarding: e.regarding.clone(),
             reason: e.reason,
             note: e.note.clone(),
         }
@@ -272,8 +345,7 @@ impl Publisher {
         now: Timestamp,
     ) -> BoxFuture<'static, Written> {
         self.recent.expire(now);
-        let namespace = e.reference.namespace.as_deref().unwrap_or("default");
-        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), e.regarding.namespace());
         let repeat = self.recent.repeat(&key, times).map(|published| {
             let series = K8sEvent {
                 series: Some(EventSeries {
@@ -343,7 +415,7 @@ impl Publisher {
             }
             Err(err) => {
                 metrics.error("publish_event");
-                tracing::warn!(object = %emit.what, reason = emit.reason, error = %err, "cannot publish event");
+                tracing::warn!(object = %emit.regarding, reason = emit.reason, error = %err, "cannot publish event");
             }
         }
         let Repeats { count, latest } = self.writing.remove(&key).flatten()?;
@@ -354,18 +426,17 @@ impl Publisher {
     /// A new Event, named after its object and the time it happened, as
     /// kube names them.
     fn event(&self, e: &Emit) -> K8sEvent {
-        let object = e.reference.name.as_deref().unwrap_or(&self.controller);
         K8sEvent {
             metadata: ObjectMeta {
-                namespace: e.reference.namespace.clone(),
-                name: Some(format!("{object}.{:x}", e.at.as_nanosecond())),
+                namespace: Some(e.regarding.namespace().to_owned()),
+                name: Some(format!("{}.{:x}", e.regarding.name(), e.at.as_nanosecond())),
                 ..ObjectMeta::default()
             },
             event_time: Some(MicroTime(e.at)),
             action: Some(e.reason.to_owned()),
             reason: Some(e.reason.to_owned()),
             note: Some(e.note.clone()),
-            regarding: Some(e.reference.clone()),
+            regarding: Some(e.regarding.reference()),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
             type_: Some(if e.warning { "Warning" } else { "Normal" }.to_owned()),
@@ -429,15 +500,10 @@ impl EventSink {
         self.send(
             queue,
             Emit {
-                reference: ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.to_string()),
-                    name: Some(pod.name.to_string()),
-                    uid: Some(uid.to_owned()),
-                    ..Default::default()
+                regarding: Regarding::Pod {
+                    key: pod.clone(),
+                    uid: uid.into(),
                 },
-                what: pod.to_string(),
                 reason,
                 note,
                 warning: event.is_warning(),
@@ -452,18 +518,10 @@ impl EventSink {
         self.send(
             &self.tx,
             Emit {
-                reference: ObjectReference {
-                    api_version: Some(format!(
-                        "{}/{}",
-                        gpupool_api::names::GROUP,
-                        gpupool_api::names::VERSION
-                    )),
-                    kind: Some("GpuLeaseClass".into()),
-                    name: Some(class.to_owned()),
-                    uid,
-                    ..Default::default()
+                regarding: Regarding::Class {
+                    name: class.into(),
+                    uid: uid.map(Arc::from),
                 },
-                what: class.to_owned(),
                 reason: "Invalid",
                 note: why,
                 warning: true,
@@ -744,12 +802,10 @@ mod tests {
         };
         let at = Timestamp::from_second(1_800_000_000).expect("time");
         let event = publisher.event(&Emit {
-            reference: ObjectReference {
-                namespace: Some("ml".into()),
-                name: Some("p".into()),
-                ..Default::default()
+            regarding: Regarding::Pod {
+                key: pod("p"),
+                uid: "uid-p".into(),
             },
-            what: "ml/p".into(),
             reason: "Queued",
             note: "waiting".into(),
             warning: false,
@@ -761,13 +817,99 @@ mod tests {
             Some(format!("p.{:x}", at.as_nanosecond()))
         );
         assert_eq!(event.type_.as_deref(), Some("Normal"));
+        assert_eq!(event.metadata.namespace.as_deref(), Some("ml"));
+        let regarding = event.regarding.expect("regarding");
+        assert_eq!(
+            (
+                regarding.api_version.as_deref(),
+                regarding.kind.as_deref(),
+                regarding.namespace.as_deref(),
+                regarding.name.as_deref(),
+                regarding.uid.as_deref(),
+            ),
+            (
+                Some("v1"),
+                Some("Pod"),
+                Some("ml"),
+                Some("p"),
+                Some("uid-p")
+            )
+        );
+    }
+
+    #[test]
+    fn a_queued_event_is_small() {
+        // The queue holds up to `QUEUE` of these in a create burst.
+        assert!(
+            std::mem::size_of::<Emit>() <= 128,
+            "{}",
+            std::mem::size_of::<Emit>()
+        );
+    }
+
+    #[test]
+    fn a_class_event_names_the_class_and_is_written_in_default() {
+        let class = Regarding::Class {
+            name: "gold".into(),
+            uid: None,
+        };
+        assert_eq!(class.namespace(), "default");
+        assert_eq!(class.to_string(), "gold");
+        let reference = class.reference();
+        assert_eq!(
+            (
+                reference.api_version,
+                reference.kind.as_deref(),
+                reference.namespace,
+                reference.name.as_deref(),
+                reference.uid,
+            ),
+            (
+                Some(format!(
+                    "{}/{}",
+                    gpupool_api::names::GROUP,
+                    gpupool_api::names::VERSION
+                )),
+                Some("GpuLeaseClass"),
+                None,
+                Some("gold"),
+                None
+            )
+        );
+        let pod = Regarding::Pod {
+            key: pod("p"),
+            uid: "u".into(),
+        };
+        assert_eq!(pod.to_string(), "ml/p");
+    }
+
+    #[test]
+    fn a_series_is_one_object_the_same_event_is_about() {
+        let about = |uid: &str| Regarding::Pod {
+            key: pod("p"),
+            uid: uid.into(),
+        };
+        assert_eq!(about("u1"), about("u1"));
+        assert_ne!(
+            about("u1"),
+            about("u2"),
+            "a pod created again under its name is another"
+        );
+        assert_ne!(
+            about("u1"),
+            Regarding::Class {
+                name: "p".into(),
+                uid: Some("u1".into()),
+            }
+        );
     }
 
     fn key(name: &str, note: &str) -> SeriesKey {
         SeriesKey {
-            namespace: Some("ml".into()),
-            name: Some(name.into()),
-            uid: Some(format!("uid-{name}")),
+            regarding: Regarding::Pod {
+                key: pod(name),
+                uid: format!("uid-{name}").into(),
+            },
             reason: "Queued",
             note: note.into(),
         }
