@@ -1101,7 +1101,7 @@ impl Writer {
                 Ok(class) => {
                     if let Some(why) = write.newly_invalid {
                         tracing::warn!(class = %write.class, %why, "class is invalid");
-                        events.emit_class_invalid(&write.class, None, why);
+                        events.emit_class_invalid(&write.class, class.metadata.uid.as_deref(), why);
                     }
                     (vec![Done::Class(class)], vec![])
                 }
@@ -1862,5 +1862,59 @@ mod tests {
         assert_eq!(v["kind"], "Eviction");
         assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 30);
         assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "u");
+    }
+
+    #[tokio::test]
+    async fn a_class_turned_invalid_gets_a_warning_event_that_names_its_uid() {
+        let (_server, client) = api_server().await;
+        let classes: Api<GpuLeaseClass> = Api::all(client.clone());
+        let class: GpuLeaseClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLeaseClass",
+            "metadata": {"name": "gold"}, "spec": {}
+        }))
+        .expect("class");
+        let created = classes
+            .create(&PostParams::default(), &class)
+            .await
+            .expect("class created");
+        let applier = applier_for(client.clone());
+        let write = ClassWrite {
+            class: "gold".into(),
+            updated_at: Timestamp::now(),
+            newly_invalid: Some("class gold: it is broken".into()),
+        };
+        let (done, errors) = applier
+            .writer
+            .class_chain(write, GpuLeaseClassStatus::default())
+            .await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(done.len(), 1);
+        // `kubectl describe gpuleaseclass gold` finds an object's Events by
+        // its kind, name and UID; a cluster-scoped one's live in `default`.
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+        let mut found = None;
+        for _ in 0..100 {
+            let list = events
+                .list(&kube::api::ListParams::default())
+                .await
+                .expect("events list");
+            found = list
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("Invalid"));
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let event = found.expect("an Invalid event is written");
+        let regarding = event.regarding.expect("regarding");
+        assert_eq!(regarding.kind.as_deref(), Some("GpuLeaseClass"));
+        assert_eq!(regarding.name.as_deref(), Some("gold"));
+        assert_eq!(regarding.namespace, None);
+        assert_eq!(regarding.uid, created.metadata.uid);
+        assert!(regarding.uid.is_some());
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.note.as_deref(), Some("class gold: it is broken"));
     }
 }

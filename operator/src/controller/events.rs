@@ -512,9 +512,10 @@ impl EventSink {
         );
     }
 
-    /// Queues a Warning `Invalid` event on class `class` saying why it
-    /// cannot admit anything.
-    pub fn emit_class_invalid(&self, class: &str, uid: Option<String>, why: String) {
+    /// Queues a Warning `Invalid` event on class `class` (whose UID is
+    /// `uid`: `kubectl describe` finds an object's Events by it) saying why
+    /// it cannot admit anything.
+    pub fn emit_class_invalid(&self, class: &str, uid: Option<&str>, why: String) {
         self.send(
             &self.tx,
             Emit {
