@@ -280,6 +280,10 @@ fn upsert<K: Identity + Clone>(
     obj: &K,
 ) -> Option<(ObjectKey, Option<Arc<K>>)> {
     let parts = parts_of(obj)?;
+    // A copy, on purpose: the watch's own object, read from JSON among the
+    // parser's scratch allocations and with its lists' spare capacity, kept
+    // the operator's peak RSS 1.5 MiB higher at 10,000 pods than this
+    // compact copy (see the performance log, 2026-11-28).
     let mut value = obj.clone();
     if let Some((key, _)) = objects.get_key_value(&parts as &dyn KeyParts) {
         let key = key.clone();
