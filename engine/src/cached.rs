@@ -112,15 +112,7 @@ impl CachedLease {
         spec: GpuLeaseSpec,
         status: Option<GpuLeaseStatus>,
     ) -> Self {
-        Self {
-            metadata: CachedMeta {
-                namespace: Some(namespace.into()),
-                name: Some(name.into()),
-                ..CachedMeta::default()
-            },
-            spec,
-            status,
-        }
+        Self::under(&ObjectKey::new(namespace, name), spec, status)
     }
 
     /// A lease kept under `key` with `spec` and `status`, as it is before
