@@ -397,18 +397,36 @@ pub struct Plan {
     /// More leases differ in position or message than `lease_progress`
     /// lists (the progress limit cut it).
     pub progress_truncated: bool,
-    /// Desired status of every class, without its `updatedAt` stamp.
+    /// Desired status, without its `updatedAt` stamp, of every class whose
+    /// status this pass may write: its persisted status carries no stamp,
+    /// one from the future (another replica's clock), or one at least
+    /// [`CLASS_STATUS_PERIOD`] old. A class written less than a period ago
+    /// is left out and sets `wake_at` to the period's end: no write could
+    /// happen before then, and building its per-GPU picture on every pass
+    /// would cost more than the rest of a pass does.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
-    /// The class statuses to write in this pass, in name order: each differs
-    /// from the persisted status (the stamp aside) and the persisted one is
-    /// at least [`CLASS_STATUS_PERIOD`] old (or carries no stamp, or one
-    /// from the future). A class whose write is held back sets `wake_at`.
+    /// How many leases of every class wait, by role, as the class's status
+    /// counts them: counted on every pass, built status or not.
+    pub queue_depths: BTreeMap<String, QueueDepth>,
+    /// The class statuses to write in this pass, in name order: those of
+    /// `class_statuses` that differ from the persisted status (the stamp
+    /// aside).
     pub class_writes: Vec<ClassWrite>,
-    /// The earliest time a pass is due although nothing changes: a class
-    /// status held back by its period, a helper's `minRuntimeSeconds`
-    /// protection ending, a refused eviction's retry. Always after the
-    /// pass's `now`.
+    /// The earliest time a pass is due although nothing changes: the end
+    /// of a class status's period (see `class_statuses`), a helper's
+    /// `minRuntimeSeconds` protection ending, a refused eviction's retry.
+    /// Always after the pass's `now`.
     pub wake_at: Option<Timestamp>,
+}
+
+/// The leases of a class that wait for a slot, by role: a class status's
+/// `queued` and `queuedHelpers`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Waiting primaries.
+    pub primaries: u32,
+    /// Waiting helpers.
+    pub helpers: u32,
 }
 
 /// A class status to write now: `class_statuses[class]` stamped `updatedAt`.

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::message::Message;
-use super::model::{CLASS_STATUS_PERIOD, ClassWrite, NewLease, ObjectKey};
+use super::model::{CLASS_STATUS_PERIOD, ClassWrite, NewLease, ObjectKey, QueueDepth};
 use super::pass::{ParkedOutcome, Pass, Ticket, Waiter};
 
 /// Most entries a class's `status.queue` lists.
@@ -299,65 +299,48 @@ impl<'a> Pass<'a> {
         Some(t)
     }
 
-    /// Fills `plan.class_statuses`.
+    /// Fills `plan.queue_depths` for every class, and `plan.class_statuses`
+    /// and `plan.class_writes` for the classes whose status may be written
+    /// now (see [`Pass::class_write_held_until`]); a class held back asks
+    /// for a pass when its period ends.
     pub fn emit_class_statuses(&mut self) {
-        // Quiet primaries set apart are counted from their sums; only those
-        // on the nodes a class status pictures GPU by GPU get tickets.
         let visited = self.tickets.len();
-        for node in self.pictured_nodes() {
+        let held: Vec<Option<Timestamp>> = (0..self.classes.list.len())
+            .map(|c| self.class_write_held_until(c))
+            .collect();
+        let built: Vec<bool> = held.iter().map(Option::is_none).collect();
+        // Quiet primaries set apart are counted from their sums; only those
+        // on the nodes a built class status pictures GPU by GPU get tickets.
+        for node in self.pictured_nodes(&built) {
             let name = self.nodes.list[node as usize].name.as_str();
             self.materialize_quiet_holders(name);
         }
-        let holders = self.holders_by_node();
-        let mut paced = Vec::new();
+        let holders = if built.contains(&true) {
+            self.holders_by_node()
+        } else {
+            Holders::default()
+        };
+        let mut writes = Vec::new();
         for (c, class) in self.classes.list.iter().enumerate() {
+            let mut status = self.class_counts(c, visited);
+            self.plan.queue_depths.insert(
+                class.info.name.clone(),
+                QueueDepth {
+                    primaries: status.queued,
+                    helpers: status.queued_helpers,
+                },
+            );
+            if !built[c] {
+                continue;
+            }
             let res = class.res;
-            let mut status = GpuLeaseClassStatus {
-                observed_generation: class.info.generation,
-                conditions: self.conditions(c),
-                capacity: class.nodes.iter().map(|&n| self.nodes.alloc(res, n)).sum(),
-                free: self
-                    .nodes
-                    .free_on(res, &class.nodes)
-                    .min(u64::from(u32::MAX)) as u32,
-                ..GpuLeaseClassStatus::default()
-            };
-            if let Some(&n) = self
-                .view
-                .holders
-                .and_then(|h| h.per_class.get(class.name()))
-            {
-                status.admitted += n as u32;
-            }
-            for t in self.tickets[..visited]
-                .iter()
-                .filter(|t| t.class == Some(c))
-            {
-                let counter = match (t.phase, t.role) {
-                    (LeasePhase::Admitted | LeasePhase::Bound, Role::Primary) => {
-                        &mut status.admitted
-                    }
-                    (LeasePhase::Admitted | LeasePhase::Bound, Role::Helper) => {
-                        &mut status.admitted_helpers
-                    }
-                    (LeasePhase::Queued, Role::Primary) => &mut status.queued,
-                    (LeasePhase::Queued, Role::Helper) => &mut status.queued_helpers,
-                    (LeasePhase::Preempting, _) => &mut status.preempting,
-                    _ => continue,
-                };
-                *counter += 1;
-            }
-            let parked = self.parked_out.iter().map(|o| (o.class, o.role, 1));
-            let skipped = self
-                .parked_skipped
-                .iter()
-                .map(|s| (s.class, s.role, s.count));
-            for (_, role, n) in parked.chain(skipped).filter(|(class, ..)| *class == c) {
-                match role {
-                    Role::Primary => status.queued += n,
-                    Role::Helper => status.queued_helpers += n,
-                }
-            }
+            status.observed_generation = class.info.generation;
+            status.conditions = self.conditions(c);
+            status.capacity = class.nodes.iter().map(|&n| self.nodes.alloc(res, n)).sum();
+            status.free = self
+                .nodes
+                .free_on(res, &class.nodes)
+                .min(u64::from(u32::MAX)) as u32;
             if let Some(q) = self.queues.get(c) {
                 status.queue = q
                     .primaries
@@ -370,28 +353,73 @@ impl<'a> Pass<'a> {
             let (slots, truncated) = self.slot_entries(c, &holders);
             status.slots = slots;
             status.slots_truncated = truncated;
-            paced.push(self.pace_class_write(c, &status));
+            let persisted = class.info.status.as_ref();
+            if !persisted.is_some_and(|p| same_apart_from_stamp(p, &status)) {
+                writes.push(ClassWrite {
+                    class: class.info.name.clone(),
+                    updated_at: self.now,
+                    newly_invalid: newly_invalid(persisted, &status),
+                });
+            }
             self.plan
                 .class_statuses
                 .insert(class.info.name.clone(), status);
         }
-        for p in paced {
-            match p {
-                Paced::Unchanged => {}
-                Paced::Now(write) => self.plan.class_writes.push(write),
-                Paced::At(due) => self.wake_at(Some(due)),
-            }
+        self.plan.class_writes.extend(writes);
+        for due in held.into_iter().flatten() {
+            self.wake_at(Some(due));
         }
     }
 
-    /// The nodes whose GPUs some class status lists one by one (see
-    /// [`Pass::slot_entries`]), when quiet primaries are set apart.
-    fn pictured_nodes(&self) -> std::collections::BTreeSet<u32> {
+    /// Class `c`'s lease counts: admitted, queued and preempting, by role.
+    fn class_counts(&self, c: usize, visited: usize) -> GpuLeaseClassStatus {
+        let mut status = GpuLeaseClassStatus::default();
+        if let Some(&n) = self
+            .view
+            .holders
+            .and_then(|h| h.per_class.get(self.classes.list[c].name()))
+        {
+            status.admitted += n as u32;
+        }
+        for t in self.tickets[..visited]
+            .iter()
+            .filter(|t| t.class == Some(c))
+        {
+            let counter = match (t.phase, t.role) {
+                (LeasePhase::Admitted | LeasePhase::Bound, Role::Primary) => &mut status.admitted,
+                (LeasePhase::Admitted | LeasePhase::Bound, Role::Helper) => {
+                    &mut status.admitted_helpers
+                }
+                (LeasePhase::Queued, Role::Primary) => &mut status.queued,
+                (LeasePhase::Queued, Role::Helper) => &mut status.queued_helpers,
+                (LeasePhase::Preempting, _) => &mut status.preempting,
+                _ => continue,
+            };
+            *counter += 1;
+        }
+        let parked = self.parked_out.iter().map(|o| (o.class, o.role, 1));
+        let skipped = self
+            .parked_skipped
+            .iter()
+            .map(|s| (s.class, s.role, s.count));
+        for (_, role, n) in parked.chain(skipped).filter(|(class, ..)| *class == c) {
+            match role {
+                Role::Primary => status.queued += n,
+                Role::Helper => status.queued_helpers += n,
+            }
+        }
+        status
+    }
+
+    /// The nodes whose GPUs a class status built in this pass (`built[c]`)
+    /// lists one by one (see [`Pass::slot_entries`]), when quiet primaries
+    /// are set apart.
+    fn pictured_nodes(&self, built: &[bool]) -> std::collections::BTreeSet<u32> {
         let mut pictured = std::collections::BTreeSet::new();
         if self.view.holders.is_none() {
             return pictured;
         }
-        for class in &self.classes.list {
+        for (class, _) in self.classes.list.iter().zip(built).filter(|(_, b)| **b) {
             let max = class.info.spec.snapshot.max_slots as usize;
             let mut listed = 0usize;
             for &n in &class.nodes {
@@ -442,32 +470,21 @@ impl<'a> Pass<'a> {
         o.entry.lease.as_ref()?.status()
     }
 
-    /// Class `c`'s status is written in this pass when it changed and its
-    /// last write is at least [`CLASS_STATUS_PERIOD`] old; otherwise a pass
-    /// is asked for when that period ends. The period is read from the
-    /// persisted `updatedAt`, so it holds across passes and leader changes
-    /// alike; a stamp from the future (another replica's clock) does not
-    /// hold the write back.
-    fn pace_class_write(&self, c: usize, wanted: &GpuLeaseClassStatus) -> Paced {
-        let class = &self.classes.list[c];
-        let persisted = class.info.status.as_ref();
-        if persisted.is_some_and(|p| same_apart_from_stamp(p, wanted)) {
-            return Paced::Unchanged;
-        }
-        let due = persisted
+    /// When class `c`'s status was written less than [`CLASS_STATUS_PERIOD`]
+    /// ago, the end of that period: no write of it may happen before then.
+    /// The period is read from the persisted `updatedAt`, so it holds
+    /// across passes and leader changes alike; a stamp from the future
+    /// (another replica's clock) holds nothing back.
+    fn class_write_held_until(&self, c: usize) -> Option<Timestamp> {
+        self.classes.list[c]
+            .info
+            .status
+            .as_ref()
             .and_then(|p| p.updated_at.as_ref())
             .map(|t| t.0)
             .filter(|last| *last <= self.now)
             .and_then(|last| last.checked_add(CLASS_STATUS_PERIOD).ok())
-            .filter(|due| *due > self.now);
-        match due {
-            Some(due) => Paced::At(due),
-            None => Paced::Now(ClassWrite {
-                class: class.info.name.clone(),
-                updated_at: self.now,
-                newly_invalid: newly_invalid(persisted, wanted),
-            }),
-        }
+            .filter(|due| *due > self.now)
     }
 
     fn conditions(&self, c: usize) -> Vec<Condition> {
@@ -621,19 +638,10 @@ impl<'a> Pass<'a> {
 }
 
 /// Holding tickets grouped by node.
+#[derive(Default)]
 struct Holders {
     tickets: Vec<usize>,
     start: Vec<usize>,
-}
-
-/// When a class's status is written.
-enum Paced {
-    /// It is what the API server holds.
-    Unchanged,
-    /// In this pass.
-    Now(ClassWrite),
-    /// Not before this time: the last write was too recent.
-    At(Timestamp),
 }
 
 /// True when two class statuses differ at most in their `updatedAt` stamp.

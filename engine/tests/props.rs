@@ -8,15 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpupool_api::names::LABEL_HOSTNAME;
 use gpupool_api::{
-    GpuLeaseClassSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu, Ordering, Placement,
-    Preemption, Role,
+    GpuLeaseClassSpec, GpuLeaseClassStatus, GpuLeaseStatus, LeaseGpu, LeasePhase, NodeGpu,
+    Ordering, Placement, Preemption, Role,
 };
 use gpupool_engine::fixtures;
 use gpupool_engine::{
     ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
     Snapshot, decide,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
 
 use gpupool_engine::fixtures::{RESOURCE as RES, at};
@@ -225,6 +225,11 @@ struct World {
     sequences: BTreeMap<String, u64>,
     /// A PodDisruptionBudget refuses every eviction.
     pdb_refuses: bool,
+    /// Class statuses are written as the operator writes them: only those
+    /// a pass says to write, stamped, so that later passes within
+    /// [`CLASS_STATUS_PERIOD`] hold them back. Otherwise every class
+    /// status a pass builds is stored unstamped.
+    paced_class_statuses: bool,
 }
 
 fn gpus(name: &str, n: u32) -> Vec<NodeGpu> {
@@ -261,6 +266,7 @@ impl World {
             next_node: 0,
             sequences: BTreeMap::new(),
             pdb_refuses: false,
+            paced_class_statuses: false,
         };
         for &(alloc, pool) in &sc.nodes {
             w.add_node(alloc, pool);
@@ -516,9 +522,21 @@ impl World {
         for step in &steps[..keep] {
             self.apply_step(&plan, step)?;
         }
-        for (name, st) in &plan.class_statuses {
-            if let Some(c) = self.s.classes.iter_mut().find(|c| &c.name == name) {
-                c.status = Some(st.clone());
+        if self.paced_class_statuses {
+            for write in &plan.class_writes {
+                let class = self.s.classes.iter_mut().find(|c| c.name == write.class);
+                if let (Some(c), Some(st)) = (class, plan.class_statuses.get(&write.class)) {
+                    c.status = Some(GpuLeaseClassStatus {
+                        updated_at: Some(Time(write.updated_at)),
+                        ..st.clone()
+                    });
+                }
+            }
+        } else {
+            for (name, st) in &plan.class_statuses {
+                if let Some(c) = self.s.classes.iter_mut().find(|c| &c.name == name) {
+                    c.status = Some(st.clone());
+                }
             }
         }
         self.check_world(&before)?;
@@ -688,6 +706,15 @@ impl World {
     }
 
     fn check_plan_as_written(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        // Every class's queue depth is counted, and it is what a status
+        // built in the same pass says.
+        for class in &self.s.classes {
+            let depth = plan.queue_depths.get(&class.name);
+            prop_assert!(depth.is_some(), "no queue depth for class {}", class.name);
+            if let (Some(d), Some(st)) = (depth, plan.class_statuses.get(&class.name)) {
+                prop_assert_eq!((d.primaries, d.helpers), (st.queued, st.queued_helpers));
+            }
+        }
         // Deletions only ever target leases of replaced pods.
         for d in &plan.delete_leases {
             let pod = self.s.pods.iter().find(|p| p.key == d.key);
@@ -1067,8 +1094,10 @@ fn kept_engine_decides_as_a_full_pass(
     sc: &Scenario,
     drop_class: Option<u8>,
     limit: Option<usize>,
+    paced: bool,
 ) -> Result<(), TestCaseError> {
     let mut w = World::new(sc);
+    w.paced_class_statuses = paced;
     // The world writes every status; only the two compared passes cut.
     let full_pass = |s: &Snapshot| {
         decide(&Snapshot {
@@ -1182,14 +1211,16 @@ proptest! {
     /// applied in part included, and a class that goes away and comes
     /// back), decides exactly what a pass over the whole snapshot decides,
     /// with or without a progress limit, however many of its queued
-    /// leases it keeps parked.
+    /// leases it keeps parked, and whether or not class statuses are held
+    /// back by their period.
     #[test]
     fn the_kept_engine_decides_as_a_full_pass(
         sc in scenario(),
         drop_class in any::<u8>(),
         limit in prop::option::of(0usize..4),
+        paced in any::<bool>(),
     ) {
-        kept_engine_decides_as_a_full_pass(&sc, Some(drop_class), limit)?;
+        kept_engine_decides_as_a_full_pass(&sc, Some(drop_class), limit, paced)?;
     }
 
     /// The same, with queues longer than a class status lists, so that
@@ -1198,8 +1229,9 @@ proptest! {
     fn the_kept_engine_decides_as_a_full_pass_over_long_queues(
         sc in crowded_scenario(),
         limit in prop::option::of(0usize..4),
+        paced in any::<bool>(),
     ) {
-        kept_engine_decides_as_a_full_pass(&sc, None, limit)?;
+        kept_engine_decides_as_a_full_pass(&sc, None, limit, paced)?;
     }
 
     /// Once the world is quiet, applying a plan and re-running changes

@@ -1329,12 +1329,18 @@ fn a_class_status_is_written_at_most_once_per_period() {
     assert_eq!(plan.class_writes[0].updated_at, s.now);
     assert_eq!(plan.class_statuses["default"].updated_at, None, "unstamped");
 
-    // Changed, last written half a period ago: held back, a pass asked for
-    // when the period ends.
+    // Last written half a period ago: held back and not even built (its
+    // per-GPU picture is the costliest part of a pass), its queue depth
+    // still counted, a pass asked for when the period ends.
     s.now = at(1000) + jiff::SignedDuration::from_millis(500);
     s.classes[0].status = Some(stale_class_status(&s, Some(1000)));
     let plan = decide(&s);
     assert!(plan.class_writes.is_empty(), "{:?}", plan.class_writes);
+    assert!(plan.class_statuses.is_empty(), "{:?}", plan.class_statuses);
+    assert_eq!(
+        plan.queue_depths["default"],
+        gpupool_engine::QueueDepth::default()
+    );
     assert_eq!(plan.wake_at, Some(at(1000) + CLASS_STATUS_PERIOD));
 
     // A whole period later: written.
@@ -1347,13 +1353,47 @@ fn a_class_status_is_written_at_most_once_per_period() {
     s.classes[0].status = Some(stale_class_status(&s, Some(5000)));
     assert_eq!(decide(&s).class_writes.len(), 1);
 
-    // Unchanged apart from the stamp: nothing to write, nothing to wait for.
+    // Unchanged apart from the stamp, inside its period: the pass at the
+    // period's end builds it, finds nothing to write and asks for nothing.
     let mut same = decide(&s).class_statuses["default"].clone();
     same.updated_at = Some(Time(at(1001)));
     s.classes[0].status = Some(same);
+    assert_eq!(decide(&s).wake_at, Some(at(1001) + CLASS_STATUS_PERIOD));
+    s.now = at(1002);
     let plan = decide(&s);
+    assert!(plan.class_statuses.contains_key("default"));
     assert!(plan.class_writes.is_empty());
     assert_eq!(plan.wake_at, None);
+}
+
+#[test]
+fn a_class_held_back_by_its_period_still_counts_its_queue() {
+    let mut s = world(
+        vec![node("n1", 1)],
+        vec![
+            pod("p1", 1, 1),
+            pod("p2", 1, 2),
+            pod("p3", 1, 3),
+            helper("h1", 1, 4),
+        ],
+    );
+    settle(&mut s);
+    let built = decide(&s).class_statuses["default"].clone();
+    assert_eq!((built.queued, built.queued_helpers), (2, 1));
+
+    // Written at this very moment: not built again, its depth counted alike.
+    let mut written = built.clone();
+    written.updated_at = Some(Time(s.now));
+    s.classes[0].status = Some(written);
+    let plan = decide(&s);
+    assert!(!plan.class_statuses.contains_key("default"));
+    assert_eq!(
+        plan.queue_depths["default"],
+        gpupool_engine::QueueDepth {
+            primaries: 2,
+            helpers: 1
+        }
+    );
 }
 
 /// The status write `plan` makes for class `name`, if any.

@@ -52,7 +52,7 @@ use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
 use super::watched::WatchedLease;
 use crate::engine::{
-    Admission, CachedLease, ClassWrite, Eviction, NewLease, ObjectKey, Plan, StaleLease,
+    Admission, CachedLease, ClassWrite, Eviction, NewLease, ObjectKey, Plan, QueueDepth, StaleLease,
 };
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -577,10 +577,10 @@ impl Applier {
                 .unwrap_or_default();
             self.spawn(vec![key], move |w| w.evict_chain(e, class), None, overlay);
         }
-        // Class statuses: the counts feed the queue-depth gauges on every
-        // pass; a status is written when the plan says it is due.
-        for (class, status) in &plan.class_statuses {
-            self.writer.record_queue_depth(class, status);
+        // The queue depths feed their gauges on every pass; a class status
+        // is written when the plan says it is due.
+        for (class, depth) in &plan.queue_depths {
+            self.writer.record_queue_depth(class, *depth);
         }
         for w in plan.class_writes {
             let key = class_key(&w.class);
@@ -1072,10 +1072,10 @@ impl Writer {
         })
     }
 
-    fn record_queue_depth(&self, class: &str, status: &GpuLeaseClassStatus) {
+    fn record_queue_depth(&self, class: &str, depth: QueueDepth) {
         for (role, n) in [
-            (Role::Primary, status.queued),
-            (Role::Helper, status.queued_helpers),
+            (Role::Primary, depth.primaries),
+            (Role::Helper, depth.helpers),
         ] {
             self.metrics
                 .queue_depth
