@@ -15,6 +15,9 @@
 //!     also keeps 10,000 finished pods and their Released leases.
 //! (h) `kept_engine_settled_pod_arrives_progress_limit_200`: a new pod
 //!     arrives behind the settled queue of (a), with the progress limit.
+//! (i) `..._class_written`: (e) with the progress limit, the class status
+//!     written less than a period ago, as it is for every pass but about
+//!     one a second in the operator: its status is not built.
 
 use std::hint::black_box;
 
@@ -246,6 +249,25 @@ fn bench(c: &mut Criterion) {
             plan
         })
     });
+
+    // (i) (e) inside the class status's period.
+    let mut written = settled.clone();
+    for c in &mut written.classes {
+        if let Some(st) = &mut c.status {
+            st.updated_at = Some(Time(written.now));
+        }
+    }
+    let mut paced = Engine::from_snapshot(&written);
+    paced.set_progress_limit(Some(200));
+    let held = decide_without(&mut paced);
+    assert!(
+        held.class_statuses.is_empty() && held.wake_at.is_some(),
+        "the class status waits for its period"
+    );
+    g.bench_function(
+        "kept_engine_after_pod_finished_progress_limit_200_class_written",
+        |b| b.iter(|| decide_without(&mut paced)),
+    );
 
     let mut unsorted = settled.clone();
     // A fixed permutation: interleave from both ends.

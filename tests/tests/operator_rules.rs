@@ -14,7 +14,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_order_with_shrinking_positions() {
-    let sim = Sim::start(1, 1).await;
+    let mut sim = Sim::start(1, 1).await;
     sim.class("default", json!({"default": true})).await;
     let names = ["p1", "p2", "p3", "p4", "p5"];
     for (i, n) in names.iter().enumerate() {
@@ -32,6 +32,26 @@ async fn fifo_order_with_shrinking_positions() {
     })
     .await;
     assert_eq!(positions, vec![Some(1), Some(2), Some(3), Some(4)]);
+    // The queue-depth gauge counts the primaries that wait, on every pass,
+    // while the class status is written at most once a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let gauge = sim.queue_depth("default", "primary").await;
+        let queued = sim
+            .leases()
+            .await
+            .values()
+            .filter(|l| l.status.as_ref().map(|s| s.phase) == Some(LeasePhase::Queued))
+            .count();
+        if queued > 0 && gauge == i64::try_from(queued).ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue depth gauge {gauge:?}, {queued} leases queued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let p1 = sim
         .lease("p1")
         .await

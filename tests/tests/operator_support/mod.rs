@@ -77,6 +77,18 @@ impl Sim {
             .expect("cluster stops cleanly");
     }
 
+    /// The operator's `gpupool_operator_queue_depth` gauge for `class` and
+    /// `role` (`primary` or `helper`), read from its `/metrics`; `None`
+    /// when no replica answers or the gauge has no such series yet.
+    pub async fn queue_depth(&mut self, class: &str, role: &str) -> Option<i64> {
+        let text = self.cluster.operator_metrics().await?;
+        let labels = [format!("class=\"{class}\""), format!("role=\"{role}\"")];
+        text.lines()
+            .filter(|l| l.starts_with("gpupool_operator_queue_depth{"))
+            .find(|l| labels.iter().all(|label| l.contains(label.as_str())))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
     /// Creates (or replaces) class `name` with `spec`.
     pub async fn class(&self, name: &str, spec: Value) {
         let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
