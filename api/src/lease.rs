@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Position", type_ = "integer", json_path = ".status.position"),
     printcolumn(name = "Node", type_ = "string", json_path = ".status.node"),
-    printcolumn(name = "GPU", type_ = "string", json_path = ".status.gpus[*].index"),
+    printcolumn(name = "GPU", type_ = "string", json_path = ".status.gpuIndexes"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -155,6 +155,12 @@ pub struct GpuLeaseStatus {
     /// GPUs the pod holds, as the device plugin read them from the kubelet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<LeaseGpu>,
+    /// The indexes of `gpus` as one string, ascending and comma-separated
+    /// (`0,1`), which the device plugin writes with them. The GPU column of
+    /// `kubectl get gpuleases` shows it: a column shows one value per
+    /// lease, so a list would show only a pod's first GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_indexes: Option<String>,
     /// For a preempted helper: the primary (`namespace/name`) it makes room for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<String>,
@@ -188,9 +194,67 @@ pub struct LeaseGpu {
     pub product: Option<String>,
 }
 
+/// GPU indexes as a person writes them: ascending, each once, joined by
+/// commas (`0,1,3`); empty for none.
+pub fn index_list(indexes: impl IntoIterator<Item = u32>) -> String {
+    let mut indexes: Vec<u32> = indexes.into_iter().collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    indexes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What [`GpuLeaseStatus::gpu_indexes`] says for `gpus`: their
+/// [`index_list`], or `None` for no GPU.
+pub fn gpu_indexes(gpus: &[LeaseGpu]) -> Option<String> {
+    Some(index_list(gpus.iter().map(|g| g.index))).filter(|list| !list.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gpu(index: u32) -> LeaseGpu {
+        LeaseGpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            product: None,
+        }
+    }
+
+    #[test]
+    fn gpu_indexes_lists_every_gpu_once_in_ascending_order() {
+        assert_eq!(index_list([]), "");
+        assert_eq!(index_list([2, 0, 2]), "0,2");
+        assert_eq!(gpu_indexes(&[]), None);
+        assert_eq!(gpu_indexes(&[gpu(3)]).as_deref(), Some("3"));
+        assert_eq!(
+            gpu_indexes(&[gpu(7), gpu(0), gpu(7), gpu(12)]).as_deref(),
+            Some("0,7,12")
+        );
+    }
+
+    #[test]
+    fn the_gpu_column_reads_the_one_string_not_the_list() {
+        let crd = serde_json::to_value(<GpuLease as kube::CustomResourceExt>::crd()).expect("crd");
+        let columns = &crd["spec"]["versions"][0]["additionalPrinterColumns"];
+        let column = columns
+            .as_array()
+            .and_then(|cols| cols.iter().find(|c| c["name"] == "GPU"))
+            .expect("a GPU column");
+        assert_eq!(column["jsonPath"], ".status.gpuIndexes");
+        let status = GpuLeaseStatus {
+            gpu_indexes: gpu_indexes(&[gpu(1), gpu(0)]),
+            ..GpuLeaseStatus::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&status).expect("ser")["gpuIndexes"],
+            "0,1"
+        );
+    }
 
     #[test]
     fn role_and_phase_wire_names() {

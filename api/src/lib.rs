@@ -18,5 +18,7 @@ pub use class::{
     AdmissionSpec, GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseClassStatus, HelperSpec, Ordering,
     Placement, Preemption, QueueEntry, SlotEntry, SnapshotSpec,
 };
-pub use lease::{GpuLease, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, Role};
+pub use lease::{
+    GpuLease, GpuLeaseSpec, GpuLeaseStatus, LeaseGpu, LeasePhase, Role, gpu_indexes, index_list,
+};
 pub use node_gpus::NodeGpu;

@@ -104,7 +104,7 @@ pub fn start_discovery(
         tracing::info!(
             gpus = first.len(),
             slots = first.len() * sessions as usize,
-            indices = %index_list(first.iter().map(|g| g.node.index)),
+            indices = %gpupool_api::index_list(first.iter().map(|g| g.node.index)),
             "GPUs discovered"
         );
     }
@@ -112,15 +112,6 @@ pub fn start_discovery(
     metrics.observe_table(&table);
     tx.send_replace(Arc::new(table));
     Ok(rx)
-}
-
-/// GPU indices as a user writes them: `0,1,3`.
-pub fn index_list(indices: impl IntoIterator<Item = u32>) -> String {
-    indices
-        .into_iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Runs the plugin until `shutdown` fires: metrics endpoint, reporter, and

@@ -224,19 +224,22 @@ impl Reporter {
             return Ok(false);
         };
         let status = lease.status.unwrap_or_default();
-        if status.gpus == pod.gpus && status.bound_at.is_some() {
+        let indexes = gpupool_api::gpu_indexes(&pod.gpus);
+        if status.gpus == pod.gpus && status.gpu_indexes == indexes && status.bound_at.is_some() {
             return Ok(true);
         }
         // boundAt is when the GPUs were first seen bound; keep it once set.
         let bound_at = status.bound_at.unwrap_or(Time(jiff::Timestamp::now()));
-        let patch = json!({ "status": { "gpus": pod.gpus, "boundAt": bound_at } });
+        let patch = json!({
+            "status": { "gpus": pod.gpus, "gpuIndexes": indexes, "boundAt": bound_at }
+        });
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER_DEVICE_PLUGIN.to_owned()),
             ..PatchParams::default()
         };
         timed(api.patch_status(&pod.name, &params, &Patch::Merge(&patch))).await?;
         self.metrics.lease_reported();
-        tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = %crate::app::index_list(pod.gpus.iter().map(|g| g.index)), "reported GPUs to lease");
+        tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = indexes.as_deref().unwrap_or_default(), "reported GPUs to lease");
         Ok(true)
     }
 

@@ -208,6 +208,10 @@ async fn reports_node_gpus_and_lease_gpus() {
             {"index": 2, "uuid": "GPU-c", "product": "Test GPU"}
         ])
     );
+    assert_eq!(
+        lease_patch.body["status"]["gpuIndexes"], "0,2",
+        "the GPU column lists both GPUs"
+    );
     let bound_at = lease_patch.body["status"]["boundAt"]
         .as_str()
         .unwrap()
@@ -220,12 +224,22 @@ async fn reports_node_gpus_and_lease_gpus() {
     })
     .await;
     assert!(requests(&state, "PATCH", "/gpuleases/q/status").is_empty());
-    state.lock().unwrap().leases.insert("q".into(), lease("q"));
+    // Its lease turns up as a plugin without the GPU column left it: the
+    // right GPUs and boundAt, no gpuIndexes. The column is added and
+    // boundAt kept.
+    let q_gpu = gpu_of(&q_ids[0]);
+    let q_index = if q_gpu == "GPU-a" { 0 } else { 2 };
+    let mut q_lease = lease("q");
+    q_lease["status"]["gpus"] = json!([{"index": q_index, "uuid": q_gpu, "product": "Test GPU"}]);
+    q_lease["status"]["boundAt"] = json!("2026-01-01T00:00:00Z");
+    state.lock().unwrap().leases.insert("q".into(), q_lease);
     let q_patch = wait_for("q patched once its lease exists", || {
         requests(&state, "PATCH", "/gpuleases/q/status").pop()
     })
     .await;
-    assert_eq!(q_patch.body["status"]["gpus"][0]["uuid"], gpu_of(&q_ids[0]));
+    assert_eq!(q_patch.body["status"]["gpus"][0]["uuid"], q_gpu);
+    assert_eq!(q_patch.body["status"]["gpuIndexes"], q_index.to_string());
+    assert_eq!(q_patch.body["status"]["boundAt"], "2026-01-01T00:00:00Z");
 
     // p was patched once: boundAt is not rewritten every round.
     assert_eq!(requests(&state, "PATCH", "/gpuleases/p/status").len(), 1);

@@ -148,6 +148,7 @@ impl<'a> Pass<'a> {
             position: t.position,
             node: t.node.map(str::to_owned),
             gpus: t.persisted.map(|s| s.gpus.clone()).unwrap_or_default(),
+            gpu_indexes: t.persisted.and_then(|s| s.gpu_indexes.clone()),
             preempted_by: t.preempted_by.map(|p| p.to_string()),
             queued_at: times.queued.map(Time),
             admitted_at: times.admitted.map(Time),

@@ -196,7 +196,7 @@ async fn custom_resource_lifecycle_and_printing() {
         .admin()
         .get("gpupool.io", "gpuleases", "default", "train-0")
         .expect("stored");
-    lease["status"] = json!({"phase": "Bound", "position": 1, "node": "node-1", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 2, "uuid": "GPU-b"}]});
+    lease["status"] = json!({"phase": "Bound", "position": 1, "node": "node-1", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 2, "uuid": "GPU-b"}], "gpuIndexes": "0,2"});
     s.admin()
         .put("gpupool.io", "gpuleases", lease)
         .expect("status set");

@@ -162,6 +162,24 @@ async fn succeeded_pod_frees_its_slot_and_pod_is_pinned() {
     sim.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_on_two_gpus_shows_both_in_the_gpu_column() {
+    let sim = Sim::start(1, 2).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("wide", 2)).await;
+    let bound = sim.wait_phase("wide", LeasePhase::Bound, 30).await;
+    let st = bound.status.expect("status");
+    let indexes: Vec<u32> = st.gpus.iter().map(|g| g.index).collect();
+    assert_eq!(indexes, [0, 1], "one session per GPU: both GPUs");
+    // The device plugin writes the list and its column in one patch.
+    assert_eq!(st.gpu_indexes.as_deref(), Some("0,1"));
+    let row = sim.lease_row("wide").await;
+    assert_eq!(row.get("GPU"), Some(&json!("0,1")), "{row:?}");
+    assert_eq!(row.get("Phase"), Some(&json!("Bound")), "{row:?}");
+    assert_eq!(row.get("Node"), Some(&json!("node-1")), "{row:?}");
+    sim.stop().await;
+}
+
 /// Holds `ms` milliseconds and then checks `cond` still holds: used to show
 /// that something does NOT happen while a rule forbids it.
 async fn stays<F, Fut>(what: &str, ms: u64, mut cond: F)

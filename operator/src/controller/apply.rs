@@ -536,9 +536,14 @@ impl Applier {
                 // The device plugin's GPUs stay as they are: the write
                 // leaves them alone.
                 let mut assumed = CachedLease::clone(&lease);
-                let gpus = assumed.status.take().map(|s| s.gpus).unwrap_or_default();
+                let (gpus, gpu_indexes) = assumed
+                    .status
+                    .take()
+                    .map(|s| (s.gpus, s.gpu_indexes))
+                    .unwrap_or_default();
                 assumed.status = Some(GpuLeaseStatus {
                     gpus,
+                    gpu_indexes,
                     ..status.clone()
                 });
                 let k = key.clone();

@@ -9,9 +9,10 @@ use serde_json::{Map, Value, json};
 use super::translate::gate_index;
 use crate::engine::CachedLease;
 
-/// The status field the device plugin owns: the operator never writes it,
-/// so a stale cache can never erase what the plugin reported.
-const DEVICE_PLUGIN_FIELD: &str = "gpus";
+/// The status fields the device plugin owns (the GPUs and the column that
+/// lists their indexes): the operator never writes them, so a stale cache
+/// can never erase what the plugin reported.
+const DEVICE_PLUGIN_FIELDS: [&str; 2] = ["gpus", "gpuIndexes"];
 
 /// Why no admission patch could be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,8 +72,8 @@ fn escape_pointer(segment: &str) -> String {
 }
 
 /// A merge patch turning status `old` into `new`: every field of `new`, and
-/// `null` for fields `old` has and `new` lacks. `gpus` is left out (the device
-/// plugin owns it). With `resource_version` the API server refuses the write
+/// `null` for fields `old` has and `new` lacks. `gpus` and `gpuIndexes` are
+/// left out (the device plugin owns them). With `resource_version` the API server refuses the write
 /// (409) if the lease changed since it was read.
 pub fn lease_status_patch(
     old: Option<&GpuLeaseStatus>,
@@ -83,11 +84,13 @@ pub fn lease_status_patch(
     // The GPUs are the device plugin's to write; only the first status of a
     // lease recreated after a deletion carries the last ones it reported.
     if old.is_some() || new.gpus.is_empty() {
-        status.remove(DEVICE_PLUGIN_FIELD);
+        for field in DEVICE_PLUGIN_FIELDS {
+            status.remove(field);
+        }
     }
     if let Some(old) = old {
         for key in to_object(old).keys() {
-            if key != DEVICE_PLUGIN_FIELD && !status.contains_key(key) {
+            if !DEVICE_PLUGIN_FIELDS.contains(&key.as_str()) && !status.contains_key(key) {
                 status.insert(key.clone(), Value::Null);
             }
         }
@@ -103,8 +106,10 @@ pub fn lease_status_patch(
 pub fn lease_status_differs(old: Option<&GpuLeaseStatus>, new: &GpuLeaseStatus) -> bool {
     let mut a = old.map(to_object).unwrap_or_default();
     let mut b = to_object(new);
-    a.remove(DEVICE_PLUGIN_FIELD);
-    b.remove(DEVICE_PLUGIN_FIELD);
+    for field in DEVICE_PLUGIN_FIELDS {
+        a.remove(field);
+        b.remove(field);
+    }
     a != b
 }
 
@@ -307,6 +312,7 @@ mod tests {
                 uuid: "GPU-a".into(),
                 product: None,
             }],
+            gpu_indexes: Some("0".into()),
             message: Some("waiting".into()),
             ..Default::default()
         };
@@ -327,14 +333,39 @@ mod tests {
         assert!(lease_status_differs(Some(&old), &new));
         let mut same = old.clone();
         same.gpus.clear();
+        same.gpu_indexes = None;
         assert!(
             !lease_status_differs(Some(&old), &same),
-            "gpus alone is no change"
+            "gpus and their indexes alone are no change"
         );
         assert!(lease_status_differs(None, &new));
         assert_eq!(
             lease_status_patch(None, &new, None),
             json!({"status": {"phase": "Admitted", "sequence": 4, "node": "node-1"}})
+        );
+    }
+
+    #[test]
+    fn a_recreated_lease_gets_back_the_gpus_and_their_column_together() {
+        let last = GpuLeaseStatus {
+            phase: LeasePhase::Bound,
+            sequence: Some(4),
+            node: Some("node-1".into()),
+            gpus: vec![LeaseGpu {
+                index: 1,
+                uuid: "GPU-b".into(),
+                product: None,
+            }],
+            gpu_indexes: Some("1".into()),
+            ..Default::default()
+        };
+        let first = lease_status_patch(None, &last, None);
+        assert_eq!(first["status"]["gpus"][0]["uuid"], "GPU-b");
+        assert_eq!(first["status"]["gpuIndexes"], "1");
+        let later = lease_status_patch(Some(&last), &last, None);
+        assert!(
+            later["status"].get("gpus").is_none() && later["status"].get("gpuIndexes").is_none(),
+            "a lease that exists keeps what its device plugin wrote: {later}"
         );
     }
 }

@@ -16,8 +16,9 @@ use crate::engine::{established_default, is_extended_resource};
 /// the name of the node their pod runs on.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
-/// Status fields a device plugin may write: which GPUs the pod got, and when.
-const DEVICE_PLUGIN_FIELDS: [&str; 2] = ["gpus", "boundAt"];
+/// Status fields a device plugin may write: which GPUs the pod got (the
+/// list and the column of their indexes), and when.
+const DEVICE_PLUGIN_FIELDS: [&str; 3] = ["gpus", "gpuIndexes", "boundAt"];
 
 /// The identities the webhooks trust with more than a tenant: the operator
 /// and the device plugins.
@@ -25,16 +26,16 @@ const DEVICE_PLUGIN_FIELDS: [&str; 2] = ["gpus", "boundAt"];
 pub struct Identities {
     /// The operator: everything.
     pub operator: Users,
-    /// Device plugins: `status.gpus` and `status.boundAt` of leases on their
-    /// own node.
+    /// Device plugins: `status.gpus`, `status.gpuIndexes` and
+    /// `status.boundAt` of leases on their own node.
     pub device_plugins: Users,
 }
 
 /// Reviews a GpuLease CREATE or UPDATE (main resource or `status`).
 ///
 /// The operator may do anything. Nobody else may create a lease or change
-/// its spec. A device plugin may change only `status.gpus` and
-/// `status.boundAt`, and only of a lease whose `status.node` is the node its
+/// its spec. A device plugin may change only `status.gpus`,
+/// `status.gpuIndexes` and `status.boundAt`, and only of a lease whose `status.node` is the node its
 /// token is bound to (when the token carries one). Anyone else may change
 /// only metadata (labels, annotations, finalizers). So the sequence, phase
 /// and node the operator decided cannot be forged.
@@ -79,7 +80,7 @@ pub fn validate_lease(request: &AdmissionRequest<GpuLease>, writers: &Identities
         .collect();
     if !forbidden.is_empty() {
         return denied(format!(
-            "change status.{} (a device plugin may change only status.gpus and status.boundAt)",
+            "change status.{} (a device plugin may change only status.gpus, status.gpuIndexes and status.boundAt)",
             forbidden.join(", status.")
         ));
     }

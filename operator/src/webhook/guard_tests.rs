@@ -136,6 +136,14 @@ fn nobody_else_creates_a_lease_or_changes_spec_sequence_or_phase() {
             msg.contains("change status.phase, status.sequence"),
             "{user}: {msg}"
         );
+        if user == PLUGIN {
+            assert!(
+                msg.contains(
+                    "(a device plugin may change only status.gpus, status.gpuIndexes and status.boundAt)"
+                ),
+                "{msg}"
+            );
+        }
     }
 }
 
@@ -149,6 +157,7 @@ fn a_device_plugin_records_gpus_only_on_its_own_node() {
             uuid: "GPU-1".into(),
             product: Some("Test".into()),
         }];
+        s.gpu_indexes = Some("0".into());
         s.bound_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::from_second(1_800_000_000).expect("t"),
         ));
@@ -196,7 +205,10 @@ fn a_device_plugin_records_gpus_only_on_its_own_node() {
         Some(&old),
         Some("status"),
     );
-    assert!(denied(validate_lease(&tenant, &identities())).contains("status.boundAt, status.gpus"));
+    assert!(
+        denied(validate_lease(&tenant, &identities()))
+            .contains("status.boundAt, status.gpuIndexes, status.gpus")
+    );
 }
 
 #[test]

@@ -227,11 +227,7 @@ pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Option<String> {
         "Bound" if changed_phase || before.is_some_and(|b| b.gpus != now.gpus) => format!(
             "{name}: running on {} GPU {}",
             now.node.as_deref().unwrap_or("?"),
-            now.gpus
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
+            gpupool_api::index_list(now.gpus.iter().copied())
         ),
         "Preempting" if changed_phase => format!(
             "{name}: preempted for {}",
@@ -264,11 +260,7 @@ pub fn table(views: &[LeaseView]) -> String {
             v.phase.clone(),
             v.position.map(|p| p.to_string()).unwrap_or_default(),
             v.node.clone().unwrap_or_default(),
-            v.gpus
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            gpupool_api::index_list(v.gpus.iter().copied()),
         ]);
     }
     let widths: Vec<usize> = (0..6)

@@ -152,6 +152,40 @@ impl Sim {
         api.get_opt(name).await.expect("get lease")
     }
 
+    /// Lease `name` as `kubectl get gpuleases` prints it: each column's
+    /// header and cell, from the API server's Table rendering of the CRD's
+    /// printer columns.
+    pub async fn lease_row(&self, name: &str) -> BTreeMap<String, Value> {
+        let request = http::Request::get(format!(
+            "/apis/gpupool.io/v1alpha1/namespaces/{NS}/gpuleases/{name}"
+        ))
+        .header(
+            http::header::ACCEPT,
+            "application/json;as=Table;v=v1;g=meta.k8s.io",
+        )
+        .body(Vec::new())
+        .expect("a Table request");
+        let table: Value = self
+            .client
+            .request(request)
+            .await
+            .expect("lease as a Table");
+        let headers = table["columnDefinitions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let cells = table["rows"][0]["cells"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(headers.len(), cells.len(), "{table}");
+        headers
+            .iter()
+            .map(|h| h["name"].as_str().unwrap_or_default().to_owned())
+            .zip(cells)
+            .collect()
+    }
+
     /// Every lease in `ml`, by name.
     pub async fn leases(&self) -> BTreeMap<String, GpuLease> {
         let api: Api<GpuLease> = Api::namespaced(self.client.clone(), NS);
