@@ -172,7 +172,46 @@ spec:
     served: true
     storage: true
     schema: {openAPIV3Schema: {type: object}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.diff.example.com}
+spec:
+  group: diff.example.com
+  names: {kind: Gadget, plural: gadgets}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    additionalPrinterColumns:
+    - {name: Items, type: string, jsonPath: '.status.items[*].idx'}
+    - {name: Count, type: integer, jsonPath: .status.count}
+    - {name: CountText, type: string, jsonPath: .status.count}
+    - {name: Ratio, type: number, jsonPath: .status.ratio}
+    - {name: Ready, type: boolean, jsonPath: .status.ready}
+    - {name: ReadyText, type: string, jsonPath: .status.ready}
+    - {name: Obj, type: string, jsonPath: .status.obj}
+    - {name: NotInt, type: integer, jsonPath: .status.name}
+    - {name: Missing, type: string, jsonPath: .status.missing}
 ";
+
+/// Replaced by the path of a Gadget whose printer columns read a list, a
+/// number, a boolean, an object, a string and nothing.
+const GADGET: &str = "{gadget}";
+
+const GADGET_YAML: &str = "apiVersion: diff.example.com/v1
+kind: Gadget
+metadata: {name: g1, namespace: diff}
+status: {items: [{idx: 3}, {idx: 5}], count: 7, ratio: 0.5, ready: true, obj: {a: 1}, name: x}
+";
+
+/// The Gadget's row as the real API server fills its printer columns: a
+/// path with several results shows the first, a `string` column prints
+/// a number or a boolean as text and an object as JSON, and an `integer`
+/// column over a string, like a missing field, is empty.
+const GADGET_ROW: &str = r#"g1 3 7 7 0.5 true true {"a":1}"#;
 
 /// `kubectl get` commands and the header line (columns separated by one
 /// space) the real server prints for them.
@@ -249,6 +288,10 @@ const HEADERS: &[(&[&str], &str)] = &[
     (
         &["get", "crd", "widgets.diff.example.com"],
         "NAME CREATED AT",
+    ),
+    (
+        &["get", "gadgets", "-n", "diff"],
+        "NAME ITEMS COUNT COUNTTEXT RATIO READY READYTEXT OBJ NOTINT MISSING",
     ),
 ];
 
@@ -451,6 +494,8 @@ const SCRIPT: &[(&[&str], bool)] = &[
         ],
         true,
     ),
+    (&["create", "-f", GADGET], true),
+    (&["get", "gadgets", "-n", "diff"], true),
     (&["create", "namespace", "diff"], false),
     (&["create", "-f", BAD_REPLICAS], false),
     (&["create", "-f", NO_IMAGE], false),
@@ -540,6 +585,7 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
         (BAD_REPLICAS, BAD_REPLICAS_YAML),
         (NO_IMAGE, NO_IMAGE_YAML),
         (KINDS, KINDS_YAML),
+        (GADGET, GADGET_YAML),
     ]
     .iter()
     .map(|(placeholder, yaml)| {
@@ -634,6 +680,23 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
                 ));
             }
         }
+    }
+    let gadget = {
+        let sim_kc = sim_kc.clone();
+        tokio::task::spawn_blocking(move || {
+            kubectl(
+                &sim_kc,
+                &["get", "gadget", "g1", "-n", "diff", "--no-headers"],
+            )
+        })
+        .await
+        .expect("kubectl task")
+    };
+    let row = gadget.1.split_whitespace().collect::<Vec<_>>().join(" ");
+    if row != GADGET_ROW {
+        findings.push(format!(
+            "kubectl get gadget g1: the in-memory server prints {row:?}, the real one {GADGET_ROW:?}"
+        ));
     }
     server.shutdown().await;
     if let Some(plane) = plane {

@@ -308,28 +308,27 @@ pub fn json_path<'a>(obj: &'a Value, path: &str) -> Vec<&'a Value> {
     cur
 }
 
+/// One printer-column cell, as the API server's CRD table convertor fills
+/// it: from the path's first result only (a path that yields several, such
+/// as `.items[*].x`, shows the first), a `string` column printing a number
+/// or a boolean as text and an object or a list as compact JSON, a `date`
+/// column as an age, and the other types only from a value of that type.
 fn column_cell(obj: &Value, c: &PrinterColumn) -> Value {
-    let results = json_path(obj, &c.json_path);
-    if results.is_empty() {
+    let Some(first) = json_path(obj, &c.json_path).into_iter().next() else {
         return Value::Null;
+    };
+    match (c.type_.as_str(), first) {
+        (_, Value::Null) => Value::Null,
+        ("date", Value::String(ts)) => json!(human_age(ts)),
+        ("string", Value::String(s)) => json!(s),
+        ("string", other) => json!(other.to_string()),
+        ("integer", Value::Number(n)) => n
+            .as_i64()
+            .or_else(|| n.as_f64().map(|f| f as i64))
+            .map_or(Value::Null, |i| json!(i)),
+        ("number", n @ Value::Number(_)) | ("boolean", n @ Value::Bool(_)) => n.clone(),
+        _ => Value::Null,
     }
-    if c.type_ == "date" {
-        return match results[0].as_str() {
-            Some(ts) => json!(human_age(ts)),
-            None => Value::Null,
-        };
-    }
-    if results.len() == 1 && !results[0].is_object() && !results[0].is_array() {
-        return results[0].clone();
-    }
-    let parts: Vec<String> = results
-        .iter()
-        .map(|v| match v {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-        .collect();
-    json!(parts.join(","))
 }
 
 fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
@@ -410,7 +409,42 @@ mod tests {
             priority: 0,
             json_path: ".status.gpus[*].index".into(),
         };
-        assert_eq!(column_cell(&o, &c), json!("0,3"));
+        assert_eq!(
+            column_cell(&o, &c),
+            json!("0"),
+            "the first result only, as the real API server shows it"
+        );
+        let column = |type_: &str, json_path: &str| PrinterColumn {
+            type_: type_.into(),
+            json_path: json_path.into(),
+            ..c.clone()
+        };
+        let o = json!({"status": {"n": 2.0, "ok": true, "s": "x", "list": [1, 2], "none": null}});
+        assert_eq!(column_cell(&o, &column("integer", ".status.n")), json!(2));
+        assert_eq!(
+            column_cell(&o, &column("integer", ".status.s")),
+            Value::Null
+        );
+        assert_eq!(
+            column_cell(&o, &column("boolean", ".status.ok")),
+            json!(true)
+        );
+        assert_eq!(
+            column_cell(&o, &column("string", ".status.ok")),
+            json!("true")
+        );
+        assert_eq!(
+            column_cell(&o, &column("string", ".status.list")),
+            json!("[1,2]")
+        );
+        assert_eq!(
+            column_cell(&o, &column("string", ".status.none")),
+            Value::Null
+        );
+        assert_eq!(
+            column_cell(&o, &column("string", ".status.missing")),
+            Value::Null
+        );
     }
 
     #[test]
