@@ -1,13 +1,11 @@
 //! Prometheus metrics and the `/metrics` + `/healthz` HTTP endpoint.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -172,34 +170,17 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `listener` until `shutdown` fires.
+/// Serves `/metrics` and `/healthz` on `listener` until `shutdown` fires,
+/// within [`gpupool_http_endpoint::Limits::default`], so no peer can run
+/// the plugin out of memory or file descriptors through this port.
 pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(respond(&metrics, &request)) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
-            }
-        });
-    }
+    gpupool_http_endpoint::serve(
+        listener,
+        gpupool_http_endpoint::Limits::default(),
+        move |request: &Request<Incoming>| respond(&metrics, request),
+        shutdown.cancelled_owned(),
+    )
+    .await;
 }
 
 /// Binds the metrics endpoint.

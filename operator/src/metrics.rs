@@ -1,7 +1,6 @@
 //! The operator's Prometheus metrics and its `/metrics`, `/healthz` and
 //! `/readyz` HTTP server.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +9,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -209,30 +206,18 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
         .map_err(|source| ServeError::Bind { addr, source })
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the
+/// task is dropped, within [`gpupool_http_endpoint::Limits::default`], so
+/// no peer of the cluster network can run the operator out of memory or
+/// file descriptors through this port.
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>, health: Arc<Health>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics server: accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let registry = registry.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let resp = respond(&req, &registry, &health);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
-            }
-        });
-    }
+    gpupool_http_endpoint::serve(
+        listener,
+        gpupool_http_endpoint::Limits::default(),
+        move |request: &Request<Incoming>| respond(request, &registry, &health),
+        std::future::pending(),
+    )
+    .await;
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {

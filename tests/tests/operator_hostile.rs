@@ -419,3 +419,64 @@ async fn a_rejected_lease_tells_the_pod_and_unwatched_namespaces_get_no_lease() 
     );
     sim.stop().await;
 }
+
+/// Descriptors process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_half_sent_requests_on_the_metrics_port_holds_a_bounded_share() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    let (pid, port) = sim.cluster.operator_process().expect("the operator runs");
+    let before = open_fds(pid);
+    // Any pod of the cluster network can reach this port: 300 peers each
+    // start a request and never finish it. Those beyond the operator's
+    // limit wait in the listen backlog or are not let in at all.
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
+        let Ok(Ok(mut peer)) = tokio::time::timeout(Duration::from_millis(200), connect).await
+        else {
+            continue;
+        };
+        if peer
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost:")
+            .await
+            .is_ok()
+        {
+            flood.push(peer);
+        }
+    }
+    assert!(flood.len() > 32, "only {} peers got in", flood.len());
+    let during = open_fds(pid);
+    assert!(
+        during <= before + 32 + 16,
+        "{during} descriptors open with {} peers connected ({before} before)",
+        flood.len()
+    );
+    // The operator goes on admitting meanwhile.
+    sim.pod(PodSpec::primary("busy", 1)).await;
+    sim.wait_admitted("busy", 30).await;
+    // A peer that does not finish its request head in 5 s is let go.
+    let mut first = flood.swap_remove(0);
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(30), first.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "a silent peer kept its connection: {read:?}"
+    );
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sim.cluster.operator_metrics().await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the metrics endpoint does not answer after the flood"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sim.stop().await;
+}

@@ -34,7 +34,6 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
 
 use super::config::{CLASS_PATH, LEASE_PATH, MUTATE_PATH, VALIDATE_PATH};
 use super::review::{BadReview, ClusterView, Identities, WebhookKind, review_body};
@@ -411,97 +410,73 @@ pub async fn serve<V>(
     V: ClusterView + Send + Sync + 'static,
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        // Take a slot before accepting: while none is free, peers queue in
-        // the kernel's listen backlog and are served in turn, instead of
-        // being accepted and closed.
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                handler.metrics.limit_reached.inc();
-                tracing::debug!(
-                    limit = MAX_CONNECTIONS,
-                    "webhook at its connection limit; new connections wait"
-                );
+    let at_limit = || {
+        // A refused connection would be a user's create refused: count
+        // each time peers have to wait instead.
+        handler.metrics.limit_reached.inc();
+        tracing::debug!(
+            limit = MAX_CONNECTIONS,
+            "webhook at its connection limit; new connections wait"
+        );
+    };
+    let mut connections = gpupool_http_endpoint::accept_bounded(
+        listener,
+        MAX_CONNECTIONS,
+        at_limit,
+        shutdown,
+        |tcp, peer| {
+            let acceptor = acceptor.clone();
+            let handler = handler.clone();
+            let mut stop = stop_rx.clone();
+            async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%peer, %error, "webhook TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "webhook TLS handshake timed out");
+                        return;
+                    }
+                };
+                let service = service_fn(move |request| {
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(handler.handle(request).await) }
+                });
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .max_buf_size(MAX_HEADER_BYTES as usize);
+                builder
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                    .max_header_list_size(MAX_HEADER_BYTES)
+                    .keep_alive_interval(PING_INTERVAL)
+                    .keep_alive_timeout(HEADER_TIMEOUT);
+                let conn = builder.serve_connection(TokioIo::new(tls), service);
+                let mut conn = std::pin::pin!(conn);
                 tokio::select! {
-                    () = &mut shutdown => break,
-                    slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        // The semaphore is never closed.
-                        Err(_) => break,
-                    },
-                    Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-                }
-            }
-        };
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
-            // Reap finished connections so the set does not grow.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(conn) => conn,
-            Err(error) => {
-                // Out of file descriptors and the like: back off briefly.
-                tracing::warn!(%error, "webhook accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let handler = handler.clone();
-        let mut stop = stop_rx.clone();
-        connections.spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "webhook TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "webhook TLS handshake timed out");
-                    return;
-                }
-            };
-            let service = service_fn(move |request| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(handler.handle(request).await) }
-            });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(MAX_HEADER_BYTES as usize);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-                .max_header_list_size(MAX_HEADER_BYTES)
-                .keep_alive_interval(PING_INTERVAL)
-                .keep_alive_timeout(HEADER_TIMEOUT);
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%peer, %error, "webhook connection ended with an error");
+                    result = conn.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::debug!(%peer, %error, "webhook connection ended with an error");
+                        }
+                    }
+                    _ = stop.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
                     }
                 }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
             }
-        });
-    }
-    drop(listener);
+        },
+    )
+    .await;
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
         while connections.join_next().await.is_some() {}

@@ -581,6 +581,18 @@ impl SimCluster {
         http_get(port, "/metrics").await
     }
 
+    /// The first running operator replica's PID and metrics port, or
+    /// `None` while no replica runs.
+    pub fn operator_process(&mut self) -> Option<(u32, u16)> {
+        self.operators.iter_mut().flatten().find_map(|r| {
+            let pid = r.process.pid()?;
+            r.process
+                .exit_status()
+                .is_none()
+                .then_some((pid, r.metrics_port))
+        })
+    }
+
     /// PIDs of every child process still running.
     pub fn child_pids(&mut self) -> Vec<u32> {
         let mut pids = Vec::new();
