@@ -36,6 +36,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// this size.
 pub const MIN_HEADER_BYTES: usize = 8 << 10;
 
+/// How long a connection at its maximum lifetime may take to finish the
+/// answer it is sending before it is cut.
+const LIFETIME_GRACE: Duration = Duration::from_secs(2);
+
 /// What the server lets its peers hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -48,7 +52,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Longest a connection stays open however it is used, so a peer that
     /// keeps a connection busy, or stops reading its answers, gives its
-    /// slot back.
+    /// slot back. An answer being sent then is finished first, within a
+    /// grace of 2 s.
     pub max_lifetime: Duration,
     /// Largest request head read, in bytes; a smaller value is raised to
     /// [`MIN_HEADER_BYTES`].
@@ -174,14 +179,24 @@ pub async fn serve<F>(
                     .header_read_timeout(limits.header_timeout)
                     .max_buf_size(limits.max_header_bytes.max(MIN_HEADER_BYTES))
                     .serve_connection(TokioIo::new(stream), service);
-                match tokio::time::timeout(limits.max_lifetime, connection).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => {
-                        tracing::debug!(%peer, %error, "HTTP endpoint: connection ended with an error");
+                let mut connection = std::pin::pin!(connection);
+                let ended = tokio::select! {
+                    ended = connection.as_mut() => ended,
+                    () = tokio::time::sleep(limits.max_lifetime) => {
+                        // An answer being sent is finished first; a peer
+                        // that does not take it is cut off after the grace.
+                        connection.as_mut().graceful_shutdown();
+                        match tokio::time::timeout(LIFETIME_GRACE, connection).await {
+                            Ok(ended) => ended,
+                            Err(_) => {
+                                tracing::debug!(%peer, "HTTP endpoint: connection cut at its maximum lifetime");
+                                return;
+                            }
+                        }
                     }
-                    Err(_) => {
-                        tracing::debug!(%peer, "HTTP endpoint: connection closed at its maximum lifetime");
-                    }
+                };
+                if let Err(error) = ended {
+                    tracing::debug!(%peer, %error, "HTTP endpoint: connection ended with an error");
                 }
             }
         },
