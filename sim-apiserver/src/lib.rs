@@ -22,11 +22,12 @@
 //!   HTTPS; PodDisruptionBudgets guard evictions.
 //! - Discovery and `meta.k8s.io/v1` Table output for kubectl, with the
 //!   real server's columns for the built-in kinds. `/openapi/v3`
-//!   lists paths and their `fieldValidation` parameter but no schemas, so
-//!   kubectl and Helm leave field validation to the server (unknown fields:
-//!   400 under `fieldValidation=Strict`, dropped with a `Warning` otherwise);
-//!   `/openapi/v2` is an empty document (`kubectl explain` does not work;
-//!   kubectl, which validates a `List` client-side, skips the kinds it lacks).
+//!   lists paths and their `fieldValidation` parameter, so kubectl and
+//!   Helm leave field validation to the server (unknown fields: 400 under
+//!   `fieldValidation=Strict`, dropped with a `Warning` otherwise), and the
+//!   schemas of custom resources only (`kubectl explain` works for those);
+//!   `/openapi/v2` is an empty document (kubectl, which validates a `List`
+//!   client-side, skips the kinds it lacks).
 //! - apps/v1 Deployments, DaemonSets, StatefulSets, ReplicaSets and the
 //!   rbac.authorization.k8s.io/v1 kinds are stored and served, but no
 //!   controller acts on them (no pods are created for a Deployment).

@@ -251,6 +251,12 @@ async fn custom_resource_lifecycle_and_printing() {
         "jsonpath={.spec.className}/{.status.gpus[*].uuid}",
     ]);
     assert_eq!(jp, "default/GPU-a GPU-b");
+    let explained = k.ok(&["explain", "gpulease.status.gpuIndexes"]);
+    assert!(
+        explained.contains("FIELD: gpuIndexes <string>")
+            && explained.contains("ascending and comma-separated"),
+        "{explained}"
+    );
     let described = k.ok(&["describe", "gpulease", "train-0"]);
     assert!(
         described.contains("Name:")

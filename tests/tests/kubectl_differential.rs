@@ -184,7 +184,12 @@ spec:
   - name: v1
     served: true
     storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+        properties:
+          status: {type: object, x-kubernetes-preserve-unknown-fields: true, description: What the gadget last saw.}
     additionalPrinterColumns:
     - {name: Items, type: string, jsonPath: '.status.items[*].idx'}
     - {name: Count, type: integer, jsonPath: .status.count}
@@ -496,6 +501,8 @@ const SCRIPT: &[(&[&str], bool)] = &[
     ),
     (&["create", "-f", GADGET], true),
     (&["get", "gadgets", "-n", "diff"], true),
+    (&["explain", "gadgets.status"], true),
+    (&["explain", "gadgets.nothing"], false),
     (&["create", "namespace", "diff"], false),
     (&["create", "-f", BAD_REPLICAS], false),
     (&["create", "-f", NO_IMAGE], false),

@@ -1,6 +1,8 @@
 //! A minimal OpenAPI v3 publication: `/openapi/v3` lists every served group
 //! version, and each group version's document lists the paths of its
-//! resources with the query parameters they take — no schemas.
+//! resources with the query parameters they take, and the schemas of its
+//! custom resources (from their CRDs, as the real server publishes them,
+//! so `kubectl explain` works for them); built-in kinds have none.
 //!
 //! That is what clients read to learn that the server validates fields
 //! itself (`fieldValidation`): kubectl and Helm then leave field checking to
@@ -80,12 +82,57 @@ pub fn group_version(reg: &Registry, group: &str, version: &str) -> Result<Value
             );
         }
     }
+    let schemas: Map<String, Value> = reg
+        .all()
+        .filter(|d| d.group == group && d.version == version)
+        .filter_map(|def| {
+            Some((
+                schema_name(def),
+                custom_resource_schema(def, def.schema.as_ref()?),
+            ))
+        })
+        .collect();
     Ok(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes (gpupool simulated API server)", "version": crate::http::discovery::version()["gitVersion"]},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     }))
+}
+
+/// The name the real server gives a kind's schema: the group's labels
+/// reversed, then version and kind (`io.gpupool.v1alpha1.GpuLease`).
+fn schema_name(def: &ResourceDef) -> String {
+    let group: Vec<&str> = def.group.split('.').rev().collect();
+    format!("{}.{}.{}", group.join("."), def.version, def.kind)
+}
+
+/// A custom resource's published schema: its CRD's `openAPIV3Schema`
+/// with the `apiVersion`, `kind` and `metadata` fields every object has
+/// and the group, version and kind it describes, which is how clients
+/// find it. (`metadata` is a plain object here: the real server refers to
+/// the full `ObjectMeta` schema, which this server does not publish.)
+fn custom_resource_schema(def: &ResourceDef, crd_schema: &Value) -> Value {
+    let mut schema = crd_schema.clone();
+    if !schema["properties"].is_object() {
+        schema["properties"] = json!({});
+    }
+    let properties = &mut schema["properties"];
+    properties["apiVersion"] = json!({
+        "type": "string",
+        "description": "The group and version of this object's schema (group/version).",
+    });
+    properties["kind"] = json!({
+        "type": "string",
+        "description": "The kind of this object, in CamelCase.",
+    });
+    properties["metadata"] = json!({
+        "type": "object",
+        "description": "The object's metadata: its name, namespace, labels and annotations, and what the server records of it.",
+    });
+    schema["x-kubernetes-group-version-kind"] =
+        json!([{"group": def.group, "version": def.version, "kind": def.kind}]);
+    schema
 }
 
 /// `/openapi/v3`: every served group version and where its document is.
@@ -136,6 +183,11 @@ mod tests {
                 .iter()
                 .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
         );
+        assert_eq!(
+            apps["components"]["schemas"],
+            json!({}),
+            "built-in kinds publish no schema"
+        );
         let core = group_version(&reg, "", "v1").expect("served");
         assert!(core["paths"]["/api/v1/nodes/{name}"]["patch"].is_object());
         assert_eq!(
@@ -144,5 +196,35 @@ mod tests {
                 .http_code(),
             404
         );
+    }
+
+    #[test]
+    fn a_custom_resource_publishes_its_crd_schema_under_its_kind() {
+        let mut reg = Registry::builtin();
+        reg.apply_crd(&json!({
+            "metadata": {"name": "widgets.shop.example.com"},
+            "spec": {"group": "shop.example.com", "scope": "Namespaced",
+                "names": {"kind": "Widget", "plural": "widgets"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "description": "What the widget is."}}}}}]}
+        }))
+        .expect("a valid CRD");
+        let doc = group_version(&reg, "shop.example.com", "v1").expect("served");
+        let schema = &doc["components"]["schemas"]["com.example.shop.v1.Widget"];
+        assert_eq!(
+            schema["x-kubernetes-group-version-kind"],
+            json!([{"group": "shop.example.com", "version": "v1", "kind": "Widget"}])
+        );
+        assert_eq!(
+            schema["properties"]["spec"]["description"],
+            "What the widget is."
+        );
+        for field in ["apiVersion", "kind", "metadata"] {
+            assert!(
+                schema["properties"][field]["type"].is_string(),
+                "{field}: {schema}"
+            );
+        }
     }
 }
