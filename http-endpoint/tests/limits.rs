@@ -15,15 +15,23 @@ use tokio::sync::oneshot;
 
 const REQUEST: &[u8] = b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n";
 
+/// The body `/big` answers with.
+const BIG_BYTES: usize = 64 << 20;
+
 /// A server answering `pong` under `limits`; dropping the sender stops it.
 async fn start(limits: Limits) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = oneshot::channel::<()>();
+    // Far more than the kernel's socket buffers hold.
+    let big = Bytes::from(vec![b'x'; BIG_BYTES]);
     let server = tokio::spawn(serve(
         listener,
         limits,
-        |_request| Response::new(Full::new(Bytes::from_static(b"pong"))),
+        move |request| match request.uri().path() {
+            "/big" => Response::new(Full::new(big.clone())),
+            _ => Response::new(Full::new(Bytes::from_static(b"pong"))),
+        },
         async move {
             let _ = stopped.await;
         },
@@ -164,6 +172,33 @@ async fn a_connection_is_closed_at_its_maximum_lifetime() {
         _ => closed_within(&mut stream, Duration::from_secs(10)).await,
     };
     assert!(closed, "a connection outlived its maximum lifetime");
+}
+
+#[tokio::test]
+async fn a_peer_that_does_not_take_its_answer_is_cut_off_after_the_lifetime() {
+    let (addr, _stop, _server) = start(Limits {
+        max_lifetime: Duration::from_millis(300),
+        ..limits()
+    })
+    .await;
+    let mut stream = TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /big HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    // Not reading: the answer stalls in the socket buffers, so the graceful
+    // shutdown at the lifetime cannot finish, and the grace runs out.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut seen))
+        .await
+        .expect("the connection was cut")
+        .unwrap();
+    assert!(
+        seen.len() < BIG_BYTES,
+        "the whole answer arrived ({} bytes): the connection was not cut",
+        seen.len()
+    );
 }
 
 #[tokio::test]
