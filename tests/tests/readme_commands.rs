@@ -1,6 +1,7 @@
-//! Every command the READMEs show, as written.
+//! Every command the READMEs and `docs/*.md` show, as written.
 //!
-//! - A ```` ```sh ```` block either runs as written (bash, `-euo pipefail`,
+//! - A ```` ```sh ```` block (in `README.md`, `examples/README.md` or any
+//!   `docs/*.md`) either runs as written (bash, `-euo pipefail`,
 //!   the workspace's binaries and `.tools/bin` first on the PATH, its own
 //!   process group, killed afterwards so a `&` leaves nothing behind) or
 //!   opens with `# needs: <what and why>`. Such a block needs something these
@@ -12,13 +13,16 @@
 //! - `cargo build --workspace --bins` on a line of its own is the first
 //!   half of the test command, done before this test ran; it is not run
 //!   again (cargo would wait for the lock the running tests hold).
-//! - The opening block is the README's promise: the test command is what
+//! - The README's first shell block is its promise: the test command is what
 //!   `.ci/run` runs (it is running now, so it is not run again), and the
 //!   demo runs with nothing but its story on the terminal.
 //! - `examples/README.md`'s script runs against a simulated cluster of 2
 //!   nodes × 2 GPUs, and then every `$ command` of the README's transcripts
 //!   runs there too: each table header the README shows must be printed,
-//!   and every other output starts as the README says.
+//!   and every other output starts as the README says. Transcripts in
+//!   `docs/*.md` are held to the same.
+//! - Every relative link in these files names a file that exists and, with
+//!   a `#fragment`, a heading in it.
 //!
 //! Needs the workspace's binaries (`cargo build --workspace --bins`, the
 //! first half of the test command), `kubectl` and `helm`
@@ -54,7 +58,7 @@ const BLOCK_TIMEOUT: Duration = Duration::from_secs(300);
 /// One fenced code block.
 #[derive(Debug)]
 struct Block {
-    file: &'static str,
+    file: String,
     /// 1-based line of the opening fence.
     line: usize,
     /// The fence's info string (`sh`, `yaml`, empty).
@@ -92,15 +96,45 @@ impl Block {
     }
 }
 
-fn blocks(file: &'static str) -> Vec<Block> {
-    let text = std::fs::read_to_string(repo_root().join(file)).expect("the README reads");
+/// The documents in `docs/`, relative to the repository root, in name order.
+fn docs() -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(repo_root().join("docs"))
+        .expect("docs/ reads")
+        .map(|e| e.expect("a docs/ entry reads").file_name())
+        .filter_map(|n| n.to_str().map(str::to_owned))
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    out.sort();
+    assert!(!out.is_empty(), "docs/ holds no documents");
+    out
+}
+
+/// The README and the documents in `docs/`: where the project shows
+/// commands and transcripts.
+fn readme_and_docs() -> Vec<String> {
+    let mut out = vec!["README.md".to_owned()];
+    out.extend(docs());
+    out
+}
+
+/// Every document this test reads.
+fn documents() -> Vec<String> {
+    let mut out = readme_and_docs();
+    out.insert(1, "examples/README.md".to_owned());
+    out
+}
+
+fn blocks(file: &str) -> Vec<Block> {
+    let text = std::fs::read_to_string(repo_root().join(file))
+        .unwrap_or_else(|e| panic!("{file} does not read: {e}"));
     let mut out = Vec::new();
     let mut open: Option<Block> = None;
     for (i, line) in text.lines().enumerate() {
         match (&mut open, line.strip_prefix("```")) {
             (None, Some(info)) => {
                 open = Some(Block {
-                    file,
+                    file: file.to_owned(),
                     line: i + 1,
                     info: info.trim().to_owned(),
                     body: Vec::new(),
@@ -242,9 +276,11 @@ kubectl() {
 
 #[test]
 fn every_shell_block_runs_or_says_what_it_needs() {
-    for file in ["README.md", "examples/README.md"] {
-        let shell: Vec<Block> = blocks(file).into_iter().filter(Block::is_shell).collect();
-        assert!(!shell.is_empty(), "{file} shows no commands");
+    for file in documents() {
+        let shell: Vec<Block> = blocks(&file).into_iter().filter(Block::is_shell).collect();
+        if !file.starts_with("docs/") {
+            assert!(!shell.is_empty(), "{file} shows no commands");
+        }
         for block in shell {
             if let Some(reason) = block.needs() {
                 assert!(
@@ -268,7 +304,7 @@ fn blocks_that_need_a_cluster_render_and_name_real_files() {
         return;
     };
     let mut checked = 0;
-    for block in blocks("README.md") {
+    for block in readme_and_docs().iter().flat_map(|f| blocks(f)) {
         if !block.is_shell() || block.needs().is_none() {
             continue;
         }
@@ -292,10 +328,17 @@ fn looks_like_a_log_line(line: &str) -> bool {
             .any(|w| matches!(w, "TRACE" | "DEBUG" | "INFO" | "WARN" | "ERROR"))
 }
 
+/// The README's first shell block: its opening commands.
+fn opening_block() -> Block {
+    blocks("README.md")
+        .into_iter()
+        .find(Block::is_shell)
+        .expect("the README shows its opening commands")
+}
+
 #[test]
 fn the_opening_commands_are_the_test_command_and_a_clean_demo() {
-    let all = blocks("README.md");
-    let first = all.first().expect("the README opens with its commands");
+    let first = opening_block();
     let commands: Vec<&str> = first
         .body
         .iter()
@@ -338,17 +381,26 @@ fn runnable_blocks_run_as_written() {
     if helm_support::helm().is_none() {
         return;
     }
-    let mut ran_blocks = 0;
     // The opening block is the previous test's.
-    for block in blocks("README.md").into_iter().skip(1) {
-        if !block.is_shell() || block.needs().is_some() {
-            continue;
+    let opening = opening_block().line;
+    let mut ran_blocks = 0;
+    for file in readme_and_docs() {
+        for block in blocks(&file) {
+            if !block.is_shell()
+                || block.needs().is_some()
+                || (file == "README.md" && block.line == opening)
+            {
+                continue;
+            }
+            let ran = run_script(&block.script(), &[]);
+            assert!(ran.ok, "{} fails as written:\n{}", block.at(), ran.output);
+            ran_blocks += 1;
         }
-        let ran = run_script(&block.script(), &[]);
-        assert!(ran.ok, "{} fails as written:\n{}", block.at(), ran.output);
-        ran_blocks += 1;
     }
-    assert!(ran_blocks >= 2, "only {ran_blocks} README blocks ran");
+    assert!(
+        ran_blocks >= 4,
+        "only {ran_blocks} blocks of the README and docs/ ran"
+    );
 }
 
 /// A table header: words in capitals only (`#` and `*` allowed).
@@ -365,10 +417,11 @@ fn words(line: &str) -> Vec<&str> {
     line.split_whitespace().collect()
 }
 
-/// `$ command` lines and the output shown under each, from plain blocks.
+/// `$ command` lines and the output shown under each, from plain blocks of
+/// the README and `docs/`.
 fn transcripts() -> Vec<(String, String, Vec<String>)> {
     let mut out = Vec::new();
-    for block in blocks("README.md") {
+    for block in readme_and_docs().iter().flat_map(|f| blocks(f)) {
         if !block.info.is_empty() {
             continue;
         }
@@ -458,4 +511,137 @@ async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
         }
     }
     cluster.shutdown().await.expect("the cluster stops");
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation other than
+/// `-` and `_` dropped, spaces turned into `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c),
+            _ => None,
+        })
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks), with
+/// GitHub's `-1`, `-2` … for repeats.
+fn anchors(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code || !line.starts_with('#') {
+            continue;
+        }
+        let base = anchor(line.trim_start_matches('#'));
+        let repeats = out
+            .iter()
+            .filter(|a| {
+                **a == base
+                    || a.strip_prefix(&format!("{base}-"))
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .count();
+        out.push(if repeats == 0 {
+            base
+        } else {
+            format!("{base}-{repeats}")
+        });
+    }
+    out
+}
+
+/// The targets of the relative links `[text](target)` outside code blocks
+/// and inline code, with the line each is on.
+fn relative_links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut in_code = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        // Inline code may show link syntax without being a link.
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            rest = &rest[end..];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                out.push((i + 1, target.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn links_name_files_and_headings_that_exist() {
+    let root = repo_root();
+    let mut broken = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(root.join(&file)).expect("the document reads");
+        let dir = root
+            .join(&file)
+            .parent()
+            .expect("a file has a directory")
+            .to_path_buf();
+        for (line, target) in relative_links(&text) {
+            let (path, fragment) = match target.split_once('#') {
+                Some((p, f)) => (p, Some(f)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                root.join(&file)
+            } else {
+                dir.join(path)
+            };
+            if !resolved.exists() {
+                broken.push(format!("{file}:{line}: {target}: no such file"));
+                continue;
+            }
+            if let Some(fragment) = fragment
+                && resolved.extension().is_some_and(|e| e == "md")
+            {
+                let linked = std::fs::read_to_string(&resolved).expect("the linked file reads");
+                if !anchors(&linked).iter().any(|a| a == fragment) {
+                    broken.push(format!("{file}:{line}: {target}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn anchors_are_githubs() {
+    assert_eq!(anchor(" 3. GpuLeaseClass"), "3-gpuleaseclass");
+    assert_eq!(anchor(" `gpupool-sim bench`"), "gpupool-sim-bench");
+    assert_eq!(anchor(" `kubectl gpupool`"), "kubectl-gpupool");
+    assert_eq!(
+        anchor(" What its API server does, and does not"),
+        "what-its-api-server-does-and-does-not"
+    );
+    assert_eq!(
+        anchors("# A\n## A\n```\n# not a heading\n```\n## A"),
+        ["a", "a-1", "a-2"]
+    );
+    assert_eq!(
+        relative_links("see [x](docs/a.md#b) and `[y](no)` or [z](https://e.org)"),
+        [(1, "docs/a.md#b".to_owned())]
+    );
 }
