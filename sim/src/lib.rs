@@ -12,4 +12,5 @@ pub use gpupool_sim_apiserver as apiserver;
 pub mod cli;
 pub mod cluster;
 pub mod control_plane;
+pub mod real_node;
 pub mod text;

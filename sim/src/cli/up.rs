@@ -14,6 +14,7 @@ use super::logging;
 use crate::cluster::admin;
 use crate::cluster::sim::fresh_run_dir;
 use crate::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
+use crate::real_node::{RealCluster, RealClusterConfig};
 
 /// Whether `up` runs the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +87,25 @@ pub struct Args {
     #[arg(long = "kube-assets", env = "KUBEBUILDER_ASSETS", value_name = "DIR")]
     pub kube_assets: Option<PathBuf>,
 
+    /// Run this many real nodes (a Debian containerd and a real kubelet
+    /// each, on this machine) instead of simulated ones; needs
+    /// --kube-assets (with the kubelet beside the control plane), root,
+    /// containerd, runc, iptables and the CNI plugins. Neither the operator
+    /// nor device plugins are started: install the chart (see
+    /// docs/operations.md).
+    #[arg(long, env = "GPUPOOL_SIM_REAL_NODES", value_name = "N", requires = "kube_assets", value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub real_nodes: Option<u32>,
+
+    /// With --real-nodes: the directory of image tarballs to load into each
+    /// node's containerd (what `.ci/build-images.sh` writes).
+    #[arg(
+        long,
+        env = "GPUPOOL_IMAGES_DIR",
+        value_name = "DIR",
+        default_value = ".tools/images"
+    )]
+    pub images: PathBuf,
+
     /// Start the cluster in the background: return once it is ready,
     /// printing `export KUBECONFIG=...`; `gpupool-sim down` stops it.
     #[arg(long)]
@@ -105,7 +125,12 @@ impl Args {
 
     /// How long start-up may take before the cluster counts as failed.
     pub fn ready_timeout(&self) -> Duration {
-        Duration::from_secs(if self.kube_assets.is_some() { 90 } else { 30 })
+        match (self.real_nodes, &self.kube_assets) {
+            // The control plane, then each node's images and kubelet.
+            (Some(n), _) => Duration::from_secs(90 + 60 * u64::from(n)),
+            (None, Some(_)) => Duration::from_secs(90),
+            (None, None) => Duration::from_secs(30),
+        }
     }
 
     /// The cluster these flags describe.
@@ -150,6 +175,53 @@ pub fn backend(kube_assets: Option<&PathBuf>) -> Backend {
     }
 }
 
+/// Runs a real control plane with real nodes until a signal, then tears it
+/// down (pods first).
+async fn run_real_nodes(config: RealClusterConfig) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    eprintln!(
+        "gpupool-sim: run directory {}; starting a real control plane and {} real node(s)",
+        config.dir.display(),
+        config.nodes
+    );
+    let cluster = tokio::select! {
+        started = RealCluster::start(config) => started.context("starting the real nodes")?,
+        _ = term.recv() => return Ok(()),
+        _ = int.recv() => return Ok(()),
+        _ = hup.recv() => return Ok(()),
+    };
+    let kubeconfig = cluster
+        .kubeconfig()
+        .context("internal: a started cluster has a kubeconfig")?
+        .to_path_buf();
+    for node in cluster.nodes() {
+        eprintln!(
+            "gpupool-sim: {} at {}: kubelet directory {} (the chart's devicePlugin.kubeletDir), logs in {}",
+            node.name(),
+            node.ip(),
+            node.kubelet_dir().display(),
+            node.logs().display()
+        );
+    }
+    let announced = {
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "ready kubeconfig={}", kubeconfig.display()).and_then(|()| stdout.flush())
+    };
+    if announced.is_ok() {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+        }
+    }
+    eprintln!("gpupool-sim: stopping (deleting the nodes' pods first)");
+    cluster.shutdown().await;
+    announced.context("writing the ready line to stdout")?;
+    Ok(())
+}
+
 /// Runs `gpupool-sim up` in the foreground (a detached cluster is this
 /// too, started by [`detach::launch`]): `args.run_dir` must be set, and
 /// logging already sent to its `logs/`.
@@ -161,6 +233,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .context("internal: `up` runs with its run directory resolved")?;
     detach::refuse_if_running(&run_dir)?;
     let _pid_file = PidFile::write(&run_dir)?;
+    if let (Some(nodes), Some(assets)) = (args.real_nodes, &args.kube_assets) {
+        let config = RealClusterConfig {
+            ready_timeout: args.ready_timeout(),
+            ..RealClusterConfig::new(assets, &run_dir, nodes, &args.images)?
+        };
+        return run_real_nodes(config).await;
+    }
     // Signals are caught from the start, so a SIGTERM during start-up still
     // stops every child.
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

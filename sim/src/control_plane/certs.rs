@@ -67,31 +67,44 @@ impl Ca {
         })
     }
 
-    /// The API server's serving certificate, for `127.0.0.1`, `localhost`
-    /// and the in-cluster names of the `kubernetes` Service.
-    pub fn serving(&self) -> Result<CertPair, CertError> {
-        let what = "the API server's serving certificate";
-        let key = KeyPair::generate().map_err(cert_error(what))?;
-        let mut params = CertificateParams::new(
-            [
-                "127.0.0.1",
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ]
-            .map(String::from)
-            .to_vec(),
+    /// The API server's serving certificate, for `127.0.0.1`, `localhost`,
+    /// the in-cluster names of the `kubernetes` Service and `extra_names`
+    /// (IP addresses or DNS names: with real nodes, the address pods reach
+    /// the API server on and the Service's cluster IP).
+    pub fn serving(&self, extra_names: &[String]) -> Result<CertPair, CertError> {
+        let mut names: Vec<String> = [
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .map(String::from)
+        .to_vec();
+        names.extend_from_slice(extra_names);
+        self.server_certificate("kube-apiserver", names)
+    }
+
+    /// A kubelet's serving certificate for its node IP and name, so the API
+    /// server can verify it (`--kubelet-certificate-authority`) when it
+    /// reaches the kubelet for logs and exec.
+    pub fn kubelet_serving(&self, node: &str, node_ip: &str) -> Result<CertPair, CertError> {
+        self.server_certificate(
+            &format!("system:node:{node}"),
+            vec![node_ip.to_owned(), node.to_owned()],
         )
-        .map_err(cert_error(what))?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
+    }
+
+    fn server_certificate(&self, cn: &str, names: Vec<String>) -> Result<CertPair, CertError> {
+        let what = format!("the serving certificate of {cn}");
+        let key = KeyPair::generate().map_err(cert_error(&what))?;
+        let mut params = CertificateParams::new(names).map_err(cert_error(&what))?;
+        params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params
             .signed_by(&key, &self.issuer)
-            .map_err(cert_error(what))?;
+            .map_err(cert_error(&what))?;
         Ok(CertPair {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -182,12 +195,18 @@ mod tests {
         );
         assert!(text.contains("token: t"));
         assert!(
-            ca.serving()
+            ca.serving(&["198.18.0.1".to_owned()])
                 .expect("serving")
                 .cert_pem
                 .contains("CERTIFICATE")
         );
         let (private, public) = service_account_key().expect("key");
         assert!(private.contains("PRIVATE KEY") && public.contains("PUBLIC KEY"));
+        assert!(
+            ca.kubelet_serving("node-1", "198.18.0.10")
+                .expect("kubelet serving")
+                .cert_pem
+                .contains("CERTIFICATE")
+        );
     }
 }

@@ -14,6 +14,7 @@
 pub mod certs;
 pub mod rbac;
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,18 @@ const DEATH_SIGNAL: &str = "KILL";
 
 /// The Service CIDR given to the API server and controller-manager.
 const SERVICE_CIDR: &str = "10.96.0.0/12";
+
+/// The `kubernetes` Service's cluster IP: the first address of
+/// [`SERVICE_CIDR`], which in-cluster clients dial.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+
+/// The port of the `kubernetes` Service.
+pub const KUBERNETES_SERVICE_PORT: u16 = 443;
+
+/// Feature gates the API server and real kubelets run with:
+/// `ResourceHealthStatus` lets a pod's status carry the health of its
+/// devices (`allocatedResourcesStatus`).
+pub const FEATURE_GATES: &str = "ResourceHealthStatus=true";
 
 /// Why the control plane could not start or be used.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +119,14 @@ pub struct ControlPlaneConfig {
     pub controller_manager: bool,
     /// How long start waits for each component.
     pub ready_timeout: Duration,
+    /// Set up for real kubelets and their pods: the API server serves on
+    /// this host address (pods reach it through their bridge's gateway)
+    /// instead of 127.0.0.1, with what real nodes need (privileged pods, a
+    /// kubelet client certificate, webhooks reached at their Service's
+    /// endpoints since no kube-proxy runs, the `not-ready` taint lifted by
+    /// the node-lifecycle controller), and the controller-manager runs
+    /// every controller.
+    pub real_nodes_host: Option<Ipv4Addr>,
 }
 
 impl ControlPlaneConfig {
@@ -117,6 +138,7 @@ impl ControlPlaneConfig {
             scheduler: true,
             controller_manager: true,
             ready_timeout: Duration::from_secs(90),
+            real_nodes_host: None,
         }
     }
 }
@@ -133,6 +155,7 @@ pub fn assets_from_env() -> Option<PathBuf> {
 pub struct ControlPlane {
     dir: PathBuf,
     url: String,
+    api_port: u16,
     ca: Ca,
     admin_kubeconfig: PathBuf,
     /// Newest last: stopped in reverse order, etcd last.
@@ -175,7 +198,11 @@ impl ControlPlane {
         }
 
         let ca = Ca::generate()?;
-        let serving = ca.serving()?;
+        let extra_names: Vec<String> = config
+            .real_nodes_host
+            .map(|ip| vec![ip.to_string(), KUBERNETES_SERVICE_IP.to_string()])
+            .unwrap_or_default();
+        let serving = ca.serving(&extra_names)?;
         let (sa_key, sa_pub) = certs::service_account_key()?;
         let files = [
             ("ca.crt", ca.pair.cert_pem.as_str()),
@@ -191,8 +218,10 @@ impl ControlPlane {
         let p = |name: &str| pki.join(name).into_os_string();
 
         let [etcd_port, peer_port, api_port] = free_ports()?;
-        let url = format!("https://127.0.0.1:{api_port}");
+        let api_ip = config.real_nodes_host.unwrap_or(Ipv4Addr::LOCALHOST);
+        let url = format!("https://{api_ip}:{api_port}");
         let mut plane = ControlPlane {
+            api_port,
             admin_kubeconfig: dir.join("admin.kubeconfig"),
             dir: dir.clone(),
             url,
@@ -251,8 +280,8 @@ impl ControlPlane {
             name: "kube-apiserver".into(),
             program: config.assets.join(KUBE_APISERVER),
             args: vec![
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
+                format!("--bind-address={api_ip}").into(),
+                format!("--advertise-address={api_ip}").into(),
                 format!("--secure-port={api_port}").into(),
                 format!("--etcd-servers={etcd_url}").into(),
                 "--client-ca-file".into(),
@@ -269,14 +298,40 @@ impl ControlPlane {
                 format!("--service-cluster-ip-range={SERVICE_CIDR}").into(),
                 "--authorization-mode=Node,RBAC".into(),
                 "--enable-admission-plugins=NodeRestriction".into(),
-                // On by default, it taints every new Node not-ready; with no
-                // node-lifecycle controller nothing would lift the taint.
-                "--disable-admission-plugins=TaintNodesByCondition".into(),
                 // Endpoints refuse loopback addresses.
                 "--endpoint-reconciler-type=none".into(),
+                format!("--feature-gates={FEATURE_GATES}").into(),
             ],
             env: Vec::new(),
         };
+        if config.real_nodes_host.is_some() {
+            plane.write_cert_files(
+                &pki,
+                "kubelet-client",
+                "kube-apiserver-kubelet-client",
+                &["system:masters"],
+            )?;
+            apiserver.args.extend([
+                // The device plugin's DaemonSet mounts host paths.
+                "--allow-privileged=true".into(),
+                "--kubelet-client-certificate".into(),
+                p("kubelet-client.crt"),
+                "--kubelet-client-key".into(),
+                p("kubelet-client.key"),
+                "--kubelet-certificate-authority".into(),
+                p("ca.crt"),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                // No kube-proxy: webhooks are called at their Service's
+                // endpoints, not its cluster IP.
+                "--enable-aggregator-routing=true".into(),
+            ]);
+        } else {
+            // On by default, it taints every new Node not-ready; with no
+            // node-lifecycle controller nothing would lift the taint.
+            apiserver
+                .args
+                .push("--disable-admission-plugins=TaintNodesByCondition".into());
+        }
         // Enough to see requests refused and webhooks called, not every flag.
         apiserver.args.push("--v=1".into());
         plane.processes.push(ChildProcess::spawn_with_death_signal(
@@ -302,6 +357,14 @@ impl ControlPlane {
             let kc = dir.join("controller-manager.kubeconfig");
             plane.write_cert_kubeconfig(&kc, "system:kube-controller-manager", &[])?;
             let [port] = free_ports()?;
+            // Real kubelets post heartbeats, and their pods' service-account
+            // volumes need the `openshift-service-ca.crt` ConfigMap this
+            // build's publisher writes; simulated nodes have neither need.
+            let controllers = if config.real_nodes_host.is_some() {
+                "--controllers=*"
+            } else {
+                "--controllers=*,-node-lifecycle-controller,-service-ca-certificate-publisher-controller"
+            };
             let spec = ProcessSpec {
                 name: "kube-controller-manager".into(),
                 program: config.assets.join(KUBE_CONTROLLER_MANAGER),
@@ -315,7 +378,7 @@ impl ControlPlane {
                     "--bind-address=127.0.0.1".into(),
                     format!("--secure-port={port}").into(),
                     "--leader-elect=false".into(),
-                    "--controllers=*,-node-lifecycle-controller,-service-ca-certificate-publisher-controller".into(),
+                    controllers.into(),
                     "--use-service-account-credentials=true".into(),
                     "--service-account-private-key-file".into(),
                     p("sa.key"),
@@ -428,9 +491,34 @@ impl ControlPlane {
         }
     }
 
-    /// The API server's URL (`https://127.0.0.1:<port>`).
+    /// The API server's URL (`https://127.0.0.1:<port>`, or the host
+    /// address with real nodes).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The API server's port.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+
+    /// The CA that signs every certificate of this control plane.
+    pub fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
+    /// Writes `<name>.crt` and `<name>.key` in `dir`: a client certificate
+    /// for `user` in `groups`, the key readable by its owner only.
+    pub fn write_cert_files(
+        &self,
+        dir: &Path,
+        name: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(), ControlPlaneError> {
+        let pair = self.ca.client(user, groups)?;
+        write_file(&dir.join(format!("{name}.crt")), &pair.cert_pem)?;
+        write_private(&dir.join(format!("{name}.key")), &pair.key_pem)
     }
 
     /// The CA certificate (PEM) that signed the serving certificate.
@@ -489,6 +577,18 @@ impl ControlPlane {
                 }
             })
             .collect()
+    }
+
+    /// Stops the controller-manager and the scheduler, so no controller
+    /// makes or places a pod any more (teardown deletes the pods of real
+    /// nodes after this, and none must come back).
+    pub async fn stop_controllers(&mut self) -> Result<(), ControlPlaneError> {
+        for p in &mut self.processes {
+            if p.name() == KUBE_CONTROLLER_MANAGER || p.name() == KUBE_SCHEDULER {
+                p.stop(Duration::from_secs(5)).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Stops every process, newest first (SIGTERM, then SIGKILL after 5 s).

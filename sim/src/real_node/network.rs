@@ -1,0 +1,284 @@
+//! The host side of real nodes' networking, one block of addresses per run.
+//!
+//! Run `K` (the lowest `K` whose link `gpn<K>` does not exist yet; creating
+//! that link is what claims it) uses:
+//! - `198.18.K.1`: the API server's address, and `198.18.K.(10+i)`: node
+//!   `i`'s IP, all on the bridge `gpn<K>`, which has no ports;
+//! - `198.19.K.(32·i)/27`: node `i`'s pods, on the CNI bridge `gpc<K>n<i>`;
+//! - the iptables chain `GPUPOOL-SIM-<K>` in the nat and filter tables: one
+//!   DNAT of the `kubernetes` Service's cluster IP to the API server for
+//!   this run's pods (kube-proxy's one job here), and a drop of anything
+//!   those pods send beyond their subnets and this host.
+//!
+//! 198.18.0.0/15 is the block set aside for network tests (RFC 2544), so it
+//! clashes with no real network.
+
+use std::net::Ipv4Addr;
+
+use super::RealNodeError;
+use super::host::{run, run_for_teardown};
+use crate::control_plane::{KUBERNETES_SERVICE_IP, KUBERNETES_SERVICE_PORT};
+
+/// Most nodes one run can have: eight /27 pod subnets fill its /24.
+pub const MAX_NODES: u32 = 8;
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// One run's addresses, links and iptables chains. [`HostNetwork::remove`]
+/// takes them away again.
+#[derive(Debug)]
+pub struct HostNetwork {
+    block: u8,
+    /// `ip_forward` before the run (the CNI bridge plugin turns it on).
+    ip_forward_before: Option<String>,
+    chain_installed: bool,
+}
+
+impl HostNetwork {
+    /// Claims the lowest free block and puts the API server's address on
+    /// its bridge.
+    pub async fn create() -> Result<Self, RealNodeError> {
+        let ip_forward_before = std::fs::read_to_string(IP_FORWARD).ok();
+        for block in 0..=u8::MAX {
+            let link = node_link(block);
+            // Creating the link fails when another run holds the block.
+            if run(
+                "claiming an address block",
+                "ip",
+                ["link", "add", &link, "type", "bridge"],
+            )
+            .await
+            .is_err()
+            {
+                continue;
+            }
+            let mut net = HostNetwork {
+                block,
+                ip_forward_before,
+                chain_installed: false,
+            };
+            if let Err(e) = net.set_up().await {
+                net.remove().await;
+                return Err(e);
+            }
+            return Ok(net);
+        }
+        Err(RealNodeError::NoFreeSubnet)
+    }
+
+    async fn set_up(&mut self) -> Result<(), RealNodeError> {
+        let link = node_link(self.block);
+        let host = format!("{}/32", self.api_server_ip());
+        run(
+            "addressing the node bridge",
+            "ip",
+            ["addr", "add", &host, "dev", &link],
+        )
+        .await?;
+        run(
+            "bringing the node bridge up",
+            "ip",
+            ["link", "set", &link, "up"],
+        )
+        .await?;
+        let chain = self.chain();
+        let pods = self.pods_block();
+        self.chain_installed = true;
+        for table in ["nat", "filter"] {
+            run(
+                "adding the run's iptables chain",
+                "iptables",
+                ["-w", "-t", table, "-N", &chain],
+            )
+            .await?;
+        }
+        run(
+            "hooking the run's nat chain",
+            "iptables",
+            ["-w", "-t", "nat", "-I", "PREROUTING", "-j", &chain],
+        )
+        .await?;
+        run(
+            "hooking the run's filter chain",
+            "iptables",
+            ["-w", "-t", "filter", "-I", "FORWARD", "-j", &chain],
+        )
+        .await?;
+        // Pods talk to each other on their bridge and to this host; nothing
+        // they send is forwarded anywhere else.
+        run(
+            "keeping pod traffic on this machine",
+            "iptables",
+            [
+                "-w", "-t", "filter", "-A", &chain, "-s", &pods, "!", "-d", &pods, "-j", "DROP",
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Sends this run's pods' connections to the `kubernetes` Service's
+    /// cluster IP to the API server on `api_port`.
+    pub async fn route_kubernetes_service(&self, api_port: u16) -> Result<(), RealNodeError> {
+        let to = format!("{}:{api_port}", self.api_server_ip());
+        run(
+            "routing the kubernetes Service to the API server",
+            "iptables",
+            [
+                "-w",
+                "-t",
+                "nat",
+                "-A",
+                &self.chain(),
+                "-s",
+                &self.pods_block(),
+                "-d",
+                &format!("{KUBERNETES_SERVICE_IP}/32"),
+                "-p",
+                "tcp",
+                "--dport",
+                &KUBERNETES_SERVICE_PORT.to_string(),
+                "-j",
+                "DNAT",
+                "--to-destination",
+                &to,
+            ],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Puts node `index`'s IP on the node bridge.
+    pub async fn add_node_ip(&self, index: u32) -> Result<Ipv4Addr, RealNodeError> {
+        let ip = self.node_ip(index);
+        run(
+            "addressing a node",
+            "ip",
+            [
+                "addr",
+                "add",
+                &format!("{ip}/32"),
+                "dev",
+                &node_link(self.block),
+            ],
+        )
+        .await?;
+        Ok(ip)
+    }
+
+    /// The API server's address, which pods and kubelets reach.
+    pub fn api_server_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.block, 1)
+    }
+
+    /// Node `index`'s IP (`index` < [`MAX_NODES`]).
+    pub fn node_ip(&self, index: u32) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.block, 10 + index as u8)
+    }
+
+    /// Node `index`'s pod subnet, as `a.b.c.d/27`.
+    pub fn pod_subnet(&self, index: u32) -> String {
+        format!("198.19.{}.{}/27", self.block, 32 * index)
+    }
+
+    /// Node `index`'s CNI bridge (at most 15 characters, as Linux requires).
+    pub fn cni_bridge(&self, index: u32) -> String {
+        format!("gpc{}n{index}", self.block)
+    }
+
+    /// Removes node `index`'s CNI bridge (the bridge plugin creates it with
+    /// the first pod and never deletes it).
+    pub async fn remove_cni_bridge(&self, index: u32) {
+        let link = self.cni_bridge(index);
+        if std::path::Path::new("/sys/class/net").join(&link).exists() {
+            run_for_teardown("removing a CNI bridge", "ip", ["link", "del", &link]).await;
+        }
+    }
+
+    /// A name unique to this run among concurrent ones (cgroups, CNI).
+    pub fn run_name(&self) -> String {
+        format!("gpupool-sim-{}", self.block)
+    }
+
+    /// The block of the API server's and the nodes' addresses, `/24`.
+    pub fn host_block(&self) -> String {
+        format!("198.18.{}.0/24", self.block)
+    }
+
+    fn pods_block(&self) -> String {
+        format!("198.19.{}.0/24", self.block)
+    }
+
+    fn chain(&self) -> String {
+        format!("GPUPOOL-SIM-{}", self.block)
+    }
+
+    /// Removes the node bridge and the run's chains, and puts `ip_forward`
+    /// back. Every step runs even when an earlier one fails.
+    pub async fn remove(self) {
+        run_for_teardown(
+            "removing the node bridge",
+            "ip",
+            ["link", "del", &node_link(self.block)],
+        )
+        .await;
+        if self.chain_installed {
+            let chain = self.chain();
+            for (table, hook) in [("nat", "PREROUTING"), ("filter", "FORWARD")] {
+                run_for_teardown(
+                    "unhooking the run's chain",
+                    "iptables",
+                    ["-w", "-t", table, "-D", hook, "-j", &chain],
+                )
+                .await;
+                run_for_teardown(
+                    "emptying the run's chain",
+                    "iptables",
+                    ["-w", "-t", table, "-F", &chain],
+                )
+                .await;
+                run_for_teardown(
+                    "deleting the run's chain",
+                    "iptables",
+                    ["-w", "-t", table, "-X", &chain],
+                )
+                .await;
+            }
+        }
+        if let Some(before) = &self.ip_forward_before
+            && std::fs::read_to_string(IP_FORWARD).ok().as_deref() != Some(before.as_str())
+            && let Err(e) = std::fs::write(IP_FORWARD, before)
+        {
+            tracing::warn!(error = %e, "cannot restore net.ipv4.ip_forward");
+        }
+    }
+}
+
+/// The bridge holding run `block`'s host and node addresses.
+fn node_link(block: u8) -> String {
+    format!("gpn{block}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_of_a_block_stay_inside_the_test_range_and_apart() {
+        let net = HostNetwork {
+            block: 7,
+            ip_forward_before: None,
+            chain_installed: false,
+        };
+        assert_eq!(net.api_server_ip(), Ipv4Addr::new(198, 18, 7, 1));
+        assert_eq!(net.node_ip(0), Ipv4Addr::new(198, 18, 7, 10));
+        assert_eq!(net.pod_subnet(0), "198.19.7.0/27");
+        assert_eq!(net.pod_subnet(MAX_NODES - 1), "198.19.7.224/27");
+        for i in 0..MAX_NODES {
+            assert!(net.cni_bridge(i).len() <= 15);
+        }
+        let last = HostNetwork { block: 255, ..net };
+        assert!(last.cni_bridge(MAX_NODES - 1).len() <= 15);
+        assert!(node_link(255).len() <= 15);
+    }
+}
