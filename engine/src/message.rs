@@ -16,7 +16,7 @@ pub(crate) enum Message<'a> {
     /// Keep whatever the persisted status says (a final lease).
     Unchanged,
     /// The pod is gone or finished.
-    Released(Option<PodPhase>),
+    Released(Release),
     /// Admitted to a node (or admitted outside gpupool and not yet bound).
     Admitted(Option<&'a str>),
     /// Running on the node with GPUs the device plugin reported.
@@ -77,6 +77,31 @@ pub(crate) enum Message<'a> {
     },
 }
 
+/// Why a lease was released, as its pod tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// The pod was deleted: it is gone, or it ended while being deleted
+    /// (its containers stopped by the kubelet, whatever their exit code).
+    Deleted,
+    /// The pod's containers completed.
+    Succeeded,
+    /// The pod failed on its own.
+    Failed,
+}
+
+impl Release {
+    /// The reason for a lease whose pod is `pod` (`None`: gone), once that
+    /// pod no longer runs.
+    pub(crate) fn of(pod: Option<&super::model::PodInfo>) -> Self {
+        match pod {
+            None => Release::Deleted,
+            Some(p) if p.terminating => Release::Deleted,
+            Some(p) if p.phase == PodPhase::Succeeded => Release::Succeeded,
+            Some(_) => Release::Failed,
+        }
+    }
+}
+
 impl Message<'_> {
     /// Writes the message; `classes` supplies names and problems.
     pub fn render(&self, classes: &Classes<'_>, out: &mut String) {
@@ -91,12 +116,9 @@ impl Message<'_> {
         };
         match self {
             Message::Unchanged => Ok(()),
-            Message::Released(None) => out.write_str("released: pod is gone"),
-            Message::Released(Some(PodPhase::Succeeded)) => {
-                out.write_str("released: pod succeeded")
-            }
-            Message::Released(Some(PodPhase::Failed)) => out.write_str("released: pod failed"),
-            Message::Released(Some(_)) => out.write_str("released"),
+            Message::Released(Release::Deleted) => out.write_str("released: pod deleted"),
+            Message::Released(Release::Succeeded) => out.write_str("released: pod succeeded"),
+            Message::Released(Release::Failed) => out.write_str("released: pod failed"),
             // The three most common messages (thousands per pass) are built
             // without the formatting machinery; see `push_u64`.
             Message::Admitted(Some(node)) => {

@@ -13,7 +13,7 @@ use super::classes::{Classes, PodClass};
 use super::facts::{Facts, spec_is_current};
 use super::fit;
 use super::holders::QuietHolders;
-use super::message::{Message, Settled};
+use super::message::{Message, Release, Settled};
 use super::model::{
     ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
     StaleLease,
@@ -527,7 +527,7 @@ impl<'a> Pass<'a> {
             Some(p) if is_live(p) => p,
             other => {
                 t.phase = LeasePhase::Released;
-                t.message = Message::Released(other.map(|p| p.phase));
+                t.message = Message::Released(Release::of(other));
                 return;
             }
         };

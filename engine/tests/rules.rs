@@ -590,8 +590,32 @@ fn released_when_the_pod_is_gone_succeeded_or_failed_and_its_slots_free() {
         assert_eq!(st.position, None);
     }
     assert_eq!(message(&s, "ok"), "released: pod succeeded");
-    assert_eq!(message(&s, "gone"), "released: pod is gone");
+    assert_eq!(message(&s, "bad"), "released: pod failed");
+    assert_eq!(message(&s, "gone"), "released: pod deleted");
     assert_eq!(phase(&s, "next"), LeasePhase::Admitted);
+}
+
+/// A pod its user deletes ends as the kubelet stops its containers: Failed
+/// when one ignores SIGTERM and is killed, Succeeded when it exits 0. Either
+/// way its lease says it was deleted, not that it failed.
+#[test]
+fn a_deleted_pod_is_released_as_deleted_whatever_its_exit() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![pod("killed", 1, 1), pod("exited", 1, 2)],
+    );
+    settle(&mut s);
+    s.now = at(3000);
+    for (name, ph) in [("killed", PodPhase::Failed), ("exited", PodPhase::Succeeded)] {
+        let p = s.pods.iter_mut().find(|p| p.key == key(name)).expect("pod");
+        p.terminating = true;
+        p.phase = ph;
+    }
+    settle(&mut s);
+    for name in ["killed", "exited"] {
+        assert_eq!(phase(&s, name), LeasePhase::Released, "{name}");
+        assert_eq!(message(&s, name), "released: pod deleted", "{name}");
+    }
 }
 
 #[test]
