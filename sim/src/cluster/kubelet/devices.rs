@@ -52,12 +52,34 @@ pub struct Candidates {
 }
 
 impl Candidates {
+    /// True when the reused devices alone are enough for the container:
+    /// kubelet's device manager then takes the first `size` of them (in ID
+    /// order) without asking the plugin for a preference, since a
+    /// preference must include every one of them and could not.
+    pub fn settled_by_reuse(&self) -> bool {
+        self.must_include.len() >= self.size
+    }
+
     /// The default choice when the plugin expresses no preference: the
-    /// reused devices, then free ones in ID order.
+    /// reused devices, then free ones in ID order. Always `size` devices
+    /// (the book offers no fewer).
     pub fn default_choice(&self) -> Vec<String> {
-        let mut chosen = self.must_include.clone();
-        chosen.truncate(self.size);
-        for d in &self.available {
+        self.choose(&[])
+    }
+
+    /// The devices kubelet's device manager gives the container when the
+    /// plugin prefers `preferred`: every reused device first (the first
+    /// `size` of them in ID order when they are enough), then the free
+    /// devices `preferred` names, then other free devices, each group in ID
+    /// order. Devices `preferred` names that are not offered, or repeats,
+    /// are ignored, as kubelet ignores them; so is the order of `preferred`.
+    pub fn choose(&self, preferred: &[String]) -> Vec<String> {
+        let mut chosen: Vec<String> = self.must_include.iter().take(self.size).cloned().collect();
+        let preferred: BTreeSet<&String> = preferred
+            .iter()
+            .filter(|d| self.available.contains(d))
+            .collect();
+        for d in preferred.into_iter().chain(&self.available) {
             if chosen.len() >= self.size {
                 break;
             }
@@ -69,8 +91,9 @@ impl Candidates {
     }
 
     /// Accepts `chosen` if it has the right size, contains every
-    /// must-include device and only offered ones, as kubelet checks a
-    /// plugin's preferred allocation.
+    /// must-include device and only offered ones: whether a plugin's
+    /// preferred allocation can be taken as it is (kubelet takes what it can
+    /// of one that cannot, see [`Candidates::choose`]).
     pub fn validate(&self, chosen: &[String]) -> Result<(), AllocationError> {
         for d in chosen {
             if !self.available.contains(d) {
@@ -331,6 +354,78 @@ mod tests {
         // Another pod sees neither init nor app devices of p.
         b.assign("p", "ns", "p", holder("app2", false, &second));
         assert!(b.candidates("q", R, 1).is_err());
+    }
+
+    #[test]
+    fn reused_devices_alone_serve_a_smaller_container() {
+        let mut b = book(2);
+        let init = b.candidates("p", R, 2).expect("fits").default_choice();
+        assert!(!b.candidates("p", R, 2).expect("fits").settled_by_reuse());
+        b.assign("p", "ns", "p", holder("init", true, &init));
+        // The app container asks 1 of the init container's 2: no free device
+        // is needed, and the plugin is not asked to choose.
+        let c = b.candidates("p", R, 1).expect("fits");
+        assert_eq!(c.must_include, vec!["d0".to_owned(), "d1".to_owned()]);
+        assert!(c.settled_by_reuse());
+        assert_eq!(c.default_choice(), vec!["d0".to_owned()]);
+        assert_eq!(c.choose(&["d1".into()]), vec!["d0".to_owned()]);
+        b.assign("p", "ns", "p", holder("app", false, &c.default_choice()));
+        // The pod holds both devices until it ends.
+        assert!(b.candidates("q", R, 1).is_err());
+        b.release("p");
+        assert_eq!(b.candidates("q", R, 2).expect("freed").available.len(), 2);
+    }
+
+    #[test]
+    fn a_sidecar_before_an_init_container_keeps_its_device() {
+        // Sidecar 1, then init 2, then app 1: the init container cannot
+        // reuse the running sidecar's device, so 2 devices are not enough.
+        let mut b = book(2);
+        let sidecar = b.candidates("p", R, 1).expect("fits").default_choice();
+        b.assign("p", "ns", "p", holder("sidecar", false, &sidecar));
+        assert_eq!(
+            b.candidates("p", R, 2),
+            Err(AllocationError::Insufficient {
+                resource: R.into(),
+                requested: 2,
+                available: 1
+            })
+        );
+        // With 3, the app container reuses one of the init container's two.
+        let mut b = book(3);
+        b.assign("p", "ns", "p", holder("sidecar", false, &sidecar));
+        let init = b.candidates("p", R, 2).expect("fits").default_choice();
+        assert_eq!(init, vec!["d1".to_owned(), "d2".to_owned()]);
+        b.assign("p", "ns", "p", holder("init", true, &init));
+        let app = b.candidates("p", R, 1).expect("fits");
+        assert!(app.settled_by_reuse());
+        assert_eq!(app.default_choice(), vec!["d1".to_owned()]);
+    }
+
+    #[test]
+    fn choose_takes_what_a_preference_offers_in_id_order() {
+        let mut b = book(4);
+        let init = vec!["d3".to_owned()];
+        b.assign("p", "ns", "p", holder("init", true, &init));
+        let c = b.candidates("p", R, 3).expect("fits");
+        assert_eq!(c.must_include, init);
+        // The reused device, then the preferred free ones in ID order,
+        // whatever order the plugin gave; unknown and repeated IDs ignored.
+        assert_eq!(
+            c.choose(&["d2".into(), "d9".into(), "d1".into(), "d1".into()]),
+            vec!["d3".to_owned(), "d1".to_owned(), "d2".to_owned()]
+        );
+        // Too few preferred: the rest from free devices in ID order.
+        assert_eq!(
+            c.choose(&["d2".into()]),
+            vec!["d3".to_owned(), "d2".to_owned(), "d0".to_owned()]
+        );
+        // Too many preferred: the first in ID order.
+        assert_eq!(
+            c.choose(&["d2".into(), "d1".into(), "d0".into()]),
+            vec!["d3".to_owned(), "d0".to_owned(), "d1".to_owned()]
+        );
+        assert_eq!(c.default_choice(), c.choose(&[]));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpupool_api::names::ANNOTATION_SIM_RUN_SECONDS;
+use gpupool_api::pod::is_sidecar;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -396,7 +397,7 @@ async fn mark_running(
         .flatten()
         .map(|c| {
             let mut s = running(c);
-            if c.restart_policy.as_deref() != Some("Always") {
+            if !is_sidecar(c) {
                 s["ready"] = json!(true);
                 s["started"] = json!(false);
                 s["state"] = json!({"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}});
