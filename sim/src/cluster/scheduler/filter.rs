@@ -1,6 +1,6 @@
 //! Node filters the scheduler applies before resource fit: node selector,
 //! required node affinity and taints, with the semantics kube-scheduler gives
-//! them.
+//! them; and the reasons a node is filtered out, resource fit's included.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +19,8 @@ pub enum Rejection {
     Taint(String),
     /// The node lacks free amount of this resource.
     Insufficient(String),
+    /// The node already runs as many pods as its allocatable `pods`.
+    TooManyPods,
 }
 
 impl Rejection {
@@ -29,6 +31,7 @@ impl Rejection {
             Rejection::Affinity => "node(s) didn't match Pod's node affinity/selector".to_owned(),
             Rejection::Taint(t) => format!("node(s) had untolerated taint {{{t}}}"),
             Rejection::Insufficient(r) => format!("Insufficient {r}"),
+            Rejection::TooManyPods => "Too many pods".to_owned(),
         }
     }
 }
