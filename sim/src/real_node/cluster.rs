@@ -125,7 +125,7 @@ impl RealCluster {
         };
         let mut cluster = RealCluster {
             plane: None,
-            net: Some(HostNetwork::create().await?),
+            net: Some(HostNetwork::create(&config.dir).await?),
             nodes: Vec::new(),
         };
         match cluster.bring_up(&config, &kubelet).await {

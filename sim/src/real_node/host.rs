@@ -119,6 +119,25 @@ pub fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
+/// SIGKILLs every process in the cgroup `dir` and the cgroups under it.
+pub fn kill_cgroup_tree(dir: &Path) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            kill_cgroup_tree(&entry.path());
+        }
+    }
+}
+
 /// Mount points at or under `dir`, deepest first, from `/proc/self/mountinfo`.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
@@ -171,6 +190,26 @@ pub fn pids_with_argument(needle: &str) -> Vec<i32> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()))
+        })
+        .collect()
+}
+
+/// PIDs of processes with an argument that names a path under `dir` (as
+/// `-address <dir>/…/containerd.sock` does for a node's shims).
+pub fn pids_with_argument_under(dir: &str) -> Vec<i32> {
+    let prefix = format!("{}/", dir.trim_end_matches('/'));
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline
+                    .split(|b| *b == 0)
+                    .any(|a| a.starts_with(prefix.as_bytes()))
+            })
         })
         .collect()
 }

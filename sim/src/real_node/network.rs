@@ -12,17 +12,28 @@
 //!
 //! 198.18.0.0/15 is the block set aside for network tests (RFC 2544), so it
 //! clashes with no real network.
+//!
+//! A run records itself as the block's owner in `/run/gpupool-sim/block-<K>`
+//! (its pid, that process's start time and its run directory). A run killed
+//! before its teardown (SIGKILL, a crash) leaves its block behind; the next
+//! run that finds a block whose owner is dead removes what that run left
+//! (its pods' processes, shims, cgroups, links and chains) and reuses it, so
+//! a machine that has run the harness before starts clean.
 
 use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 
 use super::RealNodeError;
-use super::host::{run, run_for_teardown};
+use super::host::{self, run, run_for_teardown};
 use crate::control_plane::{KUBERNETES_SERVICE_IP, KUBERNETES_SERVICE_PORT};
 
 /// Most nodes one run can have: eight /27 pod subnets fill its /24.
 pub const MAX_NODES: u32 = 8;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// Where runs record which block they own.
+const OWNERS: &str = "/run/gpupool-sim";
 
 /// One run's addresses, links and iptables chains. [`HostNetwork::remove`]
 /// takes them away again.
@@ -35,12 +46,16 @@ pub struct HostNetwork {
 }
 
 impl HostNetwork {
-    /// Claims the lowest free block and puts the API server's address on
-    /// its bridge.
-    pub async fn create() -> Result<Self, RealNodeError> {
+    /// Claims the lowest free block (reclaiming those of dead runs) for the
+    /// run in `run_dir`, and puts the API server's address on its bridge.
+    pub async fn create(run_dir: &Path) -> Result<Self, RealNodeError> {
         let ip_forward_before = std::fs::read_to_string(IP_FORWARD).ok();
+        std::fs::create_dir_all(OWNERS).map_err(RealNodeError::io("recording the run", OWNERS))?;
         for block in 0..=u8::MAX {
             let link = node_link(block);
+            if link_exists(&link) && !reclaim_if_dead(block).await {
+                continue;
+            }
             // Creating the link fails when another run holds the block.
             if run(
                 "claiming an address block",
@@ -51,6 +66,12 @@ impl HostNetwork {
             .is_err()
             {
                 continue;
+            }
+            let owner = owner_file(block);
+            let record = format!("{}\n{}\n", own_identity(), run_dir.display());
+            if let Err(e) = std::fs::write(&owner, record) {
+                run_for_teardown("releasing an address block", "ip", ["link", "del", &link]).await;
+                return Err(RealNodeError::io("recording the run", &owner)(e));
             }
             let mut net = HostNetwork {
                 block,
@@ -190,7 +211,7 @@ impl HostNetwork {
     /// the first pod and never deletes it).
     pub async fn remove_cni_bridge(&self, index: u32) {
         let link = self.cni_bridge(index);
-        if std::path::Path::new("/sys/class/net").join(&link).exists() {
+        if link_exists(&link) {
             run_for_teardown("removing a CNI bridge", "ip", ["link", "del", &link]).await;
         }
     }
@@ -210,7 +231,7 @@ impl HostNetwork {
     }
 
     fn chain(&self) -> String {
-        format!("GPUPOOL-SIM-{}", self.block)
+        chain_name(self.block)
     }
 
     /// Removes the node bridge and the run's chains, and puts `ip_forward`
@@ -223,28 +244,9 @@ impl HostNetwork {
         )
         .await;
         if self.chain_installed {
-            let chain = self.chain();
-            for (table, hook) in [("nat", "PREROUTING"), ("filter", "FORWARD")] {
-                run_for_teardown(
-                    "unhooking the run's chain",
-                    "iptables",
-                    ["-w", "-t", table, "-D", hook, "-j", &chain],
-                )
-                .await;
-                run_for_teardown(
-                    "emptying the run's chain",
-                    "iptables",
-                    ["-w", "-t", table, "-F", &chain],
-                )
-                .await;
-                run_for_teardown(
-                    "deleting the run's chain",
-                    "iptables",
-                    ["-w", "-t", table, "-X", &chain],
-                )
-                .await;
-            }
+            remove_chains(self.block).await;
         }
+        let _ = std::fs::remove_file(owner_file(self.block));
         if let Some(before) = &self.ip_forward_before
             && std::fs::read_to_string(IP_FORWARD).ok().as_deref() != Some(before.as_str())
             && let Err(e) = std::fs::write(IP_FORWARD, before)
@@ -257,6 +259,125 @@ impl HostNetwork {
 /// The bridge holding run `block`'s host and node addresses.
 fn node_link(block: u8) -> String {
     format!("gpn{block}")
+}
+
+fn link_exists(link: &str) -> bool {
+    Path::new("/sys/class/net").join(link).exists()
+}
+
+fn owner_file(block: u8) -> PathBuf {
+    Path::new(OWNERS).join(format!("block-{block}"))
+}
+
+fn chain_name(block: u8) -> String {
+    format!("GPUPOOL-SIM-{block}")
+}
+
+async fn remove_chains(block: u8) {
+    let chain = chain_name(block);
+    for (table, hook) in [("nat", "PREROUTING"), ("filter", "FORWARD")] {
+        run_for_teardown(
+            "unhooking the run's chain",
+            "iptables",
+            ["-w", "-t", table, "-D", hook, "-j", &chain],
+        )
+        .await;
+        run_for_teardown(
+            "emptying the run's chain",
+            "iptables",
+            ["-w", "-t", table, "-F", &chain],
+        )
+        .await;
+        run_for_teardown(
+            "deleting the run's chain",
+            "iptables",
+            ["-w", "-t", table, "-X", &chain],
+        )
+        .await;
+    }
+}
+
+/// This process as an owner record names it: its pid and start time (so a
+/// reused pid is not taken for a live owner).
+fn own_identity() -> String {
+    let pid = std::process::id();
+    format!("{pid} {}", start_time(pid).unwrap_or_default())
+}
+
+/// A process's start time (field 22 of `/proc/<pid>/stat`).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; it ends at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// When the run that owns `block` is dead, removes what it left and
+/// returns true; a live owner, or a block with no owner record (taken by a
+/// run still setting up), is left alone.
+async fn reclaim_if_dead(block: u8) -> bool {
+    let Ok(record) = std::fs::read_to_string(owner_file(block)) else {
+        return false;
+    };
+    let mut lines = record.lines();
+    let identity = lines.next().unwrap_or_default();
+    let run_dir = lines.next().unwrap_or_default().to_owned();
+    let alive = identity
+        .split_once(' ')
+        .and_then(|(pid, started)| Some((pid.parse::<u32>().ok()?, started)))
+        .is_some_and(|(pid, started)| start_time(pid).as_deref() == Some(started));
+    if alive {
+        return false;
+    }
+    tracing::warn!(
+        block,
+        run_dir,
+        "reclaiming the address block of a run that died before its teardown"
+    );
+    if !run_dir.is_empty() {
+        // Its shims outlived it; each names its node's socket, under its run directory.
+        for pid in host::pids_with_argument_under(&run_dir) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    let prefix = format!("gpupool-sim-{block}-");
+    let stale: Vec<PathBuf> = host::cgroup_hierarchies()
+        .iter()
+        .filter_map(|h| std::fs::read_dir(h).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    for cgroup in &stale {
+        host::kill_cgroup_tree(cgroup);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for cgroup in &stale {
+        host::remove_cgroup_tree(cgroup);
+    }
+    for index in 0..MAX_NODES {
+        let link = format!("gpc{block}n{index}");
+        if link_exists(&link) {
+            run_for_teardown(
+                "removing a dead run's CNI bridge",
+                "ip",
+                ["link", "del", &link],
+            )
+            .await;
+        }
+    }
+    run_for_teardown(
+        "removing a dead run's node bridge",
+        "ip",
+        ["link", "del", &node_link(block)],
+    )
+    .await;
+    remove_chains(block).await;
+    let _ = std::fs::remove_file(owner_file(block));
+    true
 }
 
 #[cfg(test)]

@@ -378,6 +378,12 @@ impl RealNode {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
+        // Whatever still runs in the node's pods (a shim killed above leaves
+        // its container's processes behind) is in the node's cgroups.
+        if let Some(cgroup) = self.cgroups.first() {
+            host::kill_cgroup_tree(cgroup);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
         for mount in host::mounts_under(&self.dir) {
             run_for_teardown(
                 "unmounting a node's mount",
