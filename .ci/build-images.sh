@@ -120,4 +120,8 @@ write_archive "$DEVICE_PLUGIN_IMAGE" gpupool-device-plugin.tar
 write_archive "$PAUSE_IMAGE" gpupool-pause.tar
 write_archive "$WORKLOAD_IMAGE" gpupool-workload.tar
 
+# Each build leaves the previous images untagged; drop them, so a machine
+# that builds often keeps one copy.
+buildah rmi --prune >/dev/null 2>&1 || true
+
 echo "$out"
