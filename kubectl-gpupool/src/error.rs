@@ -63,6 +63,17 @@ pub enum Error {
         /// The API server's message.
         message: String,
     },
+    /// `-A` asked for every namespace's leases, and the credentials may list
+    /// one namespace's only.
+    #[error(
+        "cannot list gpuleases in all namespaces: forbidden ({message}); without -A it shows namespace {namespace}"
+    )]
+    AllNamespacesForbidden {
+        /// The namespace shown without `-A`.
+        namespace: String,
+        /// The API server's message.
+        message: String,
+    },
     /// Any other failed API request.
     #[error("cannot {what}: {detail}")]
     Api {

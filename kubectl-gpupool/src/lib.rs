@@ -13,6 +13,7 @@ pub mod read;
 pub mod style;
 pub mod table;
 pub mod top;
+pub mod unseen;
 pub mod why;
 
 use std::collections::BTreeMap;
@@ -31,6 +32,7 @@ pub use error::Error;
 use cli::{Cli, Command, DataOutput, QueueOutput};
 use read::Cluster;
 use style::Style;
+use unseen::Unseen;
 
 /// Runs one command, writing its output to `out`. Returns when the output is
 /// written (or, with `queue --watch`, when the watch ends or writing fails).
@@ -56,19 +58,33 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
                 style,
             };
             if watch {
-                watch_queue(&cluster, &args, out).await
+                watch_queue(&cluster, &args, &namespace, out).await
             } else {
                 let leases = cluster.leases(&namespace, g.all_namespaces).await?;
-                let classes = cluster.classes().await?;
-                let text = render_queue(&args, &leases, &classes)?;
+                let classes = cluster.classes(true).await?;
+                let text = render_queue(&args, &leases, classes.as_deref())?;
                 write(out, &text)
             }
         }
         Command::Top { output } => {
-            let leases = cluster.leases(&namespace, true).await?;
-            let classes = cluster.classes().await?;
-            let nodes = cluster.nodes(false).await?.unwrap_or_default();
-            let view = top::build(&classes, &nodes, &leases.items);
+            // -A does not apply to top: it shows every namespace it may.
+            let leases = cluster.leases(&namespace, false).await?;
+            let classes = cluster.classes(true).await?;
+            let nodes = cluster.nodes(true).await?;
+            let mut view = top::build_visible(
+                classes.as_deref(),
+                nodes.as_deref(),
+                &leases.items,
+                leases.namespace.as_deref(),
+            );
+            view.unseen = unseen_lines(
+                &leases,
+                ": only the GPUs its pods hold",
+                classes.is_none().then_some("class capacity is not shown"),
+                nodes.is_none().then_some(
+                    "showing the GPUs that leases hold, without the nodes' free GPUs or their health",
+                ),
+            );
             let text = match output {
                 Some(DataOutput::Json) => to_json(&view)?,
                 Some(DataOutput::Yaml) => to_yaml(&view)?,
@@ -92,8 +108,16 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
             }
             let p = cluster.pod(&namespace, &pod).await?;
             let leases = cluster.leases(&namespace, false).await?;
-            let classes = cluster.classes().await?;
+            let classes = cluster.classes(true).await?;
             let nodes = cluster.nodes(true).await?;
+            let unseen = unseen_lines(
+                &leases,
+                POSITIONS_FROM_STATUS,
+                classes
+                    .is_none()
+                    .then_some("the class's capacity and ordering are not shown"),
+                nodes.is_none().then_some("node fit is not shown"),
+            );
             let lease = leases.items.iter().find(|l| {
                 model::namespace(l) == namespace && l.metadata.name.as_deref() == Some(pod.as_str())
             });
@@ -101,11 +125,13 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
                 why::WhyInput {
                     pod: &p,
                     lease,
-                    classes: &classes,
+                    classes: classes.as_deref().unwrap_or_default(),
+                    classes_visible: classes.is_some(),
                     leases: &leases.items,
                     all_visible: leases.all_visible,
                     nodes: nodes.as_deref(),
                     now: Timestamp::now(),
+                    unseen: &unseen,
                 },
                 style,
             )?;
@@ -122,26 +148,60 @@ struct QueueArgs<'a> {
     style: Style,
 }
 
+/// How positions are shown when other namespaces' leases cannot be listed.
+const POSITIONS_FROM_STATUS: &str = ", at the positions the operator wrote (status.position)";
+
+/// The lines saying what could not be listed: every namespace's leases
+/// (when `leases` fell back to one namespace; `leases_instead` follows the
+/// namespace's name), then classes and nodes, each with what is shown
+/// instead when it could not be listed.
+fn unseen_lines(
+    leases: &read::Leases,
+    leases_instead: &str,
+    classes_instead: Option<&str>,
+    nodes_instead: Option<&str>,
+) -> Vec<Unseen> {
+    let mut out = Vec::new();
+    if let Some(ns) = &leases.namespace {
+        out.push(Unseen::leases(ns, leases_instead));
+    }
+    out.extend(classes_instead.map(Unseen::classes));
+    out.extend(nodes_instead.map(Unseen::nodes));
+    out
+}
+
+/// The queue of what could be listed: `classes` is `None` when the
+/// credentials may not list them.
 fn queue_view(
     args: &QueueArgs<'_>,
     leases: &read::Leases,
-    classes: &[gpupool_api::GpuLeaseClass],
+    classes: Option<&[gpupool_api::GpuLeaseClass]>,
 ) -> Result<queue::QueueView, Error> {
-    queue::build(
+    let mut view = queue::build(
         &leases.items,
-        classes,
+        classes.unwrap_or_default(),
         queue::QueueQuery {
             class: args.class,
             namespace: args.rows_ns.or(leases.namespace.as_deref()),
             all_visible: leases.all_visible,
+            classes_visible: classes.is_some(),
         },
-    )
+    )?;
+    view.unseen = unseen_lines(
+        leases,
+        POSITIONS_FROM_STATUS,
+        classes
+            .is_none()
+            .then_some("classes are shown by name, without their capacity or ordering"),
+        None,
+    );
+    Ok(view)
 }
 
 fn render_queue(
     args: &QueueArgs<'_>,
     leases: &read::Leases,
-    classes: &[gpupool_api::GpuLeaseClass],
+    classes: Option<&[gpupool_api::GpuLeaseClass]>,
 ) -> Result<String, Error> {
     let view = queue_view(args, leases, classes)?;
     format_queue(args, &view, false)
@@ -177,13 +237,13 @@ fn format_queue(
 async fn watch_queue(
     cluster: &Cluster,
     args: &QueueArgs<'_>,
+    namespace: &str,
     out: &mut dyn Write,
 ) -> Result<(), Error> {
     // A first list decides what may be watched, and fails early with the
     // same errors as a plain `queue`.
-    let namespace = args.rows_ns.unwrap_or("default");
     let first = cluster.leases(namespace, args.all_namespaces).await?;
-    cluster.classes().await?;
+    let classes_visible = cluster.classes(true).await?.is_some();
     let lease_api: Api<GpuLease> = match &first.namespace {
         None => Api::all(cluster.client()),
         Some(ns) => Api::namespaced(cluster.client(), ns),
@@ -194,9 +254,16 @@ async fn watch_queue(
     let mut lease_events = watcher::watcher(lease_api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    let mut class_events = watcher::watcher(class_api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    // Classes that may not be listed are not watched: the queue goes on
+    // without them, as a plain `queue` does.
+    let mut class_events = if classes_visible {
+        watcher::watcher(class_api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    } else {
+        classes.synced = true;
+        futures::stream::pending().boxed()
+    };
     let text_output = args.output.is_none_or(|o| o == QueueOutput::Wide);
     let redraw = args.style.color && text_output;
     let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -229,6 +296,7 @@ async fn watch_queue(
         if !changed || !leases.synced || !classes.synced {
             continue;
         }
+        let class_items: Vec<GpuLeaseClass> = classes.items.values().cloned().collect();
         let view = queue_view(
             args,
             &read::Leases {
@@ -236,7 +304,7 @@ async fn watch_queue(
                 all_visible: first.all_visible,
                 namespace: first.namespace.clone(),
             },
-            &classes.items.values().cloned().collect::<Vec<_>>(),
+            classes_visible.then_some(class_items.as_slice()),
         )?;
         if last.as_ref() == Some(&view) {
             continue;

@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::model;
 use crate::style::{self, Paint, Style};
 use crate::table::{Cell, Table, common_widths};
+use crate::unseen::{self, Unseen};
 
 /// What to show.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +22,9 @@ pub struct QueueQuery<'a> {
     /// computed from sequences; false to take the operator's
     /// `status.position` (a reader allowed only one namespace).
     pub all_visible: bool,
+    /// True when `classes` holds every class; false when the reader may
+    /// not list them, so classes are known only by the names leases give.
+    pub classes_visible: bool,
 }
 
 /// The queue of every class shown, ready to render or encode.
@@ -35,6 +39,9 @@ pub struct QueueView {
     pub positions_from: &'static str,
     /// One entry per class, in name order.
     pub classes: Vec<ClassQueue>,
+    /// What the credentials could not list; absent when nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unseen: Vec<Unseen>,
 }
 
 /// One class's queue.
@@ -43,15 +50,20 @@ pub struct QueueView {
 pub struct ClassQueue {
     /// Class name.
     pub name: String,
-    /// False when leases name a class that no longer exists.
-    pub exists: bool,
+    /// False when leases name a class that no longer exists; absent when
+    /// classes could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
     /// `StrictFIFO` or `BestEffortFIFO`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering: Option<String>,
-    /// Slots on the class's nodes (class status).
-    pub capacity: u32,
-    /// Free slots (class status).
-    pub free: u32,
+    /// Slots on the class's nodes (class status); absent when classes
+    /// could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    /// Free slots (class status); absent when classes could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free: Option<u32>,
     /// Waiting primaries in FIFO order.
     pub primaries: Vec<QueueRow>,
     /// Waiting helpers in FIFO order.
@@ -84,9 +96,11 @@ pub struct QueueRow {
     pub message: Option<String>,
 }
 
-/// Builds the queue view. Errors: [`Error::NoSuchClass`] when the class
-/// asked for neither exists nor is named by a lease; [`Error::NoClasses`]
-/// when there is no class and no lease at all.
+/// Builds the queue view. Errors, only when classes are visible (a reader
+/// who may not list them cannot tell): [`Error::NoSuchClass`] when the
+/// class asked for neither exists nor is named by a lease;
+/// [`Error::NoClasses`] when there is no class and no lease at all. Its
+/// `unseen` is left empty for the caller to fill.
 pub fn build(
     leases: &[GpuLease],
     classes: &[GpuLeaseClass],
@@ -101,10 +115,13 @@ pub fn build(
     names.dedup();
     if let Some(wanted) = q.class {
         if !names.iter().any(|n| n == wanted) {
-            return Err(Error::NoSuchClass(wanted.to_owned()));
+            if q.classes_visible {
+                return Err(Error::NoSuchClass(wanted.to_owned()));
+            }
+            names.push(wanted.to_owned());
         }
         names.retain(|n| n == wanted);
-    } else if names.is_empty() {
+    } else if names.is_empty() && q.classes_visible {
         return Err(Error::NoClasses);
     }
     let classes_out = names
@@ -113,11 +130,12 @@ pub fn build(
             let class = classes.iter().find(|c| model::class_name(c) == name);
             let status = class.and_then(|c| c.status.as_ref());
             let rows = |role| rows(leases, &name, role, q);
+            let known = |n: u32| q.classes_visible.then_some(n);
             ClassQueue {
-                exists: class.is_some(),
+                exists: q.classes_visible.then_some(class.is_some()),
                 ordering: class.map(|c| ordering_name(c.spec.admission.ordering).to_owned()),
-                capacity: status.map_or(0, |s| s.capacity),
-                free: status.map_or(0, |s| s.free),
+                capacity: known(status.map_or(0, |s| s.capacity)),
+                free: known(status.map_or(0, |s| s.free)),
                 primaries: rows(Role::Primary),
                 helpers: rows(Role::Helper),
                 name,
@@ -132,6 +150,7 @@ pub fn build(
             "leaseStatus"
         },
         classes: classes_out,
+        unseen: Vec::new(),
     })
 }
 
@@ -171,9 +190,19 @@ fn rows(leases: &[GpuLease], class: &str, role: Role, q: QueueQuery<'_>) -> Vec<
 
 /// Renders the view as text: per class a heading with its capacity and what
 /// waits, then a table of waiting primaries and one of waiting helpers.
-/// `wide` adds each lease's sequence and queue time.
+/// `wide` adds each lease's sequence and queue time. A line per list the
+/// credentials could not read ends it.
 pub fn render(view: &QueueView, now: Timestamp, wide: bool, style: Style) -> String {
     let mut out = String::new();
+    let scope = view
+        .namespace
+        .as_deref()
+        .map(|ns| format!(" in namespace {ns}"))
+        .unwrap_or_default();
+    if view.classes.is_empty() {
+        // Only when classes cannot be listed: no visible lease names one.
+        out.push_str(&format!("no pod waits{scope}\n"));
+    }
     for (i, class) in view.classes.iter().enumerate() {
         if i > 0 {
             out.push('\n');
@@ -186,11 +215,6 @@ pub fn render(view: &QueueView, now: Timestamp, wide: bool, style: Style) -> Str
             .map(|rows| table(rows, now, wide))
             .collect();
         if tables.is_empty() {
-            let scope = view
-                .namespace
-                .as_deref()
-                .map(|ns| format!(" in namespace {ns}"))
-                .unwrap_or_default();
             out.push_str(&format!("  no pod waits{scope}\n"));
         }
         let refs: Vec<&Table> = tables.iter().collect();
@@ -202,11 +226,9 @@ pub fn render(view: &QueueView, now: Timestamp, wide: bool, style: Style) -> Str
             out.push_str(&t.render_with_widths(style, &widths));
         }
     }
-    if view.positions_from == "leaseStatus" {
-        out.push_str(&style.paint(
-            "\npositions are the operator's (status.position): leases of other namespaces cannot be listed with these credentials\n",
-            Paint::Dim,
-        ));
+    if !view.unseen.is_empty() {
+        out.push('\n');
+        out.push_str(&unseen::render(&view.unseen, style));
     }
     out
 }
@@ -227,12 +249,14 @@ fn heading(class: &ClassQueue, style: Style) -> String {
     } else {
         format!("; {} waiting", style::join_prose(&waiting))
     };
-    match &class.ordering {
-        Some(ordering) if class.exists => format!(
+    match (&class.ordering, class.exists) {
+        (Some(ordering), Some(true)) => format!(
             "CLASS {name} ({ordering}): {}, {} free{waits}",
-            style::count(class.capacity.into(), "slot", "slots"),
-            class.free
+            style::count(class.capacity.unwrap_or(0).into(), "slot", "slots"),
+            class.free.unwrap_or(0)
         ),
+        // Classes could not be listed: the name alone.
+        (_, None) => format!("CLASS {name}{waits}"),
         _ => format!(
             "CLASS {name} ({}){waits}",
             style.paint("no such GpuLeaseClass", Paint::Red)
@@ -348,6 +372,7 @@ mod tests {
             class,
             namespace: ns,
             all_visible: all,
+            classes_visible: true,
         }
     }
 
@@ -450,7 +475,7 @@ mod tests {
         );
         l.spec.class_name = "gone".into();
         let view = build(&[l], &[], q(None, None, true)).expect("builds");
-        assert!(!view.classes[0].exists);
+        assert_eq!(view.classes[0].exists, Some(false));
         let text = render(&view, now(), false, Style::PLAIN);
         assert!(
             text.starts_with("CLASS gone (no such GpuLeaseClass); 1 primary waiting\n"),
@@ -503,13 +528,18 @@ CLASS large (StrictFIFO): 2 slots, 2 free
     #[test]
     fn lease_status_positions_carry_a_note_and_json_says_so() {
         let (leases, classes) = sample();
-        let view = build(&leases, &classes, q(Some("default"), Some("ml"), false)).expect("builds");
+        let mut view =
+            build(&leases, &classes, q(Some("default"), Some("ml"), false)).expect("builds");
+        view.unseen = vec![Unseen::leases("ml", ", at the operator's positions")];
         let text = render(&view, now(), false, Style::PLAIN);
         assert!(
-            text.contains("positions are the operator's (status.position)"),
+            text.ends_with(
+                "\ncannot list GpuLeases in all namespaces: forbidden; showing namespace ml, at the operator's positions\n"
+            ),
             "{text}"
         );
         let json = serde_json::to_value(&view).expect("json");
+        assert_eq!(json["unseen"][0]["what"], "GpuLeases in all namespaces");
         assert_eq!(json["positionsFrom"], "leaseStatus");
         assert_eq!(json["namespace"], "ml");
         assert_eq!(json["classes"][0]["primaries"][0]["pod"], "train-c");
@@ -517,6 +547,61 @@ CLASS large (StrictFIFO): 2 slots, 2 free
         assert_eq!(
             json["classes"][0]["primaries"][0]["queuedAt"],
             "2023-11-14T22:13:16Z"
+        );
+    }
+
+    /// A tenant who may list neither classes nor other namespaces' leases:
+    /// the classes its leases name, without capacity, and no error for a
+    /// class it cannot see.
+    #[test]
+    fn without_classes_the_leases_name_them() {
+        let (leases, _) = sample();
+        let mine: Vec<GpuLease> = leases
+            .into_iter()
+            .filter(|l| model::namespace(l) == "ml")
+            .collect();
+        let hidden = |class| QueueQuery {
+            class,
+            namespace: Some("ml"),
+            all_visible: false,
+            classes_visible: false,
+        };
+        let mut view = build(&mine, &[], hidden(None)).expect("builds");
+        view.unseen = vec![Unseen::classes("classes are shown by name only")];
+        let class = &view.classes[0];
+        assert_eq!(
+            (
+                class.name.as_str(),
+                class.exists,
+                class.capacity,
+                class.free
+            ),
+            ("default", None, None, None)
+        );
+        let text = render(&view, now(), false, Style::PLAIN);
+        assert!(
+            text.starts_with("CLASS default; 2 primaries and 1 helper waiting\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "\ncannot list GpuLeaseClasses: forbidden; classes are shown by name only\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&view).expect("json");
+        assert!(json["classes"][0].get("capacity").is_none(), "{json}");
+        assert!(json["classes"][0].get("exists").is_none(), "{json}");
+        // A class named by no visible lease, and no lease at all: not errors.
+        let view = build(&mine, &[], hidden(Some("large"))).expect("builds");
+        assert_eq!(view.classes[0].name, "large");
+        assert!(view.classes[0].primaries.is_empty());
+        let text = render(&view, now(), false, Style::PLAIN);
+        assert_eq!(text, "CLASS large\n  no pod waits in namespace ml\n");
+        let view = build(&[], &[], hidden(None)).expect("builds");
+        assert_eq!(
+            render(&view, now(), false, Style::PLAIN),
+            "no pod waits in namespace ml\n"
         );
     }
 

@@ -215,8 +215,12 @@ impl Cluster {
         }
     }
 
-    /// Leases of every namespace, or of `namespace` alone when that is all
-    /// the credentials may list (or `only` asks for it).
+    /// Leases of every namespace, or of `namespace` alone when the
+    /// credentials may not list every namespace's (a tenant with the
+    /// namespaced `view` or `edit` role). Errors: with `all_required` (`-A`),
+    /// a refusal is [`Error::AllNamespacesForbidden`], naming the namespace
+    /// shown without it; [`Error::LeaseCrdMissing`] when the CRD is absent;
+    /// any other failure as [`Cluster::api_error`] words it.
     pub async fn leases(&self, namespace: &str, all_required: bool) -> Result<Leases, Error> {
         let all: Api<GpuLease> = Api::all(self.client.clone());
         match all.list(&ListParams::default()).await {
@@ -226,7 +230,13 @@ impl Cluster {
                 namespace: None,
             }),
             Err(kube::Error::Api(s)) if s.is_not_found() => Err(Error::LeaseCrdMissing),
-            Err(kube::Error::Api(s)) if s.is_forbidden() && !all_required => {
+            Err(kube::Error::Api(s)) if s.is_forbidden() && all_required => {
+                Err(Error::AllNamespacesForbidden {
+                    namespace: namespace.to_owned(),
+                    message: s.message.clone(),
+                })
+            }
+            Err(kube::Error::Api(s)) if s.is_forbidden() => {
                 let ns: Api<GpuLease> = Api::namespaced(self.client.clone(), namespace);
                 let list = ns.list(&ListParams::default()).await.map_err(|e| {
                     self.lease_error(&format!("list gpuleases in namespace {namespace}"), e)
@@ -248,12 +258,17 @@ impl Cluster {
         }
     }
 
-    /// Every class.
-    pub async fn classes(&self) -> Result<Vec<GpuLeaseClass>, Error> {
+    /// Every class; `Ok(None)` when the credentials may not list them (a
+    /// RoleBinding grants nothing cluster-scoped) and `optional` says the
+    /// caller can do without. Errors: [`Error::ClassCrdMissing`] when the
+    /// CRD is absent; a refusal when not `optional`, and any other failure,
+    /// as [`Cluster::api_error`] words it.
+    pub async fn classes(&self, optional: bool) -> Result<Option<Vec<GpuLeaseClass>>, Error> {
         let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
         match api.list(&ListParams::default()).await {
-            Ok(list) => Ok(list.items),
+            Ok(list) => Ok(Some(list.items)),
             Err(kube::Error::Api(s)) if s.is_not_found() => Err(Error::ClassCrdMissing),
+            Err(kube::Error::Api(s)) if s.is_forbidden() && optional => Ok(None),
             Err(e) => Err(self.api_error("list gpuleaseclasses", e)),
         }
     }
@@ -343,7 +358,7 @@ mod tests {
             .expect("connects lazily");
         assert_eq!(cluster.default_namespace, "ml");
         // Nothing listens on port 1: the error names the server and the cause, not Rust types.
-        let err = cluster.classes().await.expect_err("unreachable");
+        let err = cluster.classes(true).await.expect_err("unreachable");
         let text = err.to_string();
         assert!(
             text.starts_with(

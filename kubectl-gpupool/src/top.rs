@@ -1,6 +1,10 @@
 //! `kubectl gpupool top`: class capacity at the top, then per node and per
 //! GPU which pod holds each slot, from the leases' `status.node` and
 //! `status.gpus` and the node's `gpupool.io/gpus` annotation.
+//!
+//! A reader who may not list Nodes, or every namespace's leases (a tenant
+//! with the namespaced `view` or `edit` role), cannot see which GPUs are
+//! free: it gets the GPUs its visible leases hold instead, node by node.
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
 use jiff::Timestamp;
@@ -10,15 +14,48 @@ use serde::Serialize;
 use crate::model;
 use crate::style::{self, Paint, Style};
 use crate::table::{Cell, Table, common_widths};
+use crate::unseen::{self, Unseen};
 
 /// The whole picture, ready to render or encode.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TopView {
-    /// Every class, in name order, with its status counts.
-    pub classes: Vec<ClassLine>,
-    /// Every node that has GPUs, slots or a slot holder, in name order.
+    /// Every class, in name order, with its status counts; absent when
+    /// classes could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<ClassLine>>,
+    /// Every node that has GPUs, slots or a slot holder, in name order;
+    /// empty when `held` is given instead.
     pub nodes: Vec<NodeView>,
+    /// When nodes or other namespaces' leases could not be listed: the
+    /// GPUs the visible leases hold, by node, pod and GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Vec<HeldGpu>>,
+    /// The namespace the leases were limited to; absent for all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// What the credentials could not list; absent when nothing. Left
+    /// empty by [`build`] for the caller to fill.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unseen: Vec<Unseen>,
+}
+
+/// A GPU (or a slot the device plugin has not placed yet) that a visible
+/// lease holds, as the lease reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldGpu {
+    /// The node the lease is placed on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The GPU's index; absent until the device plugin reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    /// The GPU's product name, when the lease gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// Who holds it.
+    pub holder: Holder,
 }
 
 /// A class's counts, from its status.
@@ -121,9 +158,87 @@ impl Holder {
     }
 }
 
-/// Builds the picture. A node appears when it has a GPU list, slots of a
-/// class's resource, or a lease placed on it.
+/// Builds the whole picture from every class, node and lease. A node
+/// appears when it has a GPU list, slots of a class's resource, or a lease
+/// placed on it.
 pub fn build(classes: &[GpuLeaseClass], nodes: &[Node], leases: &[GpuLease]) -> TopView {
+    build_visible(Some(classes), Some(nodes), leases, None)
+}
+
+/// Builds what can be built from what the reader could list: `classes` and
+/// `nodes` are `None` when they could not be listed, and `leases_of` names
+/// the one namespace `leases` were limited to (`None`: every namespace).
+/// The per-node picture needs every node and every lease (a GPU no visible
+/// lease holds may be another namespace's); without them the view lists
+/// the GPUs the visible leases hold ([`TopView::held`]) instead.
+pub fn build_visible(
+    classes: Option<&[GpuLeaseClass]>,
+    nodes: Option<&[Node]>,
+    leases: &[GpuLease],
+    leases_of: Option<&str>,
+) -> TopView {
+    let holding: Vec<&GpuLease> = leases
+        .iter()
+        .filter(|l| model::phase(l).holds_slots())
+        .collect();
+    let (node_views, held) = match nodes {
+        Some(nodes) if leases_of.is_none() => {
+            let resources = model::resource_names(classes.unwrap_or_default());
+            let mut views: Vec<NodeView> = nodes
+                .iter()
+                .filter_map(|n| node_view(n, &resources, &holding))
+                .collect();
+            views.sort_by(|a, b| a.name.cmp(&b.name));
+            (views, None)
+        }
+        _ => (Vec::new(), Some(held_gpus(&holding))),
+    };
+    TopView {
+        classes: classes.map(class_lines),
+        nodes: node_views,
+        held,
+        namespace: leases_of.map(str::to_owned),
+        unseen: Vec::new(),
+    }
+}
+
+/// Each GPU a lease reports, or one entry for a lease whose GPUs are not
+/// reported yet; by node, then pod, then GPU.
+fn held_gpus(holding: &[&GpuLease]) -> Vec<HeldGpu> {
+    let mut out: Vec<HeldGpu> = Vec::new();
+    for l in holding {
+        let status = l.status.as_ref();
+        let node = status.and_then(|s| s.node.clone());
+        let gpus = status.map(|s| s.gpus.as_slice()).unwrap_or_default();
+        if gpus.is_empty() {
+            out.push(HeldGpu {
+                node: node.clone(),
+                gpu: None,
+                product: None,
+                holder: Holder::of(l),
+            });
+        }
+        for g in gpus {
+            out.push(HeldGpu {
+                node: node.clone(),
+                gpu: Some(g.index),
+                product: g.product.clone(),
+                holder: Holder::of(l),
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.node, &a.holder.namespace, &a.holder.pod, a.gpu).cmp(&(
+            &b.node,
+            &b.holder.namespace,
+            &b.holder.pod,
+            b.gpu,
+        ))
+    });
+    out
+}
+
+fn class_lines(classes: &[GpuLeaseClass]) -> Vec<ClassLine> {
     let mut class_lines: Vec<ClassLine> = classes
         .iter()
         .map(|c| {
@@ -142,20 +257,7 @@ pub fn build(classes: &[GpuLeaseClass], nodes: &[Node], leases: &[GpuLease]) -> 
         })
         .collect();
     class_lines.sort_by(|a, b| a.name.cmp(&b.name));
-    let resources = model::resource_names(classes);
-    let holding: Vec<&GpuLease> = leases
-        .iter()
-        .filter(|l| model::phase(l).holds_slots())
-        .collect();
-    let mut node_views: Vec<NodeView> = nodes
-        .iter()
-        .filter_map(|n| node_view(n, &resources, &holding))
-        .collect();
-    node_views.sort_by(|a, b| a.name.cmp(&b.name));
-    TopView {
-        classes: class_lines,
-        nodes: node_views,
-    }
+    class_lines
 }
 
 fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option<NodeView> {
@@ -227,10 +329,29 @@ fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option
 
 /// Renders the picture: the class table, then each node's heading (GPUs,
 /// slots, free) and one row per held slot or free GPU. Helpers are marked in
-/// the ROLE column, and a helper being preempted names the primary.
+/// the ROLE column, and a helper being preempted names the primary. Where
+/// the picture is partial, a table of the GPUs the visible leases hold
+/// stands for the nodes, and a line per list the credentials could not read
+/// ends it.
 pub fn render(view: &TopView, now: Timestamp, style: Style) -> String {
+    let mut out = render_classes(view, style);
+    match &view.held {
+        Some(held) => out.push_str(&render_held(view, held, now, style)),
+        None => out.push_str(&render_nodes(view, now, style)),
+    }
+    if !view.unseen.is_empty() {
+        out.push('\n');
+        out.push_str(&unseen::render(&view.unseen, style));
+    }
+    out
+}
+
+fn render_classes(view: &TopView, style: Style) -> String {
     let mut out = String::new();
-    if view.classes.is_empty() {
+    let Some(classes) = &view.classes else {
+        return out;
+    };
+    if classes.is_empty() {
         out.push_str("no GpuLeaseClass exists (kubectl apply -f examples/class-default.yaml)\n");
     } else {
         let mut t = Table::new(&[
@@ -244,7 +365,7 @@ pub fn render(view: &TopView, now: Timestamp, style: Style) -> String {
             "QUEUED HELPERS",
             "PREEMPTING",
         ]);
-        for c in &view.classes {
+        for c in classes {
             t.push(vec![
                 Cell::new(c.name.clone(), Paint::Bold),
                 Cell::from(c.default.to_string()),
@@ -259,6 +380,51 @@ pub fn render(view: &TopView, now: Timestamp, style: Style) -> String {
         }
         out.push_str(&t.render(style));
     }
+    out
+}
+
+fn render_held(view: &TopView, held: &[HeldGpu], now: Timestamp, style: Style) -> String {
+    let mut out = String::new();
+    if view.classes.is_some() {
+        out.push('\n');
+    }
+    if held.is_empty() {
+        let scope = view
+            .namespace
+            .as_deref()
+            .map(|ns| format!(" of namespace {ns}"))
+            .unwrap_or_default();
+        out.push_str(&format!("no pod{scope} holds a GPU\n"));
+        return out;
+    }
+    let mut t = Table::new(&[
+        "NODE", "GPU", "PRODUCT", "POD", "ROLE", "PHASE", "SINCE", "NOTE",
+    ]);
+    for h in held {
+        let mut row = vec![
+            Cell::new(
+                h.node.clone().unwrap_or_else(|| "?".to_owned()),
+                Paint::Bold,
+            ),
+            Cell::from(h.gpu.map_or("?".to_owned(), |g| g.to_string())),
+            Cell::from(h.product.clone().unwrap_or_default()),
+        ];
+        let mut cells = holder_cells(&h.holder, now);
+        if h.gpu.is_none()
+            && let Some(note) = cells.last_mut()
+            && note.text.is_empty()
+        {
+            *note = Cell::from("GPU not reported yet");
+        }
+        row.extend(cells);
+        t.push(row);
+    }
+    out.push_str(&t.render(style));
+    out
+}
+
+fn render_nodes(view: &TopView, now: Timestamp, style: Style) -> String {
+    let mut out = String::new();
     if view.nodes.is_empty() {
         out.push_str("\nno node has GPU slots (is the device plugin running? kubectl get nodes)\n");
         return out;
@@ -393,7 +559,11 @@ pub fn legend(view: &TopView) -> Option<&'static str> {
             || n.gpus
                 .iter()
                 .any(|g| g.holders.iter().any(|h| h.role == Role::Helper))
-    });
+    }) || view
+        .held
+        .iter()
+        .flatten()
+        .any(|h| h.holder.role == Role::Helper);
     any_helper
         .then_some("helper*: runs only on idle GPUs and is evicted when a primary needs its GPU")
 }
@@ -566,5 +736,73 @@ NODE node-2: 2 GPUs, 2 slots, 0 free
             "Preempting"
         );
         assert_eq!(json["classes"][0]["admittedHelpers"], 1);
+        assert!(json.get("held").is_none() && json.get("unseen").is_none());
+    }
+
+    /// A tenant who may list only its namespace's leases, and neither
+    /// classes nor nodes: the GPUs its pods hold, by node, and no claim
+    /// about free GPUs.
+    #[test]
+    fn a_namespace_reader_sees_the_gpus_its_pods_hold() {
+        let leases = vec![
+            holding(
+                "ml",
+                "train-a",
+                Role::Primary,
+                LeasePhase::Bound,
+                "node-1",
+                &[1, 0],
+                1,
+            ),
+            holding(
+                "ml",
+                "fresh",
+                Role::Helper,
+                LeasePhase::Admitted,
+                "node-2",
+                &[],
+                4,
+            ),
+            queued("ml", "train-c", Role::Primary, 2, 5, 4, "waiting: x"),
+        ];
+        let mut view = build_visible(None, None, &leases, Some("ml"));
+        view.unseen = vec![
+            Unseen::leases("ml", ": only the GPUs its pods hold"),
+            Unseen::classes("class capacity is not shown"),
+        ];
+        let text = render(&view, now(), Style::PLAIN);
+        let want = "\
+NODE     GPU   PRODUCT   POD          ROLE      PHASE      SINCE   NOTE
+node-1   0     Sim GPU   ml/train-a   primary   Bound      45s
+node-1   1     Sim GPU   ml/train-a   primary   Bound      45s
+node-2   ?               ml/fresh     helper*   Admitted   50s     GPU not reported yet
+
+cannot list GpuLeases in all namespaces: forbidden; showing namespace ml: only the GPUs its pods hold
+cannot list GpuLeaseClasses: forbidden; class capacity is not shown
+";
+        assert_eq!(text, want);
+        assert!(legend(&view).is_some());
+        let json = serde_json::to_value(&view).expect("json");
+        assert!(json.get("classes").is_none(), "{json}");
+        assert_eq!(json["namespace"], "ml");
+        assert_eq!(json["held"][0]["holder"]["pod"], "train-a");
+        assert_eq!(json["held"][2].get("gpu"), None);
+        assert_eq!(json["unseen"][1]["what"], "GpuLeaseClasses");
+
+        // Nodes visible but not every lease: still only what is held, since
+        // a GPU no visible lease holds may be another namespace's.
+        let nodes = vec![node("node-1", 2, 1, &[])];
+        let view = build_visible(Some(&[]), Some(&nodes), &leases, Some("ml"));
+        assert!(view.nodes.is_empty());
+        assert_eq!(view.held.as_ref().map(Vec::len), Some(3));
+        let text = render(&view, now(), Style::PLAIN);
+        assert!(text.starts_with("no GpuLeaseClass exists"), "{text}");
+        // Nothing held in the namespace.
+        let view = build_visible(None, None, &leases[2..], Some("ml"));
+        assert_eq!(
+            render(&view, now(), Style::PLAIN),
+            "no pod of namespace ml holds a GPU\n"
+        );
+        assert!(legend(&view).is_none());
     }
 }

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::model;
 use crate::queue::ordering_name;
 use crate::style::{self, Paint, Style};
+use crate::unseen::{self, Unseen};
 
 /// Everything `why` reads, already fetched.
 #[derive(Debug, Clone, Copy)]
@@ -19,8 +20,11 @@ pub struct WhyInput<'a> {
     pub pod: &'a Pod,
     /// Its lease (same namespace and name), if any.
     pub lease: Option<&'a GpuLease>,
-    /// Every class.
+    /// Every class (none when `classes_visible` is false).
     pub classes: &'a [GpuLeaseClass],
+    /// Whether the reader may list classes: when not, nothing is said of
+    /// the class's capacity, ordering or existence.
+    pub classes_visible: bool,
     /// The leases the reader may list (every namespace when `all_visible`).
     pub leases: &'a [GpuLease],
     /// Whether `leases` holds every namespace's leases.
@@ -29,9 +33,14 @@ pub struct WhyInput<'a> {
     pub nodes: Option<&'a [Node]>,
     /// The time ages are measured to.
     pub now: Timestamp,
+    /// What the credentials could not list, said after the paragraph of a
+    /// waiting pod (the only one that reads classes, nodes and other
+    /// namespaces' leases).
+    pub unseen: &'a [Unseen],
 }
 
-/// Explains the pod in one paragraph (ending in a newline). Errors:
+/// Explains the pod in one paragraph (ending in a newline), followed by a
+/// line per list the credentials could not read. Errors:
 /// [`Error::NoSlotRequest`] for a pod that requests no slot,
 /// [`Error::NoLease`] for one that does but has no lease (or only a lease
 /// left from an earlier pod of the same name).
@@ -63,6 +72,7 @@ pub fn explain(input: WhyInput<'_>, style: Style) -> Result<String, Error> {
         .map(|s| s.gpus.iter().map(|g| g.index).collect())
         .unwrap_or_default();
     let mut s: Vec<String> = Vec::new();
+    let waits = status.is_some() && model::phase(lease) == LeasePhase::Queued;
     match (status, model::phase(lease)) {
         (None, _) => s.push(format!(
             "Pod {key} has a GpuLease in class {class_name} ({role}, {slots}) that the operator has not decided on yet: is the operator running? (kubectl get pods -A -l app.kubernetes.io/name=gpupool)."
@@ -96,7 +106,12 @@ pub fn explain(input: WhyInput<'_>, style: Style) -> Result<String, Error> {
             message.unwrap_or("the operator gave no reason").trim_end_matches('.')
         )),
     }
-    Ok(format!("{}\n", s.join(" ")))
+    let unseen = if waits {
+        unseen::render(input.unseen, style)
+    } else {
+        String::new()
+    };
+    Ok(format!("{}\n{unseen}", s.join(" ")))
 }
 
 fn missing_lease(input: &WhyInput<'_>, namespace: String, name: String) -> Error {
@@ -129,10 +144,13 @@ fn missing_lease(input: &WhyInput<'_>, namespace: String, name: String) -> Error
         None => Error::NoSlotRequest {
             namespace,
             name,
-            resources: if resources.is_empty() {
-                DEFAULT_RESOURCE_NAME.to_owned()
-            } else {
-                resources.join(" or ")
+            resources: match (resources.is_empty(), input.classes_visible) {
+                (_, false) => format!(
+                    "{}; GpuLeaseClasses cannot be listed with these credentials, so other classes' resource names are unknown",
+                    resources.join(" or ")
+                ),
+                (true, true) => DEFAULT_RESOURCE_NAME.to_owned(),
+                (false, true) => resources.join(" or "),
             },
         },
     }
@@ -239,9 +257,11 @@ fn waiting(
                 }
             }
         }
-        None => s.push(format!(
+        None if input.classes_visible => s.push(format!(
             "There is no GpuLeaseClass named {class_name} (kubectl get gpuleaseclasses)."
         )),
+        // Classes cannot be listed: the line after the paragraph says so.
+        None => {}
     }
     let me_key = model::key(lease);
     let victims: Vec<String> = input
@@ -532,10 +552,12 @@ mod tests {
                 pod: p,
                 lease,
                 classes: &w.classes,
+                classes_visible: true,
                 leases: &w.leases,
                 all_visible: all,
                 nodes: with_nodes.then_some(w.nodes.as_slice()),
                 now: now(),
+                unseen: &[],
             },
             Style::PLAIN,
         )
@@ -737,6 +759,63 @@ mod tests {
         assert!(
             text.contains("There is no GpuLeaseClass named gone"),
             "{text}"
+        );
+    }
+
+    /// A tenant who may list its namespace's leases only, and neither
+    /// classes nor nodes: the operator's position and message, nothing
+    /// about the class, then what could not be seen.
+    #[test]
+    fn a_namespace_reader_gets_the_operators_account_and_what_it_cannot_see() {
+        let w = world();
+        let mut leases = w.leases.clone();
+        if let Some(s) = leases[3].status.as_mut() {
+            s.position = Some(2);
+        }
+        let p = pod("train-c", Some(2), &[]);
+        let unseen = [
+            Unseen::leases("ml", ", at the operator's positions"),
+            Unseen::classes("the class's capacity and ordering are not shown"),
+            Unseen::nodes("node fit is not shown"),
+        ];
+        let explain_hidden = |p: &Pod, lease: Option<&GpuLease>| {
+            explain(
+                WhyInput {
+                    pod: p,
+                    lease,
+                    classes: &[],
+                    classes_visible: false,
+                    leases: &leases,
+                    all_visible: false,
+                    nodes: None,
+                    now: now(),
+                    unseen: &unseen,
+                },
+                Style::PLAIN,
+            )
+        };
+        let text = explain_hidden(&p, Some(&leases[3])).expect("explains");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(
+            lines[0],
+            "Pod ml/train-c is a primary waiting for 3s for 2 slots in class default, at position 2 among waiting primaries (sequence 5). \
+             The operator says: 1 primary ahead; needs 2 slots on one node, 1 free slots on 2 matching nodes."
+        );
+        assert_eq!(
+            lines[2],
+            "cannot list GpuLeaseClasses: forbidden; the class's capacity and ordering are not shown"
+        );
+        assert!(!text.contains("There is no GpuLeaseClass"), "{text}");
+        // A pod holding its GPUs reads nothing that was hidden: no lines.
+        let text =
+            explain_hidden(&pod("train-a", Some(2), &[]), Some(&leases[0])).expect("explains");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        // Without classes, a pod asking for no known resource says why it cannot tell more.
+        let err = explain_hidden(&pod("no-gpu", None, &[]), None).expect_err("no lease");
+        assert_eq!(
+            err.to_string(),
+            "pod ml/no-gpu does not request a GPU slot (no container asks for gpupool/slot; GpuLeaseClasses cannot be listed with these credentials, so other classes' resource names are unknown), so it has no GpuLease"
         );
     }
 
