@@ -418,6 +418,111 @@ mod tests {
         list.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// Admits `pod` on a node of `devices` devices as [`allocate`] does,
+    /// without a plugin (no preference): each container in order takes its
+    /// candidates' default choice. The devices the pod holds, or the first
+    /// error.
+    fn admit_on(pod: &Pod, devices: usize) -> Result<usize, AllocationError> {
+        let mut book = super::super::devices::DeviceBook::default();
+        book.set_devices(R, (0..devices).map(|i| (format!("d{i:02}"), true)));
+        for (container, reusable) in containers_in_order(pod) {
+            let size =
+                usize::try_from(container_slots(container, R).expect("whole")).expect("small");
+            if size == 0 {
+                continue;
+            }
+            let chosen = book.candidates("p", R, size)?.default_choice();
+            book.assign(
+                "p",
+                "ns",
+                "p",
+                ContainerDevices {
+                    container: container.name.clone(),
+                    init: reusable,
+                    resource: R.into(),
+                    devices: chosen,
+                },
+            );
+        }
+        let held: std::collections::BTreeSet<&String> = book
+            .pods()
+            .values()
+            .flat_map(|p| p.containers.iter().flat_map(|c| c.devices.iter()))
+            .collect();
+        Ok(held.len())
+    }
+
+    /// Every pod of up to three init containers (regular or sidecar) and two
+    /// app containers, each asking 0 to 2: the kubelet's device reuse
+    /// admits it on exactly as many devices as Kubernetes' effective
+    /// request (what the lease and the scheduler count), holds that many,
+    /// and refuses it on one fewer.
+    #[test]
+    fn property_devices_held_are_the_effective_request_for_every_small_pod() {
+        let kinds: Vec<(bool, u32)> = [false, true]
+            .into_iter()
+            .flat_map(|s| (0..=2).map(move |n| (s, n)))
+            .collect();
+        let mut inits: Vec<Vec<(bool, u32)>> = vec![vec![]];
+        let mut last = vec![vec![]];
+        for _ in 0..3 {
+            last = last
+                .iter()
+                .flat_map(|v: &Vec<(bool, u32)>| {
+                    kinds.iter().map(move |k| {
+                        let mut w = v.clone();
+                        w.push(*k);
+                        w
+                    })
+                })
+                .collect();
+            inits.extend(last.iter().cloned());
+        }
+        let mut apps: Vec<Vec<u32>> = vec![vec![]];
+        apps.extend((0..=2).map(|n| vec![n]));
+        apps.extend((0..=2).flat_map(|a| (0..=2).map(move |b| vec![a, b])));
+        let mut checked = 0;
+        for init in &inits {
+            for app in &apps {
+                let named_init: Vec<(String, u32, bool)> = init
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (s, n))| (format!("i{i}"), *n, *s))
+                    .collect();
+                let named_apps: Vec<(String, u32)> = app
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (format!("a{i}"), *n))
+                    .collect();
+                let init_refs: Vec<(&str, u32, bool)> = named_init
+                    .iter()
+                    .map(|(n, k, s)| (n.as_str(), *k, *s))
+                    .collect();
+                let app_refs: Vec<(&str, u32)> =
+                    named_apps.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+                let p = pod("p", &init_refs, &app_refs);
+                let spec = p.spec.as_ref().expect("spec");
+                let want =
+                    usize::try_from(gpupool_api::pod::requested_slots(spec, R).expect("whole"))
+                        .expect("small");
+                assert_eq!(admit_on(&p, want), Ok(want), "{init:?} {app:?}");
+                assert_eq!(admit_on(&p, want + 3), Ok(want), "{init:?} {app:?}");
+                if want > 0 {
+                    assert!(
+                        matches!(
+                            admit_on(&p, want - 1),
+                            Err(AllocationError::Insufficient { .. })
+                        ),
+                        "{init:?} {app:?} fits on {} devices",
+                        want - 1
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 259 * 13);
+    }
+
     #[tokio::test]
     async fn an_app_container_reuses_its_init_containers_devices_without_asking_the_plugin() {
         let dir = tempfile::tempdir().expect("dir");
