@@ -4,8 +4,12 @@
 //! annotation `gpupool.io/gpus`).
 //!
 //! Reporting never blocks the kubelet side: with no API server, PodResources
-//! or kube config, each round fails, is counted and logged, and the next one
-//! comes after a growing backoff.
+//! or kube config, each round fails, is counted and logged. Rounds come every
+//! [`REPORT_INTERVAL`]; API calls that fail wait out a growing backoff of
+//! their own, so a failing API server neither stalls PodResources polling
+//! nor is called every round. The GpuLease API not being served yet (the
+//! CRDs not installed) is a state, not a failure: it is logged once, costs
+//! no backoff, and the first round after the CRDs appear reports.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -149,6 +153,50 @@ async fn default_client() -> Result<kube::Client, ReportError> {
     })
 }
 
+/// What became of one lease report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseReport {
+    /// The lease holds the pod's GPUs.
+    Reported,
+    /// The pod has no lease yet; asked again next round.
+    NoLease,
+    /// The API server does not serve GpuLeases (the CRDs are not installed);
+    /// asked again next round, at no backoff.
+    ApiNotServed,
+}
+
+/// True when `error` says the GpuLease resource itself is not served: a 404
+/// that is not a Kubernetes `NotFound` Status for one object (the API
+/// server answers a path of an uninstalled CRD with a plain-text 404).
+fn api_not_served(error: &ReportError) -> bool {
+    matches!(error, ReportError::Api(kube::Error::Api(status)) if status.code == 404 && status.reason != "NotFound")
+}
+
+/// When API calls may be made again: after a failed round they wait a
+/// backoff that doubles from [`REPORT_INTERVAL`] up to
+/// [`REPORT_BACKOFF_MAX`]; a successful round resets it.
+#[derive(Debug, Default)]
+struct ApiBackoff {
+    delay: Duration,
+    next: Option<tokio::time::Instant>,
+}
+
+impl ApiBackoff {
+    fn due(&self, now: tokio::time::Instant) -> bool {
+        self.next.is_none_or(|next| now >= next)
+    }
+
+    fn record(&mut self, failed: bool, now: tokio::time::Instant) {
+        if failed {
+            self.delay = (self.delay * 2).clamp(REPORT_INTERVAL, REPORT_BACKOFF_MAX);
+            self.next = Some(now + self.delay);
+        } else {
+            self.delay = Duration::ZERO;
+            self.next = None;
+        }
+    }
+}
+
 /// Which report targets are failing and with what message, so that a
 /// failure that repeats every round is logged once (and its recovery once)
 /// instead of at every retry; the metrics still count every failure.
@@ -212,21 +260,23 @@ impl Reporter {
             .map_err(|_| ReportError::PodResources(format!("no answer within {CALL_TIMEOUT:?}")))?
     }
 
-    /// Writes `pod`'s GPUs to its lease. `Ok(false)`: the lease does not
-    /// exist (yet); try again next round.
+    /// Writes `pod`'s GPUs to its lease, or says why it could not yet.
     async fn report_lease(
         &self,
         client: &kube::Client,
         pod: &PodGpus,
-    ) -> Result<bool, ReportError> {
+    ) -> Result<LeaseReport, ReportError> {
         let api: Api<GpuLease> = Api::namespaced(client.clone(), &pod.namespace);
-        let Some(lease) = timed(api.get_opt(&pod.name)).await? else {
-            return Ok(false);
+        let lease = match timed(api.get_opt(&pod.name)).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return Ok(LeaseReport::NoLease),
+            Err(e) if api_not_served(&e) => return Ok(LeaseReport::ApiNotServed),
+            Err(e) => return Err(e),
         };
         let status = lease.status.unwrap_or_default();
         let indexes = gpupool_api::gpu_indexes(&pod.gpus);
         if status.gpus == pod.gpus && status.gpu_indexes == indexes && status.bound_at.is_some() {
-            return Ok(true);
+            return Ok(LeaseReport::Reported);
         }
         // boundAt is when the GPUs were first seen bound; keep it once set.
         let bound_at = status.bound_at.unwrap_or(Time(jiff::Timestamp::now()));
@@ -240,7 +290,7 @@ impl Reporter {
         timed(api.patch_status(&pod.name, &params, &Patch::Merge(&patch))).await?;
         self.metrics.lease_reported();
         tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = indexes.as_deref().unwrap_or_default(), "reported GPUs to lease");
-        Ok(true)
+        Ok(LeaseReport::Reported)
     }
 
     async fn report_node(
@@ -265,13 +315,21 @@ impl Reporter {
         let mut client: Option<kube::Client> = None;
         let mut node_written: Option<String> = None;
         let mut leases_written: HashMap<(String, String), Vec<LeaseGpu>> = HashMap::new();
-        let mut delay = Duration::ZERO;
+        let mut first_round = true;
+        let mut api = ApiBackoff::default();
+        let mut lease_api_missing = false;
         let mut reasserted = tokio::time::Instant::now();
         let mut failing = Failing::default();
         if self.node_name.is_none() {
             tracing::warn!("no --node-name (NODE_NAME): the node's GPU annotation is not written");
         }
         loop {
+            let delay = if first_round {
+                Duration::ZERO
+            } else {
+                REPORT_INTERVAL
+            };
+            first_round = false;
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
@@ -282,14 +340,16 @@ impl Reporter {
                 }
             }
             let table = self.table.borrow_and_update().clone();
-            let mut failed = false;
             if reasserted.elapsed() >= REASSERT_INTERVAL {
                 node_written = None;
                 leases_written.clear();
                 reasserted = tokio::time::Instant::now();
             }
+            // API calls wait out their backoff; PodResources is read anyway.
+            let api_due = api.due(tokio::time::Instant::now());
+            let mut api_failed = false;
 
-            if client.is_none() {
+            if client.is_none() && api_due {
                 match default_client().await {
                     Ok(c) => {
                         self.succeed(&mut failing, "client");
@@ -297,12 +357,13 @@ impl Reporter {
                     }
                     Err(e) => {
                         self.fail(&mut failing, "client", &e);
-                        failed = true;
+                        api_failed = true;
                     }
                 }
             }
+            let client = client.as_ref().filter(|_| api_due && !api_failed);
 
-            if let (Some(client), Some(node)) = (&client, &self.node_name) {
+            if let (Some(client), Some(node)) = (client, &self.node_name) {
                 let gpus: Vec<NodeGpu> = table.gpus().iter().map(|g| g.node.clone()).collect();
                 let value = node_gpus::render(&gpus);
                 if node_written.as_ref() != Some(&value) {
@@ -313,53 +374,65 @@ impl Reporter {
                         }
                         Err(e) => {
                             self.fail(&mut failing, "node", &e);
-                            failed = true;
+                            api_failed = true;
                         }
                     }
                 }
             }
 
             match self.list_pod_resources().await {
-                Err(e) => {
-                    self.fail(&mut failing, "podresources", &e);
-                    failed = true;
-                }
+                Err(e) => self.fail(&mut failing, "podresources", &e),
                 Ok(response) => {
                     self.succeed(&mut failing, "podresources");
                     let pods = pods_holding(&response, &self.resource_name, &table);
                     leases_written.retain(|(ns, name), _| {
                         pods.iter().any(|p| &p.namespace == ns && &p.name == name)
                     });
-                    if let Some(client) = &client {
-                        for pod in &pods {
-                            let key = (pod.namespace.clone(), pod.name.clone());
-                            if leases_written.get(&key) == Some(&pod.gpus) {
-                                continue;
-                            }
-                            match self.report_lease(client, pod).await {
-                                Ok(true) => {
-                                    self.succeed(&mut failing, "lease");
-                                    leases_written.insert(key, pod.gpus.clone());
+                    for pod in &pods {
+                        let Some(client) = client.filter(|_| !api_failed) else {
+                            break;
+                        };
+                        let key = (pod.namespace.clone(), pod.name.clone());
+                        if leases_written.get(&key) == Some(&pod.gpus) {
+                            continue;
+                        }
+                        match self.report_lease(client, pod).await {
+                            Ok(LeaseReport::Reported) => {
+                                self.succeed(&mut failing, "lease");
+                                if std::mem::take(&mut lease_api_missing) {
+                                    tracing::info!(
+                                        "the GpuLease API is served now; reporting leases"
+                                    );
                                 }
-                                Ok(false) => tracing::debug!(
+                                leases_written.insert(key, pod.gpus.clone());
+                            }
+                            Ok(LeaseReport::NoLease) => {
+                                lease_api_missing = false;
+                                tracing::debug!(
                                     lease = %format!("{}/{}", pod.namespace, pod.name),
                                     "no GpuLease for this pod yet; retrying next round"
-                                ),
-                                Err(e) => {
-                                    self.fail(&mut failing, "lease", &e);
-                                    failed = true;
+                                );
+                            }
+                            Ok(LeaseReport::ApiNotServed) => {
+                                if !std::mem::replace(&mut lease_api_missing, true) {
+                                    tracing::info!(
+                                        "the API server does not serve GpuLeases yet (gpupool's CRDs are not installed); leases are reported once it does"
+                                    );
                                 }
+                                // One answer stands for every lease this round.
+                                break;
+                            }
+                            Err(e) => {
+                                self.fail(&mut failing, "lease", &e);
+                                api_failed = true;
                             }
                         }
                     }
                 }
             }
-
-            delay = if failed {
-                (delay * 2).clamp(REPORT_INTERVAL, REPORT_BACKOFF_MAX)
-            } else {
-                REPORT_INTERVAL
-            };
+            if api_due {
+                api.record(api_failed, tokio::time::Instant::now());
+            }
         }
     }
 

@@ -31,6 +31,9 @@ struct Seen {
 struct ApiState {
     leases: HashMap<String, Value>,
     requests: Vec<Seen>,
+    /// The GpuLease CRD is not installed: lease paths get the plain-text
+    /// 404 a real API server sends for a path nothing serves.
+    crds_missing: bool,
 }
 
 type Shared = Arc<Mutex<ApiState>>;
@@ -76,6 +79,14 @@ async fn handle(state: Shared, request: Request<Incoming>) -> Response<Full<Byte
         "reason": "NotFound", "code": 404, "message": format!("{path} not found")});
     let lease_prefix = "/apis/gpupool.io/v1alpha1/namespaces/default/gpuleases/";
     if let Some(rest) = path.strip_prefix(lease_prefix) {
+        if state.crds_missing {
+            let mut response = Response::new(Full::new(Bytes::from("404 page not found\n")));
+            *response.status_mut() = StatusCode::NOT_FOUND;
+            response
+                .headers_mut()
+                .insert("content-type", "text/plain; charset=utf-8".parse().unwrap());
+            return response;
+        }
         let (name, status) = match rest.strip_suffix("/status") {
             Some(name) => (name, true),
             None => (rest, false),
@@ -137,6 +148,76 @@ fn requests(state: &Shared, method: &str, path_end: &str) -> Vec<Seen> {
         .filter(|r| r.method == method && r.path.ends_with(path_end))
         .cloned()
         .collect()
+}
+
+fn write_kubeconfig(dir: &std::path::Path, url: &str) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{url}'}}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+/// Before gpupool's CRDs are installed the API server answers lease paths
+/// with a plain-text 404. That is a state, not a failure: the plugin keeps
+/// its two-second rounds (PodResources and the API), counts no error, and
+/// reports the lease in the first round after the CRDs appear, where a
+/// backoff would have it wait up to half a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crds_not_installed_yet_cost_no_backoff() {
+    let (url, state) = start_api_server().await;
+    state.lock().unwrap().crds_missing = true;
+    let kubelet = TestKubelet::start().await;
+    let config = kubelet.path().join("gpus.yaml");
+    write_config(&config, &[(0, "GPU-a", true)]);
+    let kubeconfig = write_kubeconfig(kubelet.path(), &url);
+    let plugin = Plugin::start_with_env(
+        kubelet.path(),
+        &[
+            "--discovery",
+            "static",
+            "--static-config",
+            config.to_str().unwrap(),
+            "--node-name",
+            "node-1",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    kubelet.wait_devices("one slot", |d| d.len() == 1).await;
+    kubelet.run_pod("p", 1).await;
+    // Four lookups span three rounds: with a doubling backoff (2, 4, 8 s)
+    // the fourth would come 14 s after the first.
+    wait_for(
+        "four lookups of the lease while the CRDs are missing",
+        || (requests(&state, "GET", "/gpuleases/p").len() >= 4).then_some(()),
+    )
+    .await;
+    let gets = requests(&state, "GET", "/gpuleases/p").len();
+    {
+        let mut api = state.lock().unwrap();
+        api.crds_missing = false;
+        api.leases.insert("p".into(), lease("p"));
+    }
+    let installed = std::time::Instant::now();
+    wait_for("the lease reported once the CRDs are installed", || {
+        requests(&state, "PATCH", "/gpuleases/p/status").pop()
+    })
+    .await;
+    let waited = installed.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "reported {waited:?} after the CRDs appeared, after {gets} lookups"
+    );
+    let (_, metrics) = plugin.http_get("/metrics").await;
+    assert!(
+        !metrics.contains(r#"report_errors_total{target="lease"}"#),
+        "a missing CRD is not counted as a report error: {metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
