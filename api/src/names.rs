@@ -25,6 +25,13 @@ pub const ANNOTATION_ENQUEUED_AT: &str = "gpupool.io/enqueued-at";
 /// Node annotation: JSON list of the node's GPUs ([`crate::NodeGpu`]), written by the device plugin.
 pub const ANNOTATION_NODE_GPUS: &str = "gpupool.io/gpus";
 
+/// Node annotation: `<resource>=<slots>`, the healthy slots the device plugin
+/// advertises to the kubelet, written with [`ANNOTATION_NODE_GPUS`]. The
+/// Node's allocatable follows it some seconds later; the webhook and the
+/// engine read it so that a request is not refused as too large while
+/// capacity is still being published.
+pub const ANNOTATION_NODE_SLOTS: &str = "gpupool.io/slots";
+
 /// Node label the operator pins admitted pods to.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 

@@ -47,9 +47,39 @@ pub fn render(gpus: &[NodeGpu]) -> String {
     serde_json::to_string(&sorted).unwrap_or_else(|_| "[]".to_owned())
 }
 
+/// The value of the `gpupool.io/slots` annotation: `<resource>=<slots>`.
+pub fn render_slots(resource: &str, slots: u32) -> String {
+    format!("{resource}={slots}")
+}
+
+/// Reads a `gpupool.io/slots` value; `None` when it is not
+/// `<resource>=<whole number>`.
+pub fn parse_slots(value: &str) -> Option<(&str, u32)> {
+    let (resource, slots) = value.rsplit_once('=')?;
+    let slots = slots.parse().ok()?;
+    (!resource.is_empty()).then_some((resource, slots))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_round_trip_and_bad_values_read_as_none() {
+        let value = render_slots("gpupool/slot", 4);
+        assert_eq!(value, "gpupool/slot=4");
+        assert_eq!(parse_slots(&value), Some(("gpupool/slot", 4)));
+        for bad in [
+            "",
+            "gpupool/slot",
+            "gpupool/slot=",
+            "=3",
+            "gpupool/slot=-1",
+            "gpupool/slot=1.5",
+        ] {
+            assert_eq!(parse_slots(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn round_trip_in_index_order() {

@@ -16,7 +16,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpupool_api::names::{ANNOTATION_NODE_GPUS, FIELD_MANAGER_DEVICE_PLUGIN};
+use gpupool_api::names::{
+    ANNOTATION_NODE_GPUS, ANNOTATION_NODE_SLOTS, FIELD_MANAGER_DEVICE_PLUGIN,
+};
 use gpupool_api::{GpuLease, LeaseGpu, NodeGpu, node_gpus};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -151,6 +153,15 @@ async fn default_client() -> Result<kube::Client, ReportError> {
             None => ReportError::Client(e),
         }
     })
+}
+
+/// The Node annotations the plugin writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeReport {
+    /// `gpupool.io/gpus`.
+    gpus: String,
+    /// `gpupool.io/slots`.
+    slots: String,
 }
 
 /// What became of one lease report.
@@ -293,27 +304,32 @@ impl Reporter {
         Ok(LeaseReport::Reported)
     }
 
+    /// Writes the node's GPU list and the healthy slots it advertises to
+    /// the kubelet (which allocatable shows only seconds later).
     async fn report_node(
         &self,
         client: &kube::Client,
         node: &str,
-        value: &str,
+        value: &NodeReport,
     ) -> Result<(), ReportError> {
         let api: Api<Node> = Api::all(client.clone());
-        let patch = json!({ "metadata": { "annotations": { ANNOTATION_NODE_GPUS: value } } });
+        let patch = json!({ "metadata": { "annotations": {
+            ANNOTATION_NODE_GPUS: value.gpus,
+            ANNOTATION_NODE_SLOTS: value.slots,
+        } } });
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER_DEVICE_PLUGIN.to_owned()),
             ..PatchParams::default()
         };
         timed(api.patch(node, &params, &Patch::Merge(&patch))).await?;
-        tracing::info!(node, gpus = %value, "wrote node GPU annotation");
+        tracing::info!(node, gpus = %value.gpus, slots = %value.slots, "wrote node GPU annotation");
         Ok(())
     }
 
     /// Reports until `shutdown` fires.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut client: Option<kube::Client> = None;
-        let mut node_written: Option<String> = None;
+        let mut node_written: Option<NodeReport> = None;
         let mut leases_written: HashMap<(String, String), Vec<LeaseGpu>> = HashMap::new();
         let mut first_round = true;
         let mut api = ApiBackoff::default();
@@ -365,7 +381,14 @@ impl Reporter {
 
             if let (Some(client), Some(node)) = (client, &self.node_name) {
                 let gpus: Vec<NodeGpu> = table.gpus().iter().map(|g| g.node.clone()).collect();
-                let value = node_gpus::render(&gpus);
+                let healthy = table.devices().filter(|(_, healthy, _)| *healthy).count();
+                let value = NodeReport {
+                    gpus: node_gpus::render(&gpus),
+                    slots: node_gpus::render_slots(
+                        &self.resource_name,
+                        u32::try_from(healthy).unwrap_or(u32::MAX),
+                    ),
+                };
                 if node_written.as_ref() != Some(&value) {
                     match self.report_node(client, node, &value).await {
                         Ok(()) => {

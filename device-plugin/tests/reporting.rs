@@ -275,6 +275,10 @@ async fn reports_node_gpus_and_lease_gpus() {
     assert_eq!(gpus[1].uuid, "GPU-c");
     assert_eq!(gpus[1].product, "Test GPU");
     assert!(gpus.iter().all(|g| g.healthy));
+    assert_eq!(
+        node_patch.body["metadata"]["annotations"]["gpupool.io/slots"], "gpupool/slot=4",
+        "the healthy slots the kubelet is told of, ahead of allocatable"
+    );
 
     // The lease of pod p: status.gpus and boundAt, on the status subresource.
     let lease_patch = wait_for("lease patch", || {
@@ -340,6 +344,13 @@ async fn reports_node_gpus_and_lease_gpus() {
     })
     .await;
     assert!(unhealthy[0].healthy);
+    let last = requests(&state, "PATCH", "/api/v1/nodes/node-1")
+        .pop()
+        .unwrap();
+    assert_eq!(
+        last.body["metadata"]["annotations"]["gpupool.io/slots"], "gpupool/slot=2",
+        "an unhealthy GPU's slots are not announced"
+    );
     let (_, metrics) = plugin.http_get("/metrics").await;
     assert!(
         metrics.contains("gpupool_device_plugin_lease_reports_total 2"),

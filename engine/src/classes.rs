@@ -50,8 +50,9 @@ pub fn is_extended_resource(name: &str) -> bool {
         && !domain.starts_with("requests.")
 }
 
-/// The node the engine could ever place `pod` on with the most allocatable
-/// slots of `class`'s resource, ties broken by name: nodes that match the
+/// The node the engine could ever place `pod` on with the most slots of
+/// `class`'s resource (allocatable, or what the device plugin announces when
+/// that is more: see [`NodeInfo::announced`]), ties broken by name: nodes that match the
 /// class's selector and advertise the resource, narrowed by the pod's own
 /// nodeSelector, affinity and tolerations when it has any, else those that
 /// take plain pods (not cordoned, no blocking taint). `Ok(None)` when no node
@@ -68,7 +69,15 @@ pub fn largest_node<'n>(
     let own = fit::has_own_constraints(pod);
     let mut best: Option<(&str, u32)> = None;
     for node in nodes {
-        let alloc = node.allocatable.get(resource).copied().unwrap_or(0);
+        // What the node has or is about to have: the kubelet publishes a
+        // plugin's new slots in allocatable some seconds after the plugin
+        // announces them.
+        let alloc = node
+            .allocatable
+            .get(resource)
+            .copied()
+            .unwrap_or(0)
+            .max(node.announced.get(resource).copied().unwrap_or(0));
         if alloc == 0 || !selector.matches(node) {
             continue;
         }

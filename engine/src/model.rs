@@ -163,6 +163,11 @@ pub struct NodeInfo {
     pub allocatable: BTreeMap<String, u32>,
     /// GPUs from the `gpupool.io/gpus` annotation (empty when absent or unreadable).
     pub gpus: Vec<NodeGpu>,
+    /// Slots the device plugin announces (`gpupool.io/slots`), which
+    /// allocatable follows within seconds: only [`crate::largest_node`]
+    /// reads it, so a request is not judged too large while capacity is
+    /// being published. Placement uses allocatable alone.
+    pub announced: BTreeMap<String, u32>,
     /// `spec.unschedulable` (cordoned).
     pub unschedulable: bool,
 }

@@ -606,7 +606,10 @@ fn a_deleted_pod_is_released_as_deleted_whatever_its_exit() {
     );
     settle(&mut s);
     s.now = at(3000);
-    for (name, ph) in [("killed", PodPhase::Failed), ("exited", PodPhase::Succeeded)] {
+    for (name, ph) in [
+        ("killed", PodPhase::Failed),
+        ("exited", PodPhase::Succeeded),
+    ] {
         let p = s.pods.iter_mut().find(|p| p.key == key(name)).expect("pod");
         p.terminating = true;
         p.phase = ph;

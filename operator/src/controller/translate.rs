@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
 
-use gpupool_api::names::{ANNOTATION_ENQUEUED_AT, ANNOTATION_NODE_GPUS, SCHEDULING_GATE};
+use gpupool_api::names::{
+    ANNOTATION_ENQUEUED_AT, ANNOTATION_NODE_GPUS, ANNOTATION_NODE_SLOTS, SCHEDULING_GATE,
+};
 use gpupool_api::{GpuLeaseClass, node_gpus, pod as api_pod};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{self as k8s, Node, Pod};
@@ -40,12 +42,22 @@ pub fn class_info(class: &GpuLeaseClass) -> Option<ClassInfo> {
 /// A node as the engine sees it with every resource it advertises, whichever
 /// class uses it: the form the webhook's node index keeps.
 pub fn node_info_all(node: &Node) -> Option<NodeInfo> {
-    let resources: BTreeSet<String> = node
+    let mut resources: BTreeSet<String> = node
         .status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
         .map(|alloc| alloc.keys().cloned().collect())
         .unwrap_or_default();
+    // A plugin's first slots are announced before allocatable lists them.
+    if let Some((resource, _)) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_NODE_SLOTS))
+        .and_then(|v| node_gpus::parse_slots(v))
+    {
+        resources.insert(resource.to_owned());
+    }
     node_info(node, &resources)
 }
 
@@ -94,11 +106,22 @@ pub fn node_info(node: &Node, resources: &BTreeSet<String>) -> Option<NodeInfo> 
             Vec::new()
         }),
     };
+    let announced = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_NODE_SLOTS))
+        .and_then(|v| node_gpus::parse_slots(v))
+        .filter(|(resource, _)| resources.contains(*resource))
+        .map(|(resource, slots)| (resource.to_owned(), slots))
+        .into_iter()
+        .collect();
     Some(NodeInfo {
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints,
         allocatable,
         gpus,
+        announced,
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         name,
     })

@@ -464,6 +464,49 @@ fn more_slots_than_the_largest_node_is_denied_with_both_numbers() {
     ));
 }
 
+/// A device plugin that re-registers with more slots announces them on its
+/// Node at once; the kubelet publishes them in allocatable seconds later.
+/// A pod created in between is not refused: it is measured against what
+/// the plugin announced. A malformed or foreign announcement changes nothing.
+#[test]
+fn slots_announced_but_not_yet_allocatable_count_toward_the_largest_node() {
+    let announced = |value: &str, allocatable: serde_json::Value| -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "node-1", "annotations": {"gpupool.io/slots": value}},
+                "status": {"allocatable": allocatable},
+            }))
+            .expect("node json"),
+        )
+    };
+    let view = |node: Arc<Node>| StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![node],
+        leases: vec![],
+    };
+    let growing = view(announced("gpupool/slot=2", json!({"gpupool/slot": "1"})));
+    assert!(matches!(
+        mutate(&create(gpu_pod("2")), &growing, now()),
+        Decision::Patch(_)
+    ));
+    // The first registration: allocatable does not list the resource yet.
+    let first = view(announced("gpupool/slot=2", json!({})));
+    assert!(matches!(
+        mutate(&create(gpu_pod("2")), &first, now()),
+        Decision::Patch(_)
+    ));
+    let d = denial(mutate(&create(gpu_pod("3")), &growing, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod requests 3 gpupool/slot slots but the largest node of GpuLeaseClass \"default\" has 2 (node-1)"
+    );
+    for ignored in ["gpupool/slot=x", "other/slot=8"] {
+        let view = view(announced(ignored, json!({"gpupool/slot": "1"})));
+        let d = denial(mutate(&create(gpu_pod("2")), &view, now()));
+        assert!(d.to_string().ends_with("has 1 (node-1)"), "{ignored}: {d}");
+    }
+}
+
 #[test]
 fn with_no_matching_node_the_pod_is_queued() {
     let view = StaticView {
