@@ -463,3 +463,65 @@ async fn five_percent_api_errors_and_dropped_watches_during_a_200_pod_run() {
     }
     chaos_run(5, Chaos::ApiFaults).await;
 }
+
+/// A pod of `containers` (name, resources) and `init` containers, in `NS`.
+fn pod_with(name: &str, containers: serde_json::Value, init: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": containers, "initContainers": init}
+    }))
+    .expect("pod")
+}
+
+/// With every operator replica down, the pod webhook cannot answer. A pod
+/// that asks for no extended resource is still created at once: the
+/// webhook's match condition never sends it there. A pod asking for GPU
+/// slots, in a container or an init container, is refused, and the refusal
+/// names gpupool's webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_operator_down_plain_pods_are_created_and_gpu_pods_refused() {
+    let mut sim = Sim::start(1, 1).await;
+    sim.cluster.kill_operator().await.expect("operator killed");
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    let create = |pod: Pod| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&kube::api::PostParams::default(), &pod)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let plain = pod_with("plain", json!([{"name": "c", "image": "sim"}]), json!([]));
+    create(plain)
+        .await
+        .expect("a pod asking for nothing is created");
+    let sized = pod_with(
+        "sized",
+        json!([{"name": "c", "image": "sim",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi", "hugepages-2Mi": "2Mi"},
+                          "limits": {"memory": "64Mi", "hugepages-2Mi": "2Mi"}}}]),
+        json!([]),
+    );
+    create(sized)
+        .await
+        .expect("a pod asking only for native resources is created");
+
+    let gpu = pod_with(
+        "gpu",
+        json!([{"name": "c", "image": "sim", "resources": {"limits": {"gpupool/slot": "1"}}}]),
+        json!([]),
+    );
+    let refused = create(gpu).await.expect_err("a GPU pod waits on gpupool");
+    assert!(refused.contains("queue.pods.gpupool.io"), "{refused}");
+    let init_gpu = pod_with(
+        "init-gpu",
+        json!([{"name": "c", "image": "sim"}]),
+        json!([{"name": "i", "image": "sim", "resources": {"requests": {"gpupool/slot": "1"}, "limits": {"gpupool/slot": "1"}}}]),
+    );
+    let refused = create(init_gpu)
+        .await
+        .expect_err("an init container's GPU counts too");
+    assert!(refused.contains("queue.pods.gpupool.io"), "{refused}");
+    sim.stop().await;
+}

@@ -31,6 +31,22 @@ pub const VALIDATING_WEBHOOK_NAME: &str = "gate.pods.gpupool.io";
 pub const LEASE_WEBHOOK_NAME: &str = "leases.gpupool.io";
 /// Name of the validating GpuLeaseClass webhook.
 pub const CLASS_WEBHOOK_NAME: &str = "classes.gpupool.io";
+/// CEL condition of the mutating pod webhook: only pods asking for a
+/// domain-qualified extended resource (a name with a `/`, as every device
+/// plugin's is) in any container or init container are sent. A pod that
+/// asks for no such resource never waits on the operator, so an outage of
+/// gpupool cannot block it. The webhook decides the rest itself (which of
+/// those resources are gpupool's), so API servers that ignore match
+/// conditions stay correct.
+pub const ASKS_FOR_AN_EXTENDED_RESOURCE: &str = concat!(
+    "object.spec.containers.exists(c, has(c.resources)",
+    " && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/')))",
+    " || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/')))))",
+    " || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources)",
+    " && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/')))",
+    " || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))))",
+);
+
 /// CEL condition of the validating pod webhook: only updates that touch what
 /// the webhook guards are sent (pods that carry the gate, or a change of the
 /// class or role label or of the enqueue stamp), so ordinary pod updates
@@ -167,9 +183,11 @@ fn metadata(config: &WebhookConfig, owner: Option<&OwnerReference>) -> ObjectMet
     }
 }
 
-/// The MutatingWebhookConfiguration: pod CREATE to [`MUTATE_PATH`],
-/// `failurePolicy: Fail`, 5 s timeout, no side effects, AdmissionReview v1,
-/// every namespace but `kube-system` and the operator's.
+/// The MutatingWebhookConfiguration: pod CREATE to [`MUTATE_PATH`] for pods
+/// asking for an extended resource ([`ASKS_FOR_AN_EXTENDED_RESOURCE`]),
+/// `failurePolicy: Fail` (a GPU pod is refused while gpupool is down rather
+/// than run outside its queue), 5 s timeout, no side effects, AdmissionReview
+/// v1, every namespace but `kube-system` and the operator's.
 pub fn mutating(
     config: &WebhookConfig,
     ca_bundle: &str,
@@ -182,6 +200,10 @@ pub fn mutating(
             admission_review_versions: vec!["v1".to_owned()],
             client_config: client_config(&config.endpoint, MUTATE_PATH, ca_bundle),
             failure_policy: Some("Fail".to_owned()),
+            match_conditions: Some(vec![MatchCondition {
+                name: "asks-for-an-extended-resource".to_owned(),
+                expression: ASKS_FOR_AN_EXTENDED_RESOURCE.to_owned(),
+            }]),
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector(config)),
             object_selector: Some(LabelSelector::default()),
@@ -189,7 +211,6 @@ pub fn mutating(
             rules: Some(vec![pod_rule("CREATE")]),
             side_effects: "None".to_owned(),
             timeout_seconds: Some(TIMEOUT_SECONDS),
-            ..Default::default()
         }]),
     }
 }
@@ -416,6 +437,10 @@ mod tests {
         assert_eq!(
             hook["rules"],
             json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}])
+        );
+        assert_eq!(
+            hook["matchConditions"],
+            json!([{"name": "asks-for-an-extended-resource", "expression": ASKS_FOR_AN_EXTENDED_RESOURCE}])
         );
         assert_eq!(
             hook["namespaceSelector"],
