@@ -63,7 +63,9 @@ pub enum Command {
     },
     /// Class capacity, then per node and GPU which pod holds each slot
     ///
-    /// Always the whole cluster: -n and -A do not apply.
+    /// The whole cluster when it may be read; a tenant with rights in one
+    /// namespace only sees the GPUs that namespace's pods hold (-n, else
+    /// the context's namespace).
     Top {
         /// Output format
         #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]

@@ -1,5 +1,5 @@
-//! `gpupool-sim bench` on a small cluster: every figure the README's
-//! Performance table quotes is present and consistent with the run.
+//! `gpupool-sim bench` on a small cluster: every figure docs/performance.md
+//! quotes is present and consistent with the run.
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins`.
 
