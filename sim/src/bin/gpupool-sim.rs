@@ -25,6 +25,9 @@ enum Command {
     Demo(cli::demo::Args),
     /// Push many pods through the cluster and print performance figures as JSON.
     Bench(cli::bench::Args),
+    /// Time the queue's hand-over on a real node (root, containerd, the
+    /// chart's images) and print the figures as JSON.
+    BenchNode(cli::bench_node::Args),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +75,10 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => {
             cli::logging::to_stderr();
             runtime()?.block_on(cli::bench::run(args))
+        }
+        Command::BenchNode(args) => {
+            cli::logging::to_stderr();
+            runtime()?.block_on(cli::bench_node::run(args))
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod bench_node;
 pub mod demo;
 pub mod detach;
 pub mod logging;

@@ -432,16 +432,11 @@ impl RealNode {
             return;
         };
         for id in tasks.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            run_for_teardown(
-                "killing a container",
-                "ctr",
-                ctr(&["tasks", "kill", "-s", "SIGKILL", id]),
-            )
-            .await;
+            // --force kills a running task first.
             run_for_teardown(
                 "deleting a container's task",
                 "ctr",
-                ctr(&["tasks", "delete", "-f", id]),
+                ctr(&["tasks", "delete", "--force", id]),
             )
             .await;
         }
