@@ -46,7 +46,12 @@ pub struct Args {
     pub helm: PathBuf,
 
     /// The chart to install.
-    #[arg(long, env = "GPUPOOL_BENCH_CHART", value_name = "DIR", default_value = "charts/gpupool")]
+    #[arg(
+        long,
+        env = "GPUPOOL_BENCH_CHART",
+        value_name = "DIR",
+        default_value = "charts/gpupool"
+    )]
     pub chart: PathBuf,
 
     /// Hand-overs to time.
