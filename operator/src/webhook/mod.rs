@@ -41,6 +41,7 @@ pub mod certs;
 pub mod config;
 pub mod configurations;
 pub mod guard;
+pub mod near_miss;
 pub mod review;
 pub mod server;
 

@@ -21,6 +21,7 @@ use crate::controller::translate;
 use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, PodInfo, established_default};
 
 pub use super::guard::{Identities, validate_class, validate_lease};
+use super::near_miss;
 use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
@@ -163,6 +164,25 @@ pub enum Denial {
         /// What is wrong with the selector.
         reason: String,
     },
+    /// The pod names a class but asks for a resource no class hands out,
+    /// one that looks meant for one.
+    #[error(
+        "the pod requests {requested}, which no GpuLeaseClass hands out (did you mean {meant}?), and names GpuLeaseClass {class:?} (label {LABEL_CLASS}), {}",
+        match class_resource {
+            Some(r) => format!("which hands out {r}"),
+            None => "which does not exist".to_owned(),
+        }
+    )]
+    NearMiss {
+        /// What the pod asks for.
+        requested: String,
+        /// The class resources it resembles.
+        meant: String,
+        /// The class the label names.
+        class: String,
+        /// The resource that class hands out, when it exists.
+        class_resource: Option<String>,
+    },
     /// The pod asks for more slots than any matching node has.
     #[error(
         "the pod requests {requested} {resource} slots but the largest node of GpuLeaseClass {class:?} has {largest} ({node})"
@@ -279,6 +299,9 @@ pub enum Decision {
     Allow,
     /// Let it through with this JSON patch applied.
     Patch(Patch),
+    /// Let it through untouched, with a warning for its creator (kubectl
+    /// prints it): it looks meant for gpupool but will not be queued.
+    Warn(String),
     /// Refuse it.
     Deny(Denial),
 }
@@ -287,7 +310,7 @@ impl Decision {
     /// Short label for metrics and logs: `allowed`, `patched` or `denied`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            Decision::Allow => "allowed",
+            Decision::Allow | Decision::Warn(_) => "allowed",
             Decision::Patch(_) => "patched",
             Decision::Deny(_) => "denied",
         }
@@ -302,6 +325,11 @@ impl Decision {
         let response = AdmissionResponse::from(request);
         match self {
             Decision::Allow => response,
+            Decision::Warn(warning) => {
+                let mut r = response;
+                r.warnings = Some(vec![warning]);
+                r
+            }
             Decision::Patch(patch) => match response.clone().with_patch(patch) {
                 Ok(r) => r,
                 // A patch of strings and objects always serializes; should it
@@ -347,14 +375,33 @@ pub fn mutate(
         return Decision::Allow;
     }
     match queue_decision(pod, spec, view) {
-        Ok(true) => Decision::Patch(gate_and_stamp(pod, spec, now)),
-        Ok(false) => Decision::Allow,
+        Ok(Queueing::Queue) => Decision::Patch(gate_and_stamp(pod, spec, now)),
+        Ok(Queueing::NotGpupool) => Decision::Allow,
+        Ok(Queueing::NearMiss { miss, handed_out }) => Decision::Warn(format!(
+            "gpupool: the pod requests {}, which no GpuLeaseClass hands out, so it gets no place in gpupool's queue and may stay Pending; the classes hand out {} (did you mean {}?)",
+            miss.requested,
+            handed_out.join(", "),
+            miss.meant.join(" or ")
+        )),
         Err(denial) => Decision::Deny(denial),
     }
 }
 
-/// Ok(true): queue the pod; Ok(false): not a gpupool pod.
-fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<bool, Denial> {
+/// What the mutating webhook does with a pod that asks for an extended
+/// resource.
+enum Queueing {
+    /// A gpupool pod: gate and stamp it.
+    Queue,
+    /// Not gpupool's: let it through untouched.
+    NotGpupool,
+    /// Not gpupool's, but it looks meant to be: let it through with a warning.
+    NearMiss {
+        miss: near_miss::NearMiss,
+        handed_out: Vec<String>,
+    },
+}
+
+fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<Queueing, Denial> {
     let classes = view.classes();
     let mut resources: Vec<&str> = classes
         .iter()
@@ -364,11 +411,12 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
     resources.sort_unstable();
     resources.dedup();
     let mentioned: Vec<&str> = resources
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|r| pod::mentions_resource(spec, r))
         .collect();
     let Some(first) = mentioned.first() else {
-        return Ok(false);
+        return near_miss(pod, spec, &classes, &resources);
     };
 
     let class = resolve_class(pod, &classes, first)?;
@@ -386,7 +434,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
         }
     }
     if slots == 0 {
-        return Ok(false);
+        return Ok(Queueing::NotGpupool);
     }
     if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
         return Err(Denial::NodeNameSet {
@@ -434,7 +482,7 @@ fn queue_decision(pod: &Pod, spec: &PodSpec, view: &impl ClusterView) -> Result<
             });
         }
     }
-    Ok(true)
+    Ok(Queueing::Queue)
 }
 
 /// A lease with no status yet has just been created and waits like a Queued one.
@@ -488,6 +536,56 @@ fn resolve_class<'a>(
         .ok_or_else(|| Denial::NoClass {
             resource: resource.to_owned(),
         })
+}
+
+/// A pod that asks for no resource a class hands out: a near miss of one
+/// is denied when the pod names a class (it plainly wants gpupool), and let
+/// through with a warning otherwise; anything else is not gpupool's.
+fn near_miss(
+    pod: &Pod,
+    spec: &PodSpec,
+    classes: &[Arc<GpuLeaseClass>],
+    handed_out: &[&str],
+) -> Result<Queueing, Denial> {
+    let requested = extended_resources(spec);
+    let Some(miss) = near_miss::find(&requested, handed_out) else {
+        return Ok(Queueing::NotGpupool);
+    };
+    if let Some(class) = pod::class_label(pod) {
+        let class_resource = classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(class))
+            .map(|c| c.spec.resource_name.clone());
+        return Err(Denial::NearMiss {
+            requested: miss.requested,
+            meant: miss.meant.join(" or "),
+            class: class.to_owned(),
+            class_resource,
+        });
+    }
+    Ok(Queueing::NearMiss {
+        miss,
+        handed_out: handed_out.iter().map(|r| (*r).to_owned()).collect(),
+    })
+}
+
+/// The domain-qualified resources any container or init container requests
+/// or limits, sorted, each once.
+fn extended_resources(spec: &PodSpec) -> Vec<&str> {
+    let mut found: Vec<&str> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| [r.requests.as_ref(), r.limits.as_ref()])
+        .flatten()
+        .flat_map(|m| m.keys())
+        .map(String::as_str)
+        .filter(|k| k.contains('/'))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
 }
 
 /// True when some container requests or limits a domain-qualified (extended)

@@ -1057,3 +1057,75 @@ fn the_queued_count_is_the_tally_of_the_lease_cache() {
     writer.apply(&watcher::Event::Delete((*gone).clone()));
     assert_eq!(caches.queued("fast", Role::Primary), 0);
 }
+
+fn asking(resource: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"containers": [{
+            "name": "main", "image": "trainer",
+            "resources": {"limits": {resource: "1"}}
+        }]}
+    })
+}
+
+/// `gpupool/slots` is no class's resource: the pod would get no lease and
+/// stay Pending with nothing said. It is let through (it is not gpupool's
+/// to refuse) with a warning that names what it asked for and what the
+/// classes hand out.
+#[test]
+fn a_near_miss_of_a_class_resource_is_let_through_with_a_warning() {
+    let view = StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![node("node-1", json!({}), json!({"gpupool/slot": "2"}))],
+        leases: vec![],
+    };
+    let request = create(asking("gpupool/slots"));
+    let decision = mutate(&request, &view, now());
+    let Decision::Warn(warning) = &decision else {
+        panic!("expected a warning, got {decision:?}");
+    };
+    assert!(
+        warning.contains("requests gpupool/slots")
+            && warning.contains("hand out gpupool/slot")
+            && warning.contains("did you mean gpupool/slot?"),
+        "{warning}"
+    );
+    assert_eq!(decision.outcome(), "allowed");
+    let response = decision.clone().into_response(&request);
+    assert!(response.allowed);
+    assert_eq!(response.warnings, Some(vec![warning.clone()]));
+    // Another vendor's resource is none of gpupool's business.
+    assert!(matches!(
+        mutate(&create(asking("nvidia.com/gpu")), &view, now()),
+        Decision::Allow
+    ));
+}
+
+/// With the class label set the pod plainly wants gpupool: the near miss is
+/// refused, naming the resource asked for and the class's.
+#[test]
+fn a_near_miss_with_the_class_label_is_denied_naming_both_resources() {
+    let view = StaticView {
+        classes: vec![class("default", true)],
+        nodes: vec![],
+        leases: vec![],
+    };
+    let pod = with_labels(
+        asking("gpupool/slots"),
+        json!({"gpupool.io/class": "default"}),
+    );
+    let d = denial(mutate(&create(pod), &view, now()));
+    assert_eq!(
+        d.to_string(),
+        "the pod requests gpupool/slots, which no GpuLeaseClass hands out (did you mean gpupool/slot?), and names GpuLeaseClass \"default\" (label gpupool.io/class), which hands out gpupool/slot"
+    );
+    let pod = with_labels(asking("gpupool/slots"), json!({"gpupool.io/class": "nope"}));
+    let d = denial(mutate(&create(pod), &view, now()));
+    assert!(
+        d.to_string().ends_with(
+            "names GpuLeaseClass \"nope\" (label gpupool.io/class), which does not exist"
+        ),
+        "{d}"
+    );
+}
