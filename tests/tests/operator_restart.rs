@@ -525,3 +525,71 @@ async fn with_the_operator_down_plain_pods_are_created_and_gpu_pods_refused() {
     assert!(refused.contains("queue.pods.gpupool.io"), "{refused}");
     sim.stop().await;
 }
+
+/// Two replicas serve the webhook. The certificate Secret is deleted and one
+/// replica restarted: it makes a new certificate and writes its CA into the
+/// webhook configurations. The other replica adopts the certificate from the
+/// Secret rather than restoring its own CA, so the two never overwrite each
+/// other: the configurations are written a bounded number of times, and pods
+/// are still queued and admitted through the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_agree_on_one_certificate_after_the_secret_is_deleted() {
+    use futures::StreamExt;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::watcher;
+
+    let mut sim = Sim::start_with(ClusterConfig {
+        nodes: 1,
+        gpus_per_node: 1,
+        operator: OperatorMode::Required,
+        operator_replicas: 2,
+        ready_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .await;
+    sim.class("default", json!({"default": true})).await;
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(sim.client.clone());
+    let mut writes = watcher(configs, watcher::Config::default()).boxed();
+    // The initial listing, so that every later write is seen.
+    while let Some(event) = writes.next().await {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            break;
+        }
+    }
+
+    let secrets: Api<Secret> = Api::namespaced(sim.client.clone(), "gpupool-system");
+    secrets
+        .delete("gpupool-webhook-tls", &kube::api::DeleteParams::default())
+        .await
+        .expect("the webhook Secret deleted");
+    sim.cluster
+        .kill_operator_replica(1)
+        .await
+        .expect("replica killed");
+    sim.cluster
+        .start_operator_replica(1)
+        .await
+        .expect("replica restarted");
+
+    let window = Instant::now() + Duration::from_secs(30);
+    let mut changes = 0;
+    while let Ok(Some(event)) = tokio::time::timeout_at(window.into(), writes.next()).await {
+        if let Ok(watcher::Event::Apply(config)) = event {
+            eprintln!(
+                "webhook configuration {} written (resourceVersion {:?})",
+                config.metadata.name.unwrap_or_default(),
+                config.metadata.resource_version
+            );
+            changes += 1;
+        }
+    }
+    eprintln!("the mutating webhook configuration was written {changes} times in 30 s");
+    assert!(
+        changes <= 10,
+        "the replicas keep rewriting the webhook configuration: {changes} writes in 30 s"
+    );
+    sim.pod(PodSpec::primary("after-the-restart", 1)).await;
+    sim.wait_admitted("after-the-restart", 60).await;
+    sim.stop().await;
+}

@@ -199,9 +199,14 @@ impl RunningWebhook {
             metrics,
             ..
         } = self;
-        let (ca_tx, ca_rx) = tokio::sync::watch::channel(bundle.ca_pem.clone());
-        let guard = guard_configurations(config.clone(), client.clone(), ca_rx, metrics);
-        let refresh = refresh_loop(config, client, bundle, certs, ca_tx);
+        let current = Arc::new(CurrentCertificate {
+            config: config.clone(),
+            client: client.clone(),
+            certs,
+            bundle: std::sync::Mutex::new(bundle),
+        });
+        let guard = guard_configurations(current.clone(), metrics);
+        let refresh = refresh_loop(current);
         tokio::select! {
             served = server::serve_isolated(listener, tls, handler, shutdown) => {
                 served.map_err(WebhookError::Serve)
@@ -219,11 +224,10 @@ impl RunningWebhook {
 /// A watch that fails is restarted with backoff; repairs that fail are
 /// retried on the next event or after a second.
 async fn guard_configurations(
-    config: WebhookConfig,
-    client: kube::Client,
-    ca: tokio::sync::watch::Receiver<String>,
+    current: Arc<CurrentCertificate>,
     metrics: WebhookMetrics,
 ) -> std::convert::Infallible {
+    let (config, client) = (&current.config, current.client.clone());
     use futures::StreamExt;
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -265,8 +269,18 @@ async fn guard_configurations(
             }
             Some(Some(Ok(()))) | None => {}
         }
-        let ca_pem = ca.borrow().clone();
-        match configurations::apply(client.clone(), &config, &ca_pem).await {
+        // The Secret decides which CA the configurations carry: a replica
+        // that restored its own CA over another's would have the two
+        // overwrite each other for as long as both run.
+        let ca_pem = match current.sync_from_secret().await {
+            Ok(ca_pem) => ca_pem,
+            Err(error) => {
+                retry = true;
+                tracing::warn!(%error, "cannot read the webhook certificate Secret; retrying");
+                continue;
+            }
+        };
+        match configurations::apply(client.clone(), config, &ca_pem).await {
             Ok((m, v)) => {
                 retry = false;
                 for (kind, written) in [
@@ -295,40 +309,64 @@ async fn guard_configurations(
     }
 }
 
-async fn refresh_loop(
-    config: WebhookConfig,
-    client: kube::Client,
-    mut bundle: TlsBundle,
-    certs: Arc<CertResolver>,
-    ca: tokio::sync::watch::Sender<String>,
-) -> std::convert::Infallible {
-    let names = config.endpoint.certificate_names();
-    let mut ticker = tokio::time::interval(config.refresh_interval);
+async fn refresh_loop(current: Arc<CurrentCertificate>) -> std::convert::Infallible {
+    let mut ticker = tokio::time::interval(current.config.refresh_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     loop {
         ticker.tick().await;
         let result = async {
-            let fresh = certs::ensure_secret(
-                client.clone(),
-                &config.namespace,
-                &config.secret_name,
-                &names,
-                Timestamp::now(),
-            )
-            .await?;
-            if fresh != bundle {
-                certs.replace(fresh.certified_key()?);
-                tracing::info!("webhook certificate reloaded from its Secret");
-                ca.send_replace(fresh.ca_pem.clone());
-                bundle = fresh;
-            }
-            configurations::apply(client.clone(), &config, &bundle.ca_pem).await?;
+            let ca_pem = current.sync_from_secret().await?;
+            configurations::apply(current.client.clone(), &current.config, &ca_pem).await?;
             Ok::<(), WebhookError>(())
         }
         .await;
         if let Err(error) = result {
             tracing::warn!(%error, "webhook certificate or configuration refresh failed; retrying later");
         }
+    }
+}
+
+/// The certificate this replica serves, kept to the one in the Secret:
+/// every replica serves that one and writes its CA into the webhook
+/// configurations, so replicas write the same `caBundle` and never undo
+/// each other's writes.
+struct CurrentCertificate {
+    config: WebhookConfig,
+    client: kube::Client,
+    certs: Arc<CertResolver>,
+    bundle: std::sync::Mutex<TlsBundle>,
+}
+
+impl CurrentCertificate {
+    /// Reads the Secret (creating or renewing it when due, as
+    /// [`certs::ensure_secret`] does), serves its certificate from now on if
+    /// it is not the one served, and returns its CA bundle.
+    async fn sync_from_secret(&self) -> Result<String, WebhookError> {
+        let fresh = certs::ensure_secret(
+            self.client.clone(),
+            &self.config.namespace,
+            &self.config.secret_name,
+            &self.config.endpoint.certificate_names(),
+            Timestamp::now(),
+        )
+        .await?;
+        let ca_pem = fresh.ca_pem.clone();
+        let changed = {
+            let bundle = self
+                .bundle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *bundle != fresh
+        };
+        if changed {
+            self.certs.replace(fresh.certified_key()?);
+            *self
+                .bundle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+            tracing::info!("webhook certificate reloaded from its Secret");
+        }
+        Ok(ca_pem)
     }
 }
