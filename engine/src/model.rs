@@ -3,7 +3,7 @@
 //! tests and benchmarks without a cluster.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -110,18 +110,33 @@ pub struct Snapshot {
     pub pods: Vec<PodInfo>,
     /// Every GpuLease, as persisted.
     pub leases: Vec<LeaseInfo>,
-    /// Helper pods whose last eviction a PodDisruptionBudget refused (the
-    /// API server answered 429): their leases say so, and the eviction is
-    /// asked for again [`EVICTION_RETRY`] later. Only the API server's answer
+    /// Helper pods whose evictions a PodDisruptionBudget refuses (the API
+    /// server answered 429), each with when it first did: their leases say
+    /// so, and the eviction is asked for again [`EVICTION_RETRY`] later; once
+    /// the refusals have lasted the helper's grace period the pod is
+    /// deleted instead ([`Eviction::delete`]). Only the API server's answer
     /// tells this, so the caller keeps it; keys of pods not being evicted
     /// are ignored.
-    pub blocked_evictions: BTreeSet<ObjectKey>,
+    pub blocked_evictions: BlockedEvictions,
     /// At most this many entries in [`Plan::lease_progress`], front of the
     /// queue first; `None` lists them all. A caller that writes progress
     /// within a budget sets it to what it can write before the next pass:
     /// when the head of a queue of 10,000 moves, building 10,000 statuses
     /// of which a few hundred are written is waste.
     pub progress_limit: Option<usize>,
+}
+
+/// Helper pods whose evictions a PodDisruptionBudget refuses, each with when
+/// it first and last refused.
+pub type BlockedEvictions = BTreeMap<ObjectKey, Refusals>;
+
+/// When a PodDisruptionBudget refused a helper's evictions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusals {
+    /// The first refusal: the grace period counts from here.
+    pub first: Timestamp,
+    /// The latest: the next eviction is asked for [`EVICTION_RETRY`] after it.
+    pub last: Timestamp,
 }
 
 /// How long after a PodDisruptionBudget refused an eviction it is asked for again.
@@ -509,6 +524,15 @@ pub struct Eviction {
     pub for_primary: ObjectKey,
     /// Grace period from the class.
     pub grace_period_seconds: u32,
+    /// Delete the pod (with the grace period) rather than evict it: a
+    /// PodDisruptionBudget has refused its eviction for as long as its grace
+    /// period. A budget may delay a helper's preemption, never stop it, as
+    /// kube-scheduler's preemption deletes the pods it must.
+    pub delete: bool,
+    /// Not to be asked for before this time: a PodDisruptionBudget refused
+    /// the last eviction, which is retried [`EVICTION_RETRY`] later rather
+    /// than at once.
+    pub not_before: Option<Timestamp>,
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! preempt, status) work on the tickets.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use gpupool_api::{GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role};
 use jiff::Timestamp;
@@ -15,8 +15,8 @@ use super::fit;
 use super::holders::QuietHolders;
 use super::message::{Message, Release, Settled};
 use super::model::{
-    ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel, Snapshot,
-    StaleLease,
+    BlockedEvictions, ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
+    RoleLabel, Snapshot, StaleLease,
 };
 use super::parked::Parked;
 
@@ -719,14 +719,14 @@ pub(crate) struct View<'a> {
     /// The kept state's quiet primaries, when the pass reads their sums
     /// rather than visiting them (see [`crate::holders`]).
     pub holders: Option<&'a QuietHolders>,
-    pub blocked_evictions: &'a BTreeSet<ObjectKey>,
+    pub blocked_evictions: &'a BlockedEvictions,
     pub progress_limit: Option<usize>,
 }
 
 impl<'a> View<'a> {
     /// The classes alone: what deriving an entry's facts reads.
     pub fn of_classes(classes: Vec<&'a ClassInfo>) -> Self {
-        static NO_EVICTIONS: BTreeSet<ObjectKey> = BTreeSet::new();
+        static NO_EVICTIONS: BlockedEvictions = BTreeMap::new();
         Self {
             now: Timestamp::UNIX_EPOCH,
             classes,

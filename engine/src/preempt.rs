@@ -198,15 +198,19 @@ impl<'a> Pass<'a> {
             t.preempted_by = Some(PreemptedBy::Primary(primary_key));
             t.serves = Some(p);
             t.message = Message::Preempting(Some(PreemptedBy::Primary(primary_key)));
-            self.plan.evictions.push(Eviction {
-                key: t.key.clone(),
-                pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
-                for_primary: primary_key.clone(),
-                grace_period_seconds: grace,
-            });
+            let key = t.key.clone();
+            let pod_uid = t.pod.map(|p| p.uid.clone()).unwrap_or_default();
             // The lease may not show an earlier, refused eviction (its
             // status write was lost), yet the refusal still stands.
-            self.note_blocked_eviction(h);
+            let (delete, not_before) = self.note_blocked_eviction(h, grace);
+            self.plan.evictions.push(Eviction {
+                key,
+                pod_uid,
+                for_primary: primary_key.clone(),
+                grace_period_seconds: grace,
+                delete,
+                not_before,
+            });
         }
         let mut victims: Vec<usize> = terminating
             .get(&node)
@@ -271,28 +275,48 @@ impl<'a> Pass<'a> {
         }
         for (i, for_primary) in retries {
             let grace_period_seconds = self.grace_of(&self.tickets[i]);
-            self.note_blocked_eviction(i);
+            let (delete, not_before) = self.note_blocked_eviction(i, grace_period_seconds);
             let t = &self.tickets[i];
             self.plan.evictions.push(Eviction {
                 key: t.key.clone(),
                 pod_uid: t.pod.map(|p| p.uid.clone()).unwrap_or_default(),
                 for_primary,
                 grace_period_seconds,
+                delete,
+                not_before,
             });
         }
     }
 
     /// When a PodDisruptionBudget refused the last eviction of helper `i`,
-    /// its lease says so and the pass asks to run again
-    /// [`EVICTION_RETRY`] later.
-    fn note_blocked_eviction(&mut self, i: usize) {
-        if !self.view.blocked_evictions.contains(self.tickets[i].key) {
-            return;
+    /// its lease says so, the eviction is asked for again [`EVICTION_RETRY`]
+    /// after that refusal (the second value: not before), and the pass asks
+    /// to run then. Once the refusals have lasted `grace_period_seconds` the
+    /// budget has delayed the preemption as long as it may: the first value
+    /// says to delete the pod, at once.
+    fn note_blocked_eviction(
+        &mut self,
+        i: usize,
+        grace_period_seconds: u32,
+    ) -> (bool, Option<Timestamp>) {
+        let Some(refusals) = self
+            .view
+            .blocked_evictions
+            .get(self.tickets[i].key)
+            .copied()
+        else {
+            return (false, None);
+        };
+        let bound = SignedDuration::from_secs(i64::from(grace_period_seconds));
+        if self.now.duration_since(refusals.first) >= bound {
+            return (true, None);
         }
         let t = &mut self.tickets[i];
         t.message = Message::EvictionBlocked(t.preempted_by);
-        let at = self.now.checked_add(EVICTION_RETRY).ok();
-        self.wake_at(at);
+        let retry = refusals.last.checked_add(EVICTION_RETRY).ok();
+        self.wake_at(retry);
+        self.wake_at(refusals.first.checked_add(bound).ok());
+        (false, retry.filter(|at| *at > self.now))
     }
 
     /// Asks for a pass at `at` unless one is due earlier.

@@ -3,13 +3,16 @@
 //! re-sorts the other 16,000 objects. Deciding on it runs the very same
 //! pass as [`crate::decide`] does on a [`Snapshot`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
 use super::facts::Facts;
 use super::holders::{self, QuietHolders};
-use super::model::{ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Snapshot};
+use super::model::{
+    BlockedEvictions, ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Refusals,
+    Snapshot,
+};
 use super::parked::{self, Parked};
 use super::pass::{self, Pass, View};
 
@@ -124,7 +127,7 @@ pub struct Engine {
     set_apart_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
-    blocked_evictions: BTreeSet<ObjectKey>,
+    blocked_evictions: BlockedEvictions,
     progress_limit: Option<usize>,
 }
 
@@ -435,13 +438,23 @@ impl Engine {
     }
 
     /// Records the API server's answer to the eviction of helper `key`:
-    /// `true` when a PodDisruptionBudget refused it, `false` once it went
-    /// through or is no longer wanted.
-    pub fn set_eviction_blocked(&mut self, key: &ObjectKey, blocked: bool) {
-        if blocked {
-            self.blocked_evictions.insert(key.clone());
-        } else {
-            self.blocked_evictions.remove(key);
+    /// `Some(at)` when a PodDisruptionBudget refused it at `at` (the first
+    /// refusal's time is kept), `None` once it went through or is no longer
+    /// wanted.
+    pub fn set_eviction_blocked(&mut self, key: &ObjectKey, refused_at: Option<Timestamp>) {
+        match refused_at {
+            Some(at) => {
+                self.blocked_evictions
+                    .entry(key.clone())
+                    .and_modify(|r| r.last = r.last.max(at))
+                    .or_insert(Refusals {
+                        first: at,
+                        last: at,
+                    });
+            }
+            None => {
+                self.blocked_evictions.remove(key);
+            }
         }
     }
 
@@ -453,11 +466,11 @@ impl Engine {
             return;
         }
         self.blocked_evictions
-            .retain(|key| evictions.iter().any(|e| &e.key == key));
+            .retain(|key, _| evictions.iter().any(|e| &e.key == key));
     }
 
     /// Helper pods whose last eviction a PodDisruptionBudget refused.
-    pub fn blocked_evictions(&self) -> &BTreeSet<ObjectKey> {
+    pub fn blocked_evictions(&self) -> &BlockedEvictions {
         &self.blocked_evictions
     }
 

@@ -14,7 +14,7 @@ use gpupool_api::{
 use gpupool_engine::fixtures;
 use gpupool_engine::{
     ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
-    Snapshot, decide,
+    Refusals, Snapshot, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
@@ -518,7 +518,7 @@ impl World {
         let keep = cut.map_or(steps.len(), |c| c as usize % (steps.len() + 1));
         self.s
             .blocked_evictions
-            .retain(|k| plan.evictions.iter().any(|e| &e.key == k));
+            .retain(|k, _| plan.evictions.iter().any(|e| &e.key == k));
         for step in &steps[..keep] {
             self.apply_step(&plan, step)?;
         }
@@ -547,7 +547,7 @@ impl World {
     /// again, its lease says why, and a pass is due for the retry.
     fn check_blocked_evictions(&self, plan: &Plan) -> Result<(), TestCaseError> {
         for e in &plan.evictions {
-            if !self.s.blocked_evictions.contains(&e.key) {
+            if !self.s.blocked_evictions.contains_key(&e.key) || e.delete {
                 continue;
             }
             let persisted = self
@@ -627,8 +627,21 @@ impl World {
                 let e = &plan.evictions[i];
                 // As the operator does: a refusal is remembered for the
                 // next pass, anything else clears it.
-                if self.pdb_refuses {
-                    self.s.blocked_evictions.insert(e.key.clone());
+                // As the operator does: one not due yet waits.
+                if e.not_before.is_some_and(|at| at > self.s.now) {
+                    return Ok(());
+                }
+                // A budget refuses evictions, not deletions.
+                if self.pdb_refuses && !e.delete {
+                    let now = self.s.now;
+                    self.s
+                        .blocked_evictions
+                        .entry(e.key.clone())
+                        .and_modify(|r| r.last = now)
+                        .or_insert(Refusals {
+                            first: now,
+                            last: now,
+                        });
                     return Ok(());
                 }
                 self.s.blocked_evictions.remove(&e.key);
@@ -1074,8 +1087,13 @@ fn feed(engine: &mut Engine, before: &Snapshot, after: &Snapshot) {
     let (up, gone) = changes(&before.leases, &after.leases, |l| l.key.clone());
     up.into_iter().for_each(|l| engine.upsert_lease(l.clone()));
     gone.iter().for_each(|l| drop(engine.remove_lease(l)));
-    for key in before.blocked_evictions.union(&after.blocked_evictions) {
-        engine.set_eviction_blocked(key, after.blocked_evictions.contains(key));
+    for key in before
+        .blocked_evictions
+        .keys()
+        .chain(after.blocked_evictions.keys())
+    {
+        // The kept engine is told the latest refusal; it keeps the first.
+        engine.set_eviction_blocked(key, after.blocked_evictions.get(key).map(|r| r.last));
     }
 }
 
@@ -1348,7 +1366,7 @@ fn a_fresh_preemption_of_a_refused_helper_says_the_eviction_is_blocked() {
     }
     let p0 = ObjectKey::new("team", "p0");
     assert!(
-        w.s.blocked_evictions.contains(&p0),
+        w.s.blocked_evictions.contains_key(&p0),
         "the eviction was refused"
     );
     let lease =

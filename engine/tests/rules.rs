@@ -10,8 +10,9 @@ use gpupool_api::{
 };
 use gpupool_engine::{
     CLASS_STATUS_PERIOD, EVICTION_RETRY, Engine, Eviction, LeaseInfo, NodeInfo,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan, PodInfo, PodPhase, RoleLabel,
-    SelectorOperator, Snapshot, Taint, TaintEffect, Toleration, TolerationOperator, decide,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, Plan, PodInfo, PodPhase, Refusals,
+    RoleLabel, SelectorOperator, Snapshot, Taint, TaintEffect, Toleration, TolerationOperator,
+    decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     Condition, LabelSelector, LabelSelectorRequirement, Time,
@@ -1285,9 +1286,21 @@ fn a_refused_eviction_says_so_on_its_lease_and_asks_for_a_retry_pass() {
     assert_eq!(plan.wake_at, None);
     assert!(plan.lease_status(&victim).is_none(), "{plan:?}");
 
-    s.blocked_evictions.insert(victim.clone());
+    s.blocked_evictions.insert(
+        victim.clone(),
+        Refusals {
+            first: s.now,
+            last: s.now,
+        },
+    );
     let plan = decide(&s);
     assert_eq!(plan.evictions.len(), 1, "still asked for");
+    assert!(!plan.evictions[0].delete, "a budget may delay it for now");
+    assert_eq!(
+        plan.evictions[0].not_before,
+        Some(at(1002)),
+        "asked for again {EVICTION_RETRY:?} after the refusal, not at once"
+    );
     assert_eq!(
         plan.lease_progress
             .get(&victim)
@@ -1299,6 +1312,19 @@ fn a_refused_eviction_says_so_on_its_lease_and_asks_for_a_retry_pass() {
         plan.wake_at,
         Some(at(1002)),
         "retried {EVICTION_RETRY:?} later"
+    );
+
+    // Refused for as long as its grace period (30 s): the budget has delayed
+    // the preemption as long as it may, and the pod is deleted instead.
+    s.now = at(1000 + 29);
+    let plan = decide(&s);
+    assert!(!plan.evictions[0].delete, "29 s of refusals, 30 s grace");
+    s.now = at(1000 + 30);
+    let plan = decide(&s);
+    assert_eq!(plan.evictions.len(), 1);
+    assert!(
+        plan.evictions[0].delete,
+        "deleted once the grace period has passed"
     );
 
     // Once the eviction goes through, the pod terminates and the key is
@@ -1316,20 +1342,30 @@ fn a_refused_eviction_says_so_on_its_lease_and_asks_for_a_retry_pass() {
 #[test]
 fn the_kept_engine_forgets_refusals_of_evictions_no_longer_wanted() {
     let mut engine = Engine::new();
-    engine.set_eviction_blocked(&key("h1"), true);
-    engine.set_eviction_blocked(&key("h2"), true);
+    engine.set_eviction_blocked(&key("h1"), Some(at(1)));
+    engine.set_eviction_blocked(&key("h2"), Some(at(2)));
+    // A later refusal keeps the first one's time.
+    engine.set_eviction_blocked(&key("h2"), Some(at(9)));
     let wanted = Eviction {
         key: key("h2"),
         pod_uid: "uid-h2".into(),
         for_primary: key("p1"),
         grace_period_seconds: 30,
+        delete: false,
+        not_before: None,
     };
     engine.forget_unwanted_evictions(std::slice::from_ref(&wanted));
     assert_eq!(
         engine.blocked_evictions().iter().collect::<Vec<_>>(),
-        vec![&key("h2")]
+        vec![(
+            &key("h2"),
+            &Refusals {
+                first: at(2),
+                last: at(9)
+            }
+        )]
     );
-    engine.set_eviction_blocked(&key("h2"), false);
+    engine.set_eviction_blocked(&key("h2"), None);
     assert!(engine.blocked_evictions().is_empty());
 }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use gpupool_api::{GpuLeaseClass, LeasePhase};
 use kube::Api;
 use kube::api::PostParams;
-use operator_support::{PodSpec, Sim, gated, wait_for};
+use operator_support::{NS, PodSpec, Sim, gated, wait_for};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -560,6 +560,58 @@ async fn a_second_default_class_is_refused_and_the_first_keeps_its_queue() {
     assert_eq!(
         sim.lease("p").await.expect("lease").spec.class_name,
         "alpha"
+    );
+    sim.stop().await;
+}
+
+/// A tenant may put a PodDisruptionBudget on its helper. The budget delays
+/// the helper's preemption by at most the class's grace period: the
+/// evictions it refuses are asked for again, and once they have been
+/// refused for the grace period the operator deletes the helper, as
+/// kube-scheduler's preemption does, and the waiting primary runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_delays_a_helpers_preemption_by_its_grace_period_at_most() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+    let sim = Sim::start(1, 1).await;
+    sim.class(
+        "default",
+        json!({"default": true, "helpers": {"gracePeriodSeconds": 3}}),
+    )
+    .await;
+    let mut helper = PodSpec::helper("guarded-helper", 1);
+    helper.labels.push(("app", "guarded"));
+    sim.pod(helper).await;
+    sim.wait_phase("guarded-helper", LeasePhase::Bound, 60).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(sim.client.clone(), NS);
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "keep-my-helper", "namespace": NS},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+    }))
+    .expect("budget");
+    budgets
+        .create(&kube::api::PostParams::default(), &budget)
+        .await
+        .expect("the tenant's budget");
+
+    let asked = std::time::Instant::now();
+    sim.pod(PodSpec::primary("waiting-primary", 1)).await;
+    let blocked = wait_for("the helper's lease to say a budget blocks it", 30, || async {
+        let lease = sim.lease("guarded-helper").await?;
+        let message = lease.status?.message?;
+        message.contains("PodDisruptionBudget").then_some(message)
+    })
+    .await;
+    assert!(blocked.contains("preempted for primary"), "{blocked}");
+    sim.wait_admitted("waiting-primary", 60).await;
+    let waited = asked.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(3),
+        "the budget held the helper for its grace period first ({waited:?})"
+    );
+    assert!(
+        sim.get_pod("guarded-helper").await.is_none(),
+        "the helper was deleted"
     );
     sim.stop().await;
 }

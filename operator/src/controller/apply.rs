@@ -571,8 +571,11 @@ impl Applier {
                 });
             }
         }
+        let now = jiff::Timestamp::now();
         for e in plan.evictions {
-            if self.busy(&e.key) {
+            // A refused eviction waits out its retry time (the engine asked
+            // for a pass then) rather than being asked for again at once.
+            if self.busy(&e.key) || e.not_before.is_some_and(|at| at > now) {
                 continue;
             }
             let key = e.key.clone();
@@ -1045,9 +1048,21 @@ impl Writer {
                     ..Default::default()
                 }),
             };
-            match evict(&client, &e.key, &body).await {
+            // A PodDisruptionBudget may delay a helper's preemption by its
+            // grace period, not stop it: then the pod is deleted, as
+            // kube-scheduler's preemption deletes the pods it must.
+            let answer = if e.delete {
+                delete_helper(&client, &e).await
+            } else {
+                evict(&client, &e.key, &body).await
+            };
+            match answer {
                 Ok(()) => {
-                    tracing::info!(pod = %e.key, for_primary = %e.for_primary, grace = e.grace_period_seconds, "evicting helper");
+                    if e.delete {
+                        tracing::warn!(pod = %e.key, for_primary = %e.for_primary, grace = e.grace_period_seconds, "deleting helper: a PodDisruptionBudget refused its eviction for its grace period");
+                    } else {
+                        tracing::info!(pod = %e.key, for_primary = %e.for_primary, grace = e.grace_period_seconds, "evicting helper");
+                    }
                     metrics
                         .preemptions
                         .get_or_create(&ClassLabel { class })
@@ -1150,6 +1165,21 @@ fn status_error(lease: ObjectKey, e: kube::Error) -> Error {
 
 /// POSTs a policy/v1 Eviction (the typed client's helper does not send
 /// `deleteOptions` under its wire name, which would drop the grace period).
+/// Deletes helper `e.key` (its UID as a precondition) with its grace period.
+async fn delete_helper(client: &Client, e: &Eviction) -> Result<(), kube::Error> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(client.clone(), &e.key.namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(e.grace_period_seconds),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(e.pod_uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    pods.delete(&e.key.name, &params).await.map(drop)
+}
+
 async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<(), kube::Error> {
     let url = format!(
         "/api/v1/namespaces/{}/pods/{}/eviction",

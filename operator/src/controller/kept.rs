@@ -371,10 +371,13 @@ impl Kept {
     }
 
     /// Records what the API server answered to evictions (`true`: a
-    /// PodDisruptionBudget refused it), so the next pass decides with them.
+    /// PodDisruptionBudget refused it), so the next pass decides with them
+    /// (and knows, from the first refusal's time, when the budget has
+    /// delayed a preemption as long as it may).
     pub fn record_eviction_answers(&mut self, answers: &[(ObjectKey, bool)]) {
         for (key, blocked) in answers {
-            self.engine.set_eviction_blocked(key, *blocked);
+            self.engine
+                .set_eviction_blocked(key, blocked.then(jiff::Timestamp::now));
         }
     }
 
