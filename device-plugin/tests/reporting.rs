@@ -227,15 +227,7 @@ async fn reports_node_gpus_and_lease_gpus() {
     let kubelet = TestKubelet::start().await;
     let config = kubelet.path().join("gpus.yaml");
     write_config(&config, &[(0, "GPU-a", true), (2, "GPU-c", true)]);
-    let kubeconfig = kubelet.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{url}'}}\n\
-             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = write_kubeconfig(kubelet.path(), &url);
     let plugin = Plugin::start_with_env(
         kubelet.path(),
         &[

@@ -610,7 +610,12 @@ fn check_common(m: &Manifests, version: &str) {
     let have = grants(op_role.rules.as_deref().unwrap_or_default());
     let webhook_configs = ["gpupool"];
     let want = expected_grants(&[
-        ("", "pods", &["get", "list", "watch", "patch", "delete"], &[]),
+        (
+            "",
+            "pods",
+            &["get", "list", "watch", "patch", "delete"],
+            &[],
+        ),
         ("", "pods/eviction", &["create"], &[]),
         ("", "nodes", &["get", "list", "watch"], &[]),
         ("", "events", &["create", "patch"], &[]),

@@ -582,7 +582,8 @@ async fn a_disruption_budget_delays_a_helpers_preemption_by_its_grace_period_at_
     let mut helper = PodSpec::helper("guarded-helper", 1);
     helper.labels.push(("app", "guarded"));
     sim.pod(helper).await;
-    sim.wait_phase("guarded-helper", LeasePhase::Bound, 60).await;
+    sim.wait_phase("guarded-helper", LeasePhase::Bound, 60)
+        .await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(sim.client.clone(), NS);
     let budget: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": {"name": "keep-my-helper", "namespace": NS},
@@ -596,11 +597,15 @@ async fn a_disruption_budget_delays_a_helpers_preemption_by_its_grace_period_at_
 
     let asked = std::time::Instant::now();
     sim.pod(PodSpec::primary("waiting-primary", 1)).await;
-    let blocked = wait_for("the helper's lease to say a budget blocks it", 30, || async {
-        let lease = sim.lease("guarded-helper").await?;
-        let message = lease.status?.message?;
-        message.contains("PodDisruptionBudget").then_some(message)
-    })
+    let blocked = wait_for(
+        "the helper's lease to say a budget blocks it",
+        30,
+        || async {
+            let lease = sim.lease("guarded-helper").await?;
+            let message = lease.status?.message?;
+            message.contains("PodDisruptionBudget").then_some(message)
+        },
+    )
     .await;
     assert!(blocked.contains("preempted for primary"), "{blocked}");
     sim.wait_admitted("waiting-primary", 60).await;

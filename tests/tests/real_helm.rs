@@ -9,32 +9,13 @@
 
 mod helm_support;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use helm_support::helm_run;
 
 use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
-
-fn helm_run(helm: &Path, home: &Path, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(helm)
-        .args(args)
-        .current_dir(helm_support::repo_root())
-        .env("KUBECONFIG", kubeconfig)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("helm runs");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_installs_upgrades_and_uninstalls_the_chart_with_its_defaults_on_a_real_control_plane()

@@ -15,10 +15,12 @@
 //! (`GPUPOOL_IMAGES_DIR`, `bash .ci/build-images.sh`). Without them it
 //! fails when `CI` is set and prints a skip line otherwise.
 
+mod helm_support;
+mod operator_support;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -30,6 +32,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use operator_support::wait_for;
 use serde_json::{Value, json};
 
 /// The chart's release and namespace.
@@ -44,14 +47,6 @@ const WORKLOAD_IMAGE: &str = "localhost/gpupool-workload:bookworm";
 const RESOURCE: &str = "gpupool/slot";
 /// Holds a deleted test pod until the test has read what it needs.
 const TEST_FINALIZER: &str = "gpupool.io/test-hold";
-
-/// The repository root (parent of the tests crate).
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
 
 /// What the suite needs from the machine; `None` (after a skip line) when
 /// something is missing outside CI, a panic naming it in CI.
@@ -82,14 +77,14 @@ fn prerequisites() -> Option<Prerequisites> {
     }
     let helm = match std::env::var_os("HELM") {
         Some(p) => PathBuf::from(p),
-        None => repo_root().join(".tools/bin/helm"),
+        None => helm_support::repo_root().join(".tools/bin/helm"),
     };
     if !helm.is_file() {
         return missing("no helm (bash .ci/install-helm.sh)");
     }
     let images = std::env::var_os("GPUPOOL_IMAGES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".tools/images"));
+        .unwrap_or_else(|| helm_support::repo_root().join(".tools/images"));
     if !images.join("gpupool-operator.tar").is_file() {
         return missing("no images in GPUPOOL_IMAGES_DIR (bash .ci/build-images.sh)");
     }
@@ -209,22 +204,7 @@ fn host_links() -> Vec<String> {
 
 impl Bed {
     fn helm(&self, args: &[&str]) -> Result<String, String> {
-        let home = self.dir.join("helm");
-        let out = Command::new(&self.helm)
-            .args(args)
-            .current_dir(repo_root())
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("helm runs");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        helm_support::helm_run(&self.helm, &self.dir.join("helm"), &self.kubeconfig, args)
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -346,25 +326,6 @@ fn gated(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.scheduling_gates.as_ref())
         .is_some_and(|g| !g.is_empty())
-}
-
-/// Polls `f` every 200 ms until it yields, failing after `secs`.
-async fn wait_for<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {secs} s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Two static GPUs, written out so a step can flip one's health.

@@ -1,5 +1,8 @@
-//! Finding the helm binary the chart tests run, shared by `helm_chart.rs`
-//! and `helm_install.rs`.
+//! Finding and running the helm binary the chart tests use, shared by the
+//! chart, install and real-cluster suites.
+
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +15,31 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
+}
+
+/// Runs `helm args` from the repository root against `kubeconfig`, with
+/// helm's cache, config and data under `home`; stdout, or stderr on failure.
+pub fn helm_run(
+    helm: &Path,
+    home: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> Result<String, String> {
+    let out = std::process::Command::new(helm)
+        .args(args)
+        .current_dir(repo_root())
+        .env("KUBECONFIG", kubeconfig)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("helm runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// The helm binary: `$HELM` (which must exist), else `.tools/bin/helm`;
