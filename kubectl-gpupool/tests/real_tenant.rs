@@ -146,11 +146,7 @@ async fn ok(kubeconfig: &Path, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn view_and_edit_tenants_see_their_namespace_on_a_real_control_plane() {
-    let Some(assets) = control_plane::assets_from_env() else {
-        eprintln!(
-            "skipping: {} is not set (bash .ci/install-k8s.sh prepares a real control plane)",
-            control_plane::ASSETS_ENV
-        );
+    let Some(assets) = control_plane::assets_for_test("the real-tenant suite") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

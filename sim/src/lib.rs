@@ -14,3 +14,4 @@ pub mod cluster;
 pub mod control_plane;
 pub mod real_node;
 pub mod text;
+pub mod tool_check;

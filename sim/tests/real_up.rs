@@ -5,7 +5,7 @@
 //! binaries included).
 //!
 //! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`), `kubectl` and the
-//! workspace's binaries; prints a skip line without the first two.
+//! workspace's binaries; without the first two it fails in CI and prints a skip line elsewhere.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -18,19 +18,17 @@ use tokio::process::Command;
 const SIM: &str = env!("CARGO_BIN_EXE_gpupool-sim");
 
 fn prerequisites() -> Option<PathBuf> {
-    let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS").filter(|v| !v.is_empty()) else {
-        eprintln!(
-            "skipping: KUBEBUILDER_ASSETS is not set (bash .ci/install-k8s.sh prepares a real control plane)"
-        );
-        return None;
-    };
+    let assets = gpupool_sim::control_plane::assets_for_test("the real `gpupool-sim up` suite")?;
     if std::process::Command::new("kubectl")
         .arg("version")
         .arg("--client")
         .output()
         .is_err()
     {
-        eprintln!("skipping: kubectl is not on the PATH");
+        gpupool_sim::tool_check::missing(
+            "the real `gpupool-sim up` suite",
+            "kubectl is not on the PATH",
+        );
         return None;
     }
     let dir = Path::new(SIM).parent().expect("target dir");
@@ -39,7 +37,7 @@ fn prerequisites() -> Option<PathBuf> {
         "the device plugin and operator are not built in {}; run `cargo build --workspace --bins` first",
         dir.display()
     );
-    Some(PathBuf::from(assets))
+    Some(assets)
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {

@@ -394,7 +394,10 @@ impl Kubectl {
             .output()
             .is_ok_and(|o| o.status.success())
         {
-            println!("SKIP: kubectl is not on the PATH; the kubectl apply test did not run");
+            gpupool_sim::tool_check::missing(
+                "the kubectl apply test",
+                "kubectl is not on the PATH",
+            );
             return None;
         }
         let dir = tempfile::tempdir().expect("tempdir");

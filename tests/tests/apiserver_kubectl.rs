@@ -86,7 +86,7 @@ fn kubectl_present() -> bool {
     {
         Ok(o) => o.status.success(),
         Err(_) => {
-            println!("SKIP: kubectl is not on the PATH; the kubectl tests did not run");
+            gpupool_sim::tool_check::missing("the kubectl tests", "kubectl is not on the PATH");
             false
         }
     }

@@ -1,5 +1,5 @@
 //! `kubectl` against the simulated cluster: nodes and pods as the real
-//! kubelet and scheduler would leave them. Prints a skip line when kubectl
+//! kubelet and scheduler would leave them. Fails in CI, and prints a skip line elsewhere, when kubectl
 //! is not installed.
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins`.
@@ -41,7 +41,10 @@ fn kubectl(cluster: &SimCluster, cache: &std::path::Path, args: &[&str]) -> Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_gets_nodes_and_pods_wide() {
     if !kubectl_available() {
-        println!("SKIP kubectl_gets_nodes_and_pods_wide: kubectl is not on the PATH");
+        gpupool_sim::tool_check::missing(
+            "kubectl_gets_nodes_and_pods_wide",
+            "kubectl is not on the PATH",
+        );
         return;
     }
     let config = ClusterConfig {

@@ -10,14 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, ListParams, PostParams};
 
 fn assets() -> Option<std::path::PathBuf> {
-    let found = control_plane::assets_from_env();
-    if found.is_none() {
-        eprintln!(
-            "skipping: {} is not set (bash .ci/install-k8s.sh prepares a real control plane)",
-            control_plane::ASSETS_ENV
-        );
-    }
-    found
+    control_plane::assets_for_test("the control-plane suite")
 }
 
 fn alive(pid: u32) -> bool {

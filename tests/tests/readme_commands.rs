@@ -28,7 +28,7 @@
 //!
 //! Needs the workspace's binaries (`cargo build --workspace --bins`, the
 //! first half of the test command), `kubectl` and `helm`
-//! (`.ci/install-helm.sh`); prints a skip line without them.
+//! (`.ci/install-helm.sh`); without them it fails in CI and prints a skip line elsewhere.
 
 mod helm_support;
 
@@ -387,7 +387,7 @@ fn the_opening_commands_are_the_test_command_and_a_clean_demo() {
 #[test]
 fn runnable_blocks_run_as_written() {
     if !kubectl_available() {
-        eprintln!("skipping: kubectl not installed");
+        gpupool_sim::tool_check::missing("the documents' commands", "kubectl is not on the PATH");
         return;
     }
     if helm_support::helm().is_none() {
@@ -456,7 +456,7 @@ fn transcripts() -> Vec<(String, String, Vec<String>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
     if !kubectl_available() {
-        eprintln!("skipping: kubectl not installed");
+        gpupool_sim::tool_check::missing("the documents' commands", "kubectl is not on the PATH");
         return;
     }
     let cluster = SimCluster::start(ClusterConfig {

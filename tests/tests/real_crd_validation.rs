@@ -113,11 +113,7 @@ fn cases() -> Vec<(&'static str, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_validation_messages_match_a_real_api_server() {
-    let Some(assets) = control_plane::assets_from_env() else {
-        eprintln!(
-            "skipping: {} is not set (bash .ci/install-k8s.sh prepares a real control plane)",
-            control_plane::ASSETS_ENV
-        );
+    let Some(assets) = control_plane::assets_for_test("the real CRD validation suite") else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

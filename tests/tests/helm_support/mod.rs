@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 /// Printed when no helm is installed and a test skips.
-const SKIP_LINE: &str = "skipping: helm not installed; run .ci/install-helm.sh";
+const SKIP_LINE: &str = "helm is not installed; run .ci/install-helm.sh";
 
 /// The repository root (parent of the tests crate).
 pub fn repo_root() -> PathBuf {
@@ -58,7 +58,7 @@ pub fn helm() -> Option<PathBuf> {
     if installed.is_file() {
         Some(installed)
     } else {
-        eprintln!("{SKIP_LINE}");
+        gpupool_sim::tool_check::missing("the helm tests", SKIP_LINE);
         None
     }
 }
