@@ -313,10 +313,16 @@ impl<'a> Pass<'a> {
         }
         let t = &mut self.tickets[i];
         t.message = Message::EvictionBlocked(t.preempted_by);
-        let retry = refusals.last.checked_add(EVICTION_RETRY).ok();
-        self.wake_at(retry);
+        // Asked for now when the retry time has come, else at that time;
+        // either way a pass is due within EVICTION_RETRY.
+        let not_before = refusals
+            .last
+            .checked_add(EVICTION_RETRY)
+            .ok()
+            .filter(|at| *at > self.now);
+        self.wake_at(not_before.or_else(|| self.now.checked_add(EVICTION_RETRY).ok()));
         self.wake_at(refusals.first.checked_add(bound).ok());
-        (false, retry.filter(|at| *at > self.now))
+        (false, not_before)
     }
 
     /// Asks for a pass at `at` unless one is due earlier.

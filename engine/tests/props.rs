@@ -986,6 +986,11 @@ impl World {
             }
             // Evicted pods terminate; deleted pods' leases are collected.
             self.apply_event(&Event::Terminated)?;
+            // An eviction a budget refused waits for its retry time, as the
+            // operator waits for the pass it asked for then.
+            if let Some(retry) = plan.evictions.iter().filter_map(|e| e.not_before).max() {
+                self.s.now = self.s.now.max(retry);
+            }
         }
         Err(TestCaseError::fail(format!(
             "no quiet state after {bound} passes"
