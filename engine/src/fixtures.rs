@@ -75,6 +75,7 @@ pub fn pod(name: &str, slots: u32, enqueued: i64) -> PodInfo {
         enqueued_at: Some(at(enqueued)),
         created_at: at(enqueued),
         phase: PodPhase::Pending,
+        failure: None,
         terminating: false,
         gated: true,
         node_name: None,

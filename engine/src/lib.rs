@@ -15,6 +15,7 @@ pub mod fit;
 pub mod fixtures;
 mod holders;
 mod message;
+pub use message::POD_FAILED_BECAUSE;
 pub mod model;
 mod parked;
 mod pass;

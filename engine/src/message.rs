@@ -16,7 +16,7 @@ pub(crate) enum Message<'a> {
     /// Keep whatever the persisted status says (a final lease).
     Unchanged,
     /// The pod is gone or finished.
-    Released(Release),
+    Released(Release<'a>),
     /// Admitted to a node (or admitted outside gpupool and not yet bound).
     Admitted(Option<&'a str>),
     /// Running on the node with GPUs the device plugin reported.
@@ -77,27 +77,36 @@ pub(crate) enum Message<'a> {
     },
 }
 
+/// How a released lease's message begins when its pod failed and the
+/// kubelet said why; the rest is the kubelet's reason and message. The
+/// operator raises a Warning event for such a release.
+pub const POD_FAILED_BECAUSE: &str = "released: pod failed: ";
+
+/// At most this many bytes of the kubelet's words go into a lease message.
+const FAILURE_SHOWN: usize = 512;
+
 /// Why a lease was released, as its pod tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Release {
+pub(crate) enum Release<'a> {
     /// The pod was deleted: it is gone, or it ended while being deleted
     /// (its containers stopped by the kubelet, whatever their exit code).
     Deleted,
     /// The pod's containers completed.
     Succeeded,
-    /// The pod failed on its own.
-    Failed,
+    /// The pod failed on its own, with what the kubelet said when it did
+    /// (an admission it refused, say).
+    Failed(Option<&'a str>),
 }
 
-impl Release {
+impl<'a> Release<'a> {
     /// The reason for a lease whose pod is `pod` (`None`: gone), once that
     /// pod no longer runs.
-    pub(crate) fn of(pod: Option<&super::model::PodInfo>) -> Self {
+    pub(crate) fn of(pod: Option<&'a super::model::PodInfo>) -> Self {
         match pod {
             None => Release::Deleted,
             Some(p) if p.terminating => Release::Deleted,
             Some(p) if p.phase == PodPhase::Succeeded => Release::Succeeded,
-            Some(_) => Release::Failed,
+            Some(p) => Release::Failed(p.failure.as_deref()),
         }
     }
 }
@@ -118,7 +127,20 @@ impl Message<'_> {
             Message::Unchanged => Ok(()),
             Message::Released(Release::Deleted) => out.write_str("released: pod deleted"),
             Message::Released(Release::Succeeded) => out.write_str("released: pod succeeded"),
-            Message::Released(Release::Failed) => out.write_str("released: pod failed"),
+            Message::Released(Release::Failed(None)) => out.write_str("released: pod failed"),
+            Message::Released(Release::Failed(Some(why))) => {
+                out.push_str(POD_FAILED_BECAUSE);
+                // The kubelet's message can be long; the lease keeps its head.
+                let mut end = why.len().min(FAILURE_SHOWN);
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.push_str(&why[..end]);
+                if end < why.len() {
+                    out.push('…');
+                }
+                Ok(())
+            }
             // The three most common messages (thousands per pass) are built
             // without the formatting machinery; see `push_u64`.
             Message::Admitted(Some(node)) => {

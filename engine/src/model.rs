@@ -312,6 +312,11 @@ pub struct PodInfo {
     pub created_at: Timestamp,
     /// `status.phase`.
     pub phase: PodPhase,
+    /// What the kubelet said of a Failed pod: `status.reason` and
+    /// `status.message` (`UnexpectedAdmissionError: Allocate failed …` when
+    /// it refused the pod). `None` for a pod that has not failed or that
+    /// says nothing.
+    pub failure: Option<String>,
     /// `metadata.deletionTimestamp` is set: it still holds its GPUs until it is gone.
     pub terminating: bool,
     /// Still carries the `gpupool.io/admission` scheduling gate.

@@ -1562,3 +1562,45 @@ fn a_progress_limit_lists_the_front_of_the_queue_first() {
     assert_eq!(cut.lease_statuses, full.lease_statuses);
     assert_eq!(cut.admissions, full.admissions);
 }
+
+/// The kubelet refused a pod at admission (a GPU turned unhealthy as it was
+/// ungated): the pod is Failed with the kubelet's reason and message, and its
+/// lease says them, not only that it failed. A long message is cut.
+#[test]
+fn a_pod_the_kubelet_refused_is_released_saying_why() {
+    let mut s = world(
+        vec![node("n1", 3)],
+        vec![pod("refused", 2, 1), pod("quiet", 1, 2)],
+    );
+    settle(&mut s);
+    s.now = at(3000);
+    let why = "UnexpectedAdmissionError: Allocate failed due to requested number of devices unavailable for gpupool/slot. Requested: 2, Available: 1, which is unexpected";
+    for p in &mut s.pods {
+        p.phase = PodPhase::Failed;
+        if p.key == key("refused") {
+            p.failure = Some(why.to_owned());
+        }
+    }
+    settle(&mut s);
+    assert_eq!(
+        message(&s, "refused"),
+        format!("released: pod failed: {why}")
+    );
+    assert_eq!(message(&s, "quiet"), "released: pod failed");
+
+    let mut s = world(vec![node("n1", 1)], vec![pod("long", 1, 1)]);
+    settle(&mut s);
+    s.pods[0].phase = PodPhase::Failed;
+    s.pods[0].failure = Some(format!("Evicted: {}", "é".repeat(400)));
+    settle(&mut s);
+    let long = message(&s, "long");
+    assert!(
+        long.starts_with("released: pod failed: Evicted: é"),
+        "{long}"
+    );
+    assert!(
+        long.ends_with('…') && long.len() < 600,
+        "{} bytes",
+        long.len()
+    );
+}

@@ -880,6 +880,13 @@ impl Writer {
             let rejected = (status.phase == LeasePhase::Rejected
                 && was != Some(LeasePhase::Rejected))
             .then(|| status.message.clone().unwrap_or_default());
+            // A pod the kubelet failed (refused at admission, say) gets a
+            // Warning that says why, beside its lease's message.
+            let failed = status
+                .message
+                .as_deref()
+                .filter(|m| released && m.starts_with(crate::engine::POD_FAILED_BECAUSE))
+                .map(str::to_owned);
             let pod_uid = lease.spec.pod_uid.clone();
             let mut written = api
                 .patch_status(&key.name, &patch_params(), &Patch::Merge(&body))
@@ -910,6 +917,10 @@ impl Writer {
                     if let Some(why) = rejected {
                         tracing::info!(lease = %key, %why, "rejected");
                         events.emit(&key, &pod_uid, PodEvent::Rejected { why });
+                    }
+                    if let Some(why) = failed {
+                        tracing::info!(lease = %key, %why, "pod failed");
+                        events.emit(&key, &pod_uid, PodEvent::Failed { why });
                     }
                     (
                         vec![Done::Lease {
@@ -1897,6 +1908,59 @@ mod tests {
         assert_eq!(v["kind"], "Eviction");
         assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 30);
         assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "u");
+    }
+
+    /// A lease released because the kubelet failed its pod (refused at
+    /// admission) carries the kubelet's words, and the pod gets a Warning
+    /// event that says them; a plain release gets no event.
+    #[tokio::test]
+    async fn a_release_for_a_pod_the_kubelet_failed_raises_a_warning() {
+        let (_server, client) = api_server().await;
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
+        let applier = applier_for(client.clone());
+        let why = "released: pod failed: UnexpectedAdmissionError: Requested: 2, Available: 1";
+        for (name, message) in [("a", why), ("b", "released: pod succeeded")] {
+            let seen = queued_lease(&api, name, 1).await;
+            let released = GpuLeaseStatus {
+                phase: LeasePhase::Released,
+                message: Some(message.to_owned()),
+                ..Default::default()
+            };
+            let (_, errors) = applier
+                .writer
+                .status_chain(ObjectKey::new("ns", name), released, Arc::new(seen))
+                .await;
+            assert!(errors.is_empty(), "{errors:?}");
+        }
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "ns");
+        for _ in 0..100 {
+            if !events_list(&events).await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Time for a wrong second event to be written too.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let found = events_list(&events).await;
+        assert_eq!(found.len(), 1, "{found:?}");
+        let event = &found[0];
+        assert_eq!(event.reason.as_deref(), Some("Failed"));
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.note.as_deref(), Some(why));
+        assert_eq!(
+            event.regarding.as_ref().and_then(|r| r.name.as_deref()),
+            Some("a")
+        );
+    }
+
+    async fn events_list(
+        events: &Api<k8s_openapi::api::events::v1::Event>,
+    ) -> Vec<k8s_openapi::api::events::v1::Event> {
+        events
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("events list")
+            .items
     }
 
     #[tokio::test]

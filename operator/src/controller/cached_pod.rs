@@ -315,6 +315,13 @@ pub struct CachedPodStatus {
     /// Pending, Running, Succeeded, Failed or Unknown.
     #[serde(default, deserialize_with = "kept_str_opt")]
     pub phase: Option<KeptStr>,
+    /// Why the kubelet failed the pod (`UnexpectedAdmissionError`, …);
+    /// set on failed pods only, so it costs the others nothing.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The kubelet's words with the reason.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 watched_form_of!(WatchedPod => Pod);
@@ -410,6 +417,8 @@ impl CachedPod {
             }),
             status: self.status.as_ref().map(|s| PodStatus {
                 phase: s.phase.as_deref().map(str::to_owned),
+                reason: s.reason.clone(),
+                message: s.message.clone(),
                 ..PodStatus::default()
             }),
         }
@@ -460,6 +469,43 @@ mod tests {
             },
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
         })
+    }
+
+    /// What the kubelet said of a pod it failed reaches the engine through
+    /// the kept form; a running pod's status carries nothing of it.
+    #[test]
+    fn a_failed_pods_reason_and_message_reach_the_engine() {
+        let failed = |phase: &str| -> CachedPod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ml", "name": "p", "uid": "u"},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"gpupool/slot": "2"}}}]},
+                "status": {"phase": phase, "reason": "UnexpectedAdmissionError",
+                           "message": "Allocate failed: Requested: 2, Available: 1"}
+            }))
+            .expect("cached pod")
+        };
+        let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
+        let info = translate::pod_info(
+            &failed("Failed").to_pod(),
+            &resources,
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .expect("pod info");
+        assert_eq!(
+            info.failure.as_deref(),
+            Some("UnexpectedAdmissionError: Allocate failed: Requested: 2, Available: 1")
+        );
+        let info = translate::pod_info(
+            &failed("Running").to_pod(),
+            &resources,
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .expect("pod info");
+        assert_eq!(
+            info.failure, None,
+            "only a failed pod's words are kept for the lease"
+        );
     }
 
     #[test]

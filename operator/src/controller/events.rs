@@ -76,6 +76,12 @@ pub enum PodEvent {
         /// The lease's message.
         why: String,
     },
+    /// It failed, and the kubelet said why (it refused the pod at
+    /// admission, say): its slots are released.
+    Failed {
+        /// The lease's message, with the kubelet's reason and message.
+        why: String,
+    },
 }
 
 impl PodEvent {
@@ -92,12 +98,13 @@ impl PodEvent {
                 format!("evicted to free GPU slots for primary {by}"),
             ),
             PodEvent::Rejected { why } => ("Rejected", why.clone()),
+            PodEvent::Failed { why } => ("Failed", why.clone()),
         }
     }
 
     /// `Warning` for what the pod's owner must act on, `Normal` otherwise.
     pub fn is_warning(&self) -> bool {
-        matches!(self, PodEvent::Rejected { .. })
+        matches!(self, PodEvent::Rejected { .. } | PodEvent::Failed { .. })
     }
 
     /// Published ahead of the queue: the one event that says why a helper
@@ -547,6 +554,19 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
+
+    #[test]
+    fn a_failed_pod_gets_a_warning_saying_why() {
+        let event = PodEvent::Failed {
+            why: "released: pod failed: UnexpectedAdmissionError: Requested: 2, Available: 1"
+                .into(),
+        };
+        assert!(event.is_warning());
+        assert!(!event.is_urgent());
+        let (reason, note) = event.reason_and_note();
+        assert_eq!(reason, "Failed");
+        assert!(note.contains("UnexpectedAdmissionError"), "{note}");
+    }
 
     #[test]
     fn only_preemptions_go_ahead_of_the_queue() {

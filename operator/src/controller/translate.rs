@@ -127,6 +127,19 @@ pub fn node_info(node: &Node, resources: &BTreeSet<String>) -> Option<NodeInfo> 
     })
 }
 
+/// `reason: message` of a failed pod's status, or either alone; `None`
+/// when the kubelet said nothing.
+fn failure(status: Option<&k8s::PodStatus>) -> Option<String> {
+    let status = status?;
+    let reason = status.reason.as_deref().filter(|r| !r.is_empty());
+    let message = status.message.as_deref().filter(|m| !m.is_empty());
+    match (reason, message) {
+        (Some(r), Some(m)) => Some(format!("{r}: {m}")),
+        (Some(one), None) | (None, Some(one)) => Some(one.to_owned()),
+        (None, None) => None,
+    }
+}
+
 fn taint_effect(s: &str) -> Option<TaintEffect> {
     match s {
         "NoSchedule" => Some(TaintEffect::NoSchedule),
@@ -181,6 +194,9 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         Some("Unknown") => PodPhase::Unknown,
         _ => PodPhase::Pending,
     };
+    let failure = (phase == PodPhase::Failed)
+        .then(|| failure(pod.status.as_ref()))
+        .flatten();
     let gated = gate_index(pod).is_some();
     let required_affinity = spec
         .affinity
@@ -210,6 +226,7 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         enqueued_at,
         created_at: meta.creation_timestamp.as_ref().map_or(now, |t| t.0),
         phase,
+        failure,
         terminating: meta.deletion_timestamp.is_some(),
         gated,
         node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
