@@ -8,6 +8,7 @@
 
 pub mod class;
 pub mod crdgen;
+pub mod kubeconfig;
 pub mod lease;
 pub mod names;
 pub mod node_gpus;

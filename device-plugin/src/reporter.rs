@@ -121,38 +121,14 @@ pub enum ReportError {
     Timeout,
 }
 
-/// Where kube's default configuration is looked for outside a pod: the
-/// first file in `KUBECONFIG`, else `~/.kube/config`. `None` when that
-/// file exists or the process runs in a pod, so kube's own error says why
-/// the configuration it found is unusable.
-fn missing_kubeconfig(
-    kubeconfig_env: Option<&std::ffi::OsStr>,
-    in_pod: bool,
-    home: Option<&std::path::Path>,
-) -> Option<PathBuf> {
-    if in_pod {
-        return None;
-    }
-    let path = match kubeconfig_env.filter(|v| !v.is_empty()) {
-        Some(list) => std::env::split_paths(list).next()?,
-        None => home?.join(".kube").join("config"),
-    };
-    (!path.exists()).then_some(path)
-}
-
 /// The client from kube's default configuration, or why there is none.
 async fn default_client() -> Result<kube::Client, ReportError> {
-    kube::Client::try_default().await.map_err(|e| {
-        let home = std::env::var_os("HOME").map(PathBuf::from);
-        match missing_kubeconfig(
-            std::env::var_os("KUBECONFIG").as_deref(),
-            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
-            home.as_deref(),
-        ) {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| match gpupool_api::kubeconfig::missing_here() {
             Some(path) => ReportError::NoConfig(path.display().to_string()),
             None => ReportError::Client(e),
-        }
-    })
+        })
 }
 
 /// The Node annotations the plugin writes.
@@ -482,30 +458,8 @@ mod tests {
     use crate::proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
 
     #[test]
-    fn a_missing_kubeconfig_is_named_by_its_path() {
-        let dir = tempfile::tempdir().expect("dir");
-        let present = dir.path().join("present");
-        std::fs::write(&present, "").expect("write");
-        let absent = dir.path().join("absent");
-        let home = dir.path().join("home");
-        assert_eq!(
-            missing_kubeconfig(Some(absent.as_os_str()), false, Some(&home)),
-            Some(absent.clone())
-        );
-        assert_eq!(
-            missing_kubeconfig(None, false, Some(&home)),
-            Some(home.join(".kube/config"))
-        );
-        assert_eq!(
-            missing_kubeconfig(Some(present.as_os_str()), false, None),
-            None,
-            "kube's own error explains an unusable file"
-        );
-        assert_eq!(
-            missing_kubeconfig(Some(absent.as_os_str()), true, None),
-            None,
-            "in a pod"
-        );
+    fn a_missing_kubeconfig_is_named_by_its_path_once() {
+        let absent = std::path::Path::new("/nonexistent/kubeconfig");
         let message = ReportError::NoConfig(absent.display().to_string()).to_string();
         assert_eq!(
             message.matches(&absent.display().to_string()).count(),

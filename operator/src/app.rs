@@ -44,9 +44,15 @@ pub enum RunError {
 /// Runs the operator with `config` until SIGTERM/SIGINT (`Ok`) or a fatal
 /// error. On a signal, leadership is handed back at once.
 pub async fn run(config: Config) -> Result<(), RunError> {
-    let mut kube_config = kube::Config::infer()
-        .await
-        .map_err(|e| RunError::KubeConfig(e.to_string()))?;
+    let mut kube_config = kube::Config::infer().await.map_err(|e| {
+        RunError::KubeConfig(match gpupool_api::kubeconfig::missing_here() {
+            Some(path) => format!(
+                "no kubeconfig at {} and not running in a pod (KUBERNETES_SERVICE_HOST is unset); set KUBECONFIG to one",
+                path.display()
+            ),
+            None => e.to_string(),
+        })
+    })?;
     // The decision loop retries on its own schedule; a 429 from a
     // PodDisruptionBudget must come back at once, not after minutes of
     // client-side retries that would stall every admission behind it.

@@ -75,8 +75,8 @@ pub struct Args {
     pub gate_owner: Vec<String>,
 
     /// Users the device plugins run as (repeatable or comma-separated): they
-    /// may only record which GPUs a pod got (`status.gpus`, phase Bound) on
-    /// leases of their own node. Default: the service account
+    /// may only record which GPUs a pod got (`status.gpus`, `gpuIndexes`
+    /// and `boundAt`) on leases of their own node. Default: the service account
     /// system:serviceaccount:<namespace>:gpupool-device-plugin.
     #[arg(long, env = "GPUPOOL_DEVICE_PLUGIN_USERS", value_delimiter = ',')]
     pub device_plugin_user: Vec<String>,

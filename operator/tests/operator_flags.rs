@@ -109,6 +109,13 @@ fn no_cluster_is_fatal_exit_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("Kubernetes client"), "{stderr}");
+    // The missing file is named once, as a path, not debug-quoted.
+    let path = missing.display().to_string();
+    assert_eq!(stderr.matches(&path).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("no kubeconfig at {path}")) && !stderr.contains("'\""),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -7,7 +7,11 @@ use gpupool_sim::cli;
 
 /// Runs gpupool on a simulated cluster on this machine.
 #[derive(Debug, Parser)]
-#[command(name = "gpupool-sim", version, about)]
+#[command(
+    name = "gpupool-sim",
+    version,
+    about = "Runs gpupool on a local cluster: `gpupool-sim demo` shows the queue at work; `up` starts a cluster for kubectl; `bench` and `bench-node` measure"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
