@@ -179,12 +179,16 @@ struct Ran {
 /// Runs `script` with bash in its own process group from the repository
 /// root, and kills the whole group afterwards (or at the timeout).
 fn run_script(script: &str, envs: &[(&str, OsString)]) -> Ran {
+    // A block's temporary files and default run directories (`up --detach`
+    // uses one under the temp dir) are the test's own, never a user's.
+    let tmp = tempfile::tempdir().expect("tempdir");
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!("set -euo pipefail\n{script}"))
         .current_dir(repo_root())
         .env("PATH", reader_path())
         .env_remove("KUBECONFIG")
+        .env("TMPDIR", tmp.path())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
