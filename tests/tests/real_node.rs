@@ -107,11 +107,33 @@ async fn the_chart_on_a_real_node() {
     };
     let links_before = host_links();
     let tmp = tempfile::tempdir().expect("tempdir");
+    // A run killed before its teardown leaves links, cgroups and shims;
+    // the run below must find them and clean them up.
+    let killed = tmp.path().join("killed");
+    kill_a_running_real_node(&pre, &killed).await;
     let config = RealClusterConfig::new(&pre.assets, tmp.path().join("cluster"), 1, &pre.images)
         .expect("image archives");
     let cluster = RealCluster::start(config)
         .await
         .expect("a real node starts");
+    let left = processes_naming(&killed);
+    assert!(
+        left.is_empty(),
+        "the killed run's processes were not cleaned up: {left:?}"
+    );
+    let owners = std::fs::read_dir("/run/gpupool-sim")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    assert!(
+        !owners
+            .iter()
+            .any(|o| o.contains(&*killed.to_string_lossy())),
+        "the killed run still owns an address block: {owners:?}"
+    );
     let client = cluster.client().await.expect("admin client");
     let kubeconfig = cluster.kubeconfig().expect("kubeconfig").to_path_buf();
     let node = cluster.nodes()[0].name().to_owned();
@@ -173,6 +195,81 @@ async fn run_steps(bed: &mut Bed) {
         upgrade_and_uninstall(bed),
     )
     .await;
+}
+
+/// Starts `gpupool-sim up --real-nodes 1` in `dir`, waits until it is
+/// ready with a pod running, and kills it with SIGKILL, as a crash would.
+async fn kill_a_running_real_node(pre: &Prerequisites, dir: &Path) {
+    use tokio::io::AsyncBufReadExt;
+    let sim = helm_support::repo_root().join("target/debug/gpupool-sim");
+    let mut child = tokio::process::Command::new(&sim)
+        .args(["up", "--real-nodes", "1", "--kube-assets"])
+        .arg(&pre.assets)
+        .arg("--images")
+        .arg(&pre.images)
+        .arg("--run-dir")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} starts: {e}", sim.display()));
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+        .await
+        .expect("the run to be killed is ready within 180 s")
+        .expect("its stdout")
+        .expect("a ready line");
+    let kubeconfig = ready
+        .strip_prefix("ready kubeconfig=")
+        .unwrap_or_else(|| panic!("not a ready line: {ready}"));
+    let client = client_from_kubeconfig(Path::new(kubeconfig))
+        .await
+        .expect("client of the run to be killed");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let accounts: Api<ServiceAccount> = Api::namespaced(pods.clone().into_client(), "default");
+    wait_for("the default ServiceAccount", 60, || async {
+        accounts.get_opt("default").await.ok().flatten().map(drop)
+    })
+    .await;
+    let mut pod = workload("left-behind", 0, json!({}), "trap '' TERM; sleep infinity");
+    pod["metadata"]["namespace"] = json!("default");
+    pod["spec"]["containers"][0]["resources"] = json!({});
+    let pod: Pod = serde_json::from_value(pod).expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("a pod on the run to be killed");
+    wait_for("a running pod on the run to be killed", 90, || async {
+        let p = pods.get_opt("left-behind").await.ok().flatten()?;
+        (pod_phase(&p) == "Running").then_some(())
+    })
+    .await;
+    child.start_kill().expect("SIGKILL");
+    let _ = child.wait().await;
+    assert!(
+        !processes_naming(dir).is_empty(),
+        "a killed run leaves its containerd shims behind (the case under test)"
+    );
+}
+
+/// PIDs of processes with an argument under `dir`.
+fn processes_naming(dir: &Path) -> Vec<i32> {
+    let prefix = format!("{}/", dir.display());
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                        c.split(|b| *b == 0)
+                            .any(|a| a.starts_with(prefix.as_bytes()))
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 async fn step(name: &str, f: impl Future<Output = ()>) {
