@@ -315,8 +315,10 @@ pub struct CachedPodStatus {
     /// Pending, Running, Succeeded, Failed or Unknown.
     #[serde(default, deserialize_with = "kept_str_opt")]
     pub phase: Option<KeptStr>,
-    /// Why the kubelet failed the pod (`UnexpectedAdmissionError`, …);
-    /// set on failed pods only, so it costs the others nothing.
+    /// Why the kubelet failed the pod (`UnexpectedAdmissionError`,
+    /// `Evicted`, …). The kubelet sets it, with [`Self::message`], on pods
+    /// it fails or evicts, so a running pod's costs nothing; only a Failed
+    /// pod's reaches the engine.
     #[serde(default)]
     pub reason: Option<String>,
     /// The kubelet's words with the reason.

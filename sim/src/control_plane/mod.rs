@@ -623,7 +623,7 @@ impl ControlPlane {
 }
 
 /// Writes a file only its owner may read (it holds a private key or token).
-fn write_private(path: &Path, text: &str) -> Result<(), ControlPlaneError> {
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), ControlPlaneError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(parent) = path.parent().filter(|d| !d.as_os_str().is_empty()) {

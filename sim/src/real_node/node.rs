@@ -182,7 +182,8 @@ impl RealNode {
             .kubelet_serving(&self.name, &self.ip.to_string())
             .map_err(crate::control_plane::ControlPlaneError::from)?;
         write(&pki.join("serving.crt"), &serving.cert_pem)?;
-        write(&pki.join("serving.key"), &serving.key_pem)?;
+        // A private key: readable by its owner only, as the control plane's are.
+        crate::control_plane::write_private(&pki.join("serving.key"), &serving.key_pem)?;
         write(&pki.join("ca.crt"), plane.ca_pem())?;
         plane.write_cert_kubeconfig(
             &self.dir.join("kubelet.kubeconfig"),
