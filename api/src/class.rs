@@ -116,7 +116,7 @@ pub enum Preemption {
 }
 
 /// Admission settings of a class.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionSpec {
     /// Queue discipline for primaries.
@@ -128,6 +128,30 @@ pub struct AdmissionSpec {
     /// Most pods that may wait at once; 0 means unbounded. Beyond it the webhook denies new pods.
     #[serde(default)]
     pub max_queued: u32,
+    /// How long an admitted pod may stay unplaceable before it gives its
+    /// slots back: once the scheduler has reported it cannot place the pod
+    /// (`PodScheduled=False`, reason `Unschedulable`: too little CPU, its
+    /// node gone, a taint added after admission) for this long, the
+    /// operator deletes it, so that its controller can create it again and
+    /// the queue moves on.
+    #[serde(default = "default_placement_timeout_seconds")]
+    #[schemars(range(min = 5, max = 86400))]
+    pub placement_timeout_seconds: u32,
+}
+
+fn default_placement_timeout_seconds() -> u32 {
+    60
+}
+
+impl Default for AdmissionSpec {
+    fn default() -> Self {
+        Self {
+            ordering: Ordering::default(),
+            placement: Placement::default(),
+            max_queued: 0,
+            placement_timeout_seconds: default_placement_timeout_seconds(),
+        }
+    }
 }
 
 /// Helper settings of a class.
