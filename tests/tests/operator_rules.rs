@@ -623,3 +623,148 @@ async fn a_disruption_budget_delays_a_helpers_preemption_by_its_grace_period_at_
     );
     sim.stop().await;
 }
+
+/// A pod whose init containers (name, slots, restartable) come before one
+/// app container `work` asking `app` slots: containers of the simulated
+/// image, which [`Sim::create_pod`] makes run on real nodes too.
+fn shaped_pod(name: &str, init: &[(&str, u32, bool)], app: u32) -> k8s_openapi::api::core::v1::Pod {
+    let container = |name: &str, slots: u32| {
+        json!({"name": name, "image": "sim",
+            "resources": {"limits": {"gpupool/slot": slots.to_string()}}})
+    };
+    let init: Vec<_> = init
+        .iter()
+        .map(|(n, slots, restartable)| {
+            let mut c = container(n, *slots);
+            if *restartable {
+                c["restartPolicy"] = json!("Always");
+            }
+            c
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"initContainers": init, "containers": [container("work", app)]}
+    }))
+    .expect("pod")
+}
+
+/// The UUIDs Allocate gave container `c` (its `GPUPOOL_GPU_UUIDS`).
+fn uuids_of(env: &BTreeMap<String, BTreeMap<String, String>>, c: &str) -> Vec<String> {
+    env.get(c)
+        .and_then(|e| e.get("GPUPOOL_GPU_UUIDS"))
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Checks that pod `name`, asking `slots` by Kubernetes' count, runs with
+/// that many slots: its lease says so, the kubelet holds that many devices
+/// for it, the class has `free` slots left, and (where the backend records
+/// it) Allocate handed its init container `init_uuids` GPUs, of which the
+/// app container reuses one, and its sidecar (when `sidecar`) one more.
+async fn runs_with(sim: &Sim, name: &str, slots: u32, init_uuids: usize, sidecar: bool, free: u32) {
+    let lease = sim.wait_phase(name, LeasePhase::Bound, 60).await;
+    assert_eq!(lease.spec.slots, slots, "{name}: the lease's slots");
+    let pod = wait_for(&format!("{name} Running"), 60, || async {
+        let p = sim.get_pod(name).await?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("bound");
+    let held = sim
+        .cluster
+        .allocated_devices(&node, &pod, "gpupool/slot")
+        .expect("the kubelet's devices");
+    assert_eq!(
+        held.len(),
+        usize::try_from(slots).expect("slots"),
+        "{name}: the kubelet holds {held:?}"
+    );
+    let status = wait_for(&format!("class free = {free}"), 20, || async {
+        sim.get_class("default")
+            .await
+            .status
+            .filter(|s| s.free == free)
+    })
+    .await;
+    assert_eq!(status.capacity, 3);
+    // The GPUs the running containers use, from PodResources: a finished
+    // init container's are not listed, the sidecar's and the app's are.
+    let gpus = lease.status.expect("status").gpus;
+    assert_eq!(gpus.len(), 1 + usize::from(sidecar), "{name}: {gpus:?}");
+    if sim.cluster.backend().is_real() && !sim.cluster.backend().is_real_nodes() {
+        return; // simulated kubelets on a real control plane record no environment
+    }
+    let env = wait_for(&format!("{name}'s allocated environment"), 30, || async {
+        let env = sim.allocated_env(name).await?;
+        (env.contains_key("work") && env.contains_key("setup")).then_some(env)
+    })
+    .await;
+    let setup = uuids_of(&env, "setup");
+    let work = uuids_of(&env, "work");
+    assert_eq!(setup.len(), init_uuids, "{env:?}");
+    assert_eq!(work.len(), 1, "{env:?}");
+    assert!(
+        setup.contains(&work[0]),
+        "the app reuses its init container's GPU: {env:?}"
+    );
+    let side = uuids_of(&env, "side");
+    if sidecar {
+        assert_eq!(side.len(), 1, "{env:?}");
+        assert!(
+            !setup.contains(&side[0]),
+            "the sidecar's GPU is its own: {env:?}"
+        );
+    } else {
+        assert!(side.is_empty(), "{env:?}");
+    }
+}
+
+/// Slots counted as Kubernetes counts them (KEP-753's effective request):
+/// a sidecar (`restartPolicy: Always`) asking 1, then an init container
+/// asking 2, then an app container asking 1 take 3 slots (the sidecar runs
+/// beside the init container); an init container asking 2 and an app
+/// container asking 1 take 2. The operator's lease, the scheduler's and
+/// kubelet's accounting, and Allocate agree, on every backend: on real
+/// nodes this is the real kube-scheduler and kubelet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_and_sidecars_take_the_slots_kubernetes_counts() {
+    let sim = Sim::start(1, 3).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("busy", 1)).await;
+    sim.wait_phase("busy", LeasePhase::Bound, 60).await;
+    sim.create_pod(shaped_pod(
+        "with-sidecar",
+        &[("side", 1, true), ("setup", 2, false)],
+        1,
+    ))
+    .await;
+    sim.create_pod(shaped_pod("with-init", &[("setup", 2, false)], 1))
+        .await;
+    let a = sim.wait_phase("with-sidecar", LeasePhase::Queued, 20).await;
+    assert_eq!(a.spec.slots, 3, "sidecar 1 + init 2 run side by side");
+    let b = sim.wait_phase("with-init", LeasePhase::Queued, 20).await;
+    assert_eq!(
+        b.spec.slots, 2,
+        "the app container reuses the init container's"
+    );
+    // Two slots are free: the 3-slot pod waits, and the 2-slot pod behind it.
+    stays("with-sidecar waits for a third free slot", 2000, || async {
+        is_queued(&sim, "with-sidecar").await && is_queued(&sim, "with-init").await
+    })
+    .await;
+    sim.delete_pod("busy").await;
+    runs_with(&sim, "with-sidecar", 3, 2, true, 0).await;
+    assert!(
+        is_queued(&sim, "with-init").await,
+        "no slot is left for with-init"
+    );
+    sim.delete_pod("with-sidecar").await;
+    runs_with(&sim, "with-init", 2, 2, false, 1).await;
+    sim.stop().await;
+}

@@ -11,6 +11,11 @@
 //! operator and the device plugins then authenticate with tokens of their
 //! ServiceAccounts bound by exactly the chart's RBAC, each device plugin's
 //! token bound to its Node as a projected token is.
+//!
+//! With [`Backend::RealNodes`] the nodes are real too: a kubelet and
+//! containerd each ([`crate::real_node`]), and pods run in containers of
+//! the workload image. The operator and a device plugin per node still run
+//! on this host, each plugin pointed at its node's kubelet directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,7 @@ use super::scheduler::RunningScheduler;
 use crate::control_plane::{
     self, ControlPlane, ControlPlaneConfig, ControlPlaneError, client_from_kubeconfig, rbac,
 };
+use crate::real_node::{RealCluster, RealClusterConfig};
 use gpupool_sim_apiserver::ports;
 use gpupool_sim_apiserver::{
     ADMIN_TOKEN, ApiServer, ApiServerConfig, ApiServerError, RunningApiServer, UserInfo,
@@ -88,29 +94,59 @@ pub enum Backend {
         /// The assets directory.
         assets: PathBuf,
     },
+    /// A real control plane as [`Backend::Real`], and real nodes: a real
+    /// kubelet and containerd each ([`crate::real_node`]; needs root). Pods
+    /// run as containers of [`crate::real_node::WORKLOAD_IMAGE`].
+    RealNodes {
+        /// The assets directory, with the kubelet.
+        assets: PathBuf,
+        /// The directory of image tarballs `.ci/build-images.sh` writes
+        /// (the pause and workload images are loaded into every node).
+        images: PathBuf,
+    },
 }
 
+/// The environment variable naming the images directory of
+/// [`Backend::RealNodes`] (`.ci/build-images.sh` prints it).
+pub const IMAGES_ENV: &str = "GPUPOOL_IMAGES_DIR";
+
 /// The environment variable that picks the backend of suites that honour
-/// it ([`Backend::from_env`]): `real` or `simulated` (the default).
+/// it ([`Backend::from_env`]): `real`, `real-node` or `simulated` (the
+/// default).
 pub const BACKEND_ENV: &str = "GPUPOOL_E2E_BACKEND";
 
 impl Backend {
     /// [`Backend::Real`] when [`BACKEND_ENV`] is `real` and
-    /// `KUBEBUILDER_ASSETS` names a directory, else [`Backend::Simulated`]:
-    /// the one switch a suite needs to run on both backends.
+    /// `KUBEBUILDER_ASSETS` names a directory; [`Backend::RealNodes`] when
+    /// it is `real-node` (with `KUBEBUILDER_ASSETS` and [`IMAGES_ENV`],
+    /// empty when unset, so that starting fails and names what is missing:
+    /// whoever asks for real nodes gets them or an error, never a
+    /// simulation); else [`Backend::Simulated`]: the one switch a suite
+    /// needs to run on every backend.
     pub fn from_env() -> Self {
         match (
             std::env::var(BACKEND_ENV).as_deref(),
             control_plane::assets_from_env(),
         ) {
             (Ok("real"), Some(assets)) => Backend::Real { assets },
+            (Ok("real-node"), assets) => Backend::RealNodes {
+                assets: assets.unwrap_or_default(),
+                images: std::env::var_os(IMAGES_ENV)
+                    .map(PathBuf::from)
+                    .unwrap_or_default(),
+            },
             _ => Backend::Simulated,
         }
     }
 
-    /// Whether this is the real control plane.
+    /// Whether this is a real control plane (with simulated or real nodes).
     pub fn is_real(&self) -> bool {
-        matches!(self, Backend::Real { .. })
+        matches!(self, Backend::Real { .. } | Backend::RealNodes { .. })
+    }
+
+    /// Whether the nodes are real kubelets and containerd.
+    pub fn is_real_nodes(&self) -> bool {
+        matches!(self, Backend::RealNodes { .. })
     }
 }
 
@@ -205,6 +241,9 @@ pub enum ClusterError {
     /// A child process failed.
     #[error(transparent)]
     Process(#[from] ProcessError),
+    /// A real node failed.
+    #[error(transparent)]
+    RealNode(#[from] crate::real_node::RealNodeError),
     /// A file in the run directory could not be written.
     #[error("{path}: {source}")]
     Io {
@@ -244,11 +283,17 @@ pub struct StaticGpu {
 
 struct Node {
     name: String,
+    /// The kubelet's directory (on a real node, as this host sees it).
     dir: PathBuf,
     static_config: PathBuf,
     gpus: Vec<StaticGpu>,
-    kubelet: RunningKubelet,
+    /// The simulated kubelet; `None` on a real node, whose kubelet the
+    /// cluster's [`RealCluster`] runs.
+    kubelet: Option<RunningKubelet>,
     plugin: Option<ChildProcess>,
+    /// The plugin's metrics port (a real node's plugin is known to have
+    /// registered by its registrations counter).
+    plugin_metrics_port: u16,
 }
 
 /// A running simulated cluster. Stop it with [`SimCluster::shutdown`];
@@ -260,6 +305,8 @@ pub struct SimCluster {
     kubeconfig: PathBuf,
     apiserver: Option<RunningApiServer>,
     control_plane: Option<ControlPlane>,
+    /// The real control plane and nodes, on [`Backend::RealNodes`].
+    real: Option<RealCluster>,
     client: Client,
     scheduler: Option<RunningScheduler>,
     nodes: Vec<Node>,
@@ -375,11 +422,24 @@ impl SimCluster {
             .kubeconfig
             .clone()
             .unwrap_or_else(|| run_dir.join("kubeconfig"));
+        let mut real = None;
         let (apiserver, control_plane, client) = match &config.backend {
             Backend::Simulated => {
                 let (apiserver, client) =
                     start_simulated_apiserver(&config, &run_dir, &kubeconfig).await?;
                 (Some(apiserver), None, client)
+            }
+            Backend::RealNodes { assets, images } => {
+                let cluster = start_real_nodes(&config, assets, images, &run_dir).await?;
+                let client = match cluster_admin(&cluster, &kubeconfig).await {
+                    Ok(client) => client,
+                    Err(e) => {
+                        cluster.shutdown().await;
+                        return Err(e);
+                    }
+                };
+                real = Some(cluster);
+                (None, None, client)
             }
             Backend::Real { assets } => {
                 let mut plane_config =
@@ -404,7 +464,10 @@ impl SimCluster {
                 wait_for_custom_resources(&client, config.ready_timeout).await?;
                 install_chart_identities(&client).await?;
                 let token = service_account_token(&client, rbac::OPERATOR_NAME, None).await?;
-                if let Some(plane) = &control_plane {
+                if let Some(plane) = control_plane
+                    .as_ref()
+                    .or_else(|| real.as_ref().and_then(RealCluster::control_plane))
+                {
                     plane.write_token_kubeconfig(&run_dir.join("operator.kubeconfig"), &token)?;
                 }
                 None
@@ -423,6 +486,7 @@ impl SimCluster {
             kubeconfig,
             apiserver,
             control_plane,
+            real,
             client,
             scheduler,
             nodes: Vec::new(),
@@ -432,8 +496,8 @@ impl SimCluster {
         };
         for i in 1..=config.nodes {
             let name = format!("node-{i}");
-            let dir = cluster.run_dir.join(&name);
-            std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+            let node_dir = cluster.run_dir.join(&name);
+            std::fs::create_dir_all(&node_dir).map_err(io_error(&node_dir))?;
             let gpus: Vec<StaticGpu> = (0..config.gpus_per_node)
                 .map(|g| StaticGpu {
                     index: g,
@@ -444,18 +508,31 @@ impl SimCluster {
                     healthy: true,
                 })
                 .collect();
-            let static_config = dir.join("gpus.yaml");
+            let static_config = node_dir.join("gpus.yaml");
             write_static_config(&static_config, &gpus)?;
-            let kubelet_client = cluster.kubelet_client(i, &name).await?;
-            let kubelet = RunningKubelet::start(KubeletConfig {
-                node_name: name.clone(),
-                dir: dir.clone(),
-                client: kubelet_client,
-                max_termination: config.max_termination,
-                index: i,
-                annotate_allocations: !config.backend.is_real(),
-            })
-            .await?;
+            let (dir, kubelet) = match &cluster.real {
+                Some(real) => {
+                    let node = real
+                        .nodes()
+                        .iter()
+                        .find(|n| n.name() == name)
+                        .ok_or_else(|| ClusterError::UnknownNode(name.clone()))?;
+                    (node.kubelet_dir(), None)
+                }
+                None => {
+                    let kubelet_client = cluster.kubelet_client(i, &name).await?;
+                    let kubelet = RunningKubelet::start(KubeletConfig {
+                        node_name: name.clone(),
+                        dir: node_dir.clone(),
+                        client: kubelet_client,
+                        max_termination: config.max_termination,
+                        index: i,
+                        annotate_allocations: !config.backend.is_real(),
+                    })
+                    .await?;
+                    (node_dir, Some(kubelet))
+                }
+            };
             cluster.nodes.push(Node {
                 name,
                 dir,
@@ -463,6 +540,7 @@ impl SimCluster {
                 gpus,
                 kubelet,
                 plugin: None,
+                plugin_metrics_port: 0,
             });
         }
         for node in &cluster
@@ -471,7 +549,7 @@ impl SimCluster {
             .map(|n| n.name.clone())
             .collect::<Vec<_>>()
         {
-            if let Some(plane) = &cluster.control_plane {
+            if let Some(plane) = cluster.control_plane() {
                 // A projected token of a DaemonSet pod: the device plugin's
                 // ServiceAccount, bound to (and naming) its node.
                 let token =
@@ -507,8 +585,7 @@ impl SimCluster {
                 .await?);
         }
         let plane = self
-            .control_plane
-            .as_ref()
+            .control_plane()
             .ok_or_else(|| ClusterError::Config("the cluster has been shut down".into()))?;
         let path = self.run_dir.join(format!("kubelet-{name}.kubeconfig"));
         plane.write_cert_kubeconfig(&path, &format!("system:node:{name}"), &["system:nodes"])?;
@@ -520,9 +597,18 @@ impl SimCluster {
         &self.config.backend
     }
 
-    /// The real control plane, on [`Backend::Real`].
+    /// The real control plane, on [`Backend::Real`] and
+    /// [`Backend::RealNodes`].
     pub fn control_plane(&self) -> Option<&ControlPlane> {
-        self.control_plane.as_ref()
+        self.control_plane
+            .as_ref()
+            .or_else(|| self.real.as_ref().and_then(RealCluster::control_plane))
+    }
+
+    /// The real nodes, on [`Backend::RealNodes`] (their logs, kubelet
+    /// directories and IPs).
+    pub fn real_nodes(&self) -> Option<&RealCluster> {
+        self.real.as_ref()
     }
 
     /// The in-memory API server (fault controls: `.faults()`, direct
@@ -542,7 +628,9 @@ impl SimCluster {
         &self.kubeconfig
     }
 
-    /// The run directory: kubelet dirs `node-i/`, logs in `logs/`, kubeconfigs.
+    /// The run directory: kubelet dirs `node-i/` (on real nodes, each
+    /// node's files are under `real/nodes/node-i/`), logs in `logs/`,
+    /// kubeconfigs.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
     }
@@ -608,6 +696,9 @@ impl SimCluster {
                 pids.push(pid);
             }
         }
+        if let Some(real) = &mut self.real {
+            pids.extend(real.pids());
+        }
         pids
     }
 
@@ -623,9 +714,56 @@ impl SimCluster {
         Ok(&self.nodes[self.node_index(node)?].dir)
     }
 
-    /// The node's kubelet (registration count, device bookkeeping).
+    /// The node's simulated kubelet (registration count, device
+    /// bookkeeping); an error on a real node.
     pub fn kubelet(&self, node: &str) -> Result<&RunningKubelet, ClusterError> {
-        Ok(&self.nodes[self.node_index(node)?].kubelet)
+        self.nodes[self.node_index(node)?]
+            .kubelet
+            .as_ref()
+            .ok_or_else(|| {
+                ClusterError::Config(format!(
+                    "{node} is a real node: its kubelet is not the simulator's"
+                ))
+            })
+    }
+
+    /// The devices of `resource` that `node`'s kubelet holds for `pod`,
+    /// every container's (init containers' included), each once: the
+    /// simulated kubelet's bookkeeping, or on a real node its device
+    /// manager's checkpoint (`device-plugins/kubelet_internal_checkpoint`).
+    /// Empty when it holds none.
+    pub fn allocated_devices(
+        &self,
+        node: &str,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        resource: &str,
+    ) -> Result<std::collections::BTreeSet<String>, ClusterError> {
+        let n = &self.nodes[self.node_index(node)?];
+        if let Some(kubelet) = &n.kubelet {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            return Ok(kubelet
+                .allocated_devices(namespace, name, resource)
+                .unwrap_or_default()
+                .into_iter()
+                .collect());
+        }
+        let path = n.dir.join("device-plugins/kubelet_internal_checkpoint");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from("{}"),
+            Err(e) => return Err(io_error(&path)(e)),
+        };
+        let checkpoint: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ClusterError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        Ok(checkpoint_devices(
+            &checkpoint,
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+            resource,
+        ))
     }
 
     /// The node's GPUs as its static config file has them.
@@ -656,7 +794,20 @@ impl SimCluster {
     /// removed; the plugin must register again).
     pub async fn restart_kubelet(&mut self, node: &str) -> Result<(), ClusterError> {
         let i = self.node_index(node)?;
-        self.nodes[i].kubelet.restart().await?;
+        match (&mut self.nodes[i].kubelet, &mut self.real) {
+            (Some(kubelet), _) => kubelet.restart().await?,
+            (None, Some(real)) => {
+                real.node_mut(node)
+                    .ok_or_else(|| ClusterError::UnknownNode(node.to_owned()))?
+                    .restart_kubelet()
+                    .await?
+            }
+            (None, None) => {
+                return Err(ClusterError::Config(
+                    "the cluster has been shut down".into(),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -668,8 +819,9 @@ impl SimCluster {
             old.stop(Duration::from_secs(5)).await?;
         }
         let [metrics_port] = free_ports()?;
+        self.nodes[i].plugin_metrics_port = metrics_port;
         let n = &self.nodes[i];
-        let seen = n.kubelet.registrations();
+        let seen = n.kubelet.as_ref().map_or(0, RunningKubelet::registrations);
         let spec = ProcessSpec {
             name: format!("device-plugin-{}", n.name),
             program: self.device_plugin_bin.clone(),
@@ -699,10 +851,21 @@ impl SimCluster {
         let mut child = ChildProcess::spawn(&spec, &self.run_dir.join("logs"))?;
         let expected = usize::try_from(self.slots_per_node()).unwrap_or(usize::MAX);
         let deadline = Instant::now() + self.config.ready_timeout;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let registered = loop {
-            if n.kubelet.registrations() > seen
-                && n.kubelet.devices(DEFAULT_RESOURCE_NAME).0 >= expected
-            {
+            let ready = match &n.kubelet {
+                Some(kubelet) => {
+                    kubelet.registrations() > seen
+                        && kubelet.devices(DEFAULT_RESOURCE_NAME).0 >= expected
+                }
+                // A real kubelet: this plugin process has registered, and
+                // the Node's capacity shows its slots.
+                None => {
+                    plugin_registered(metrics_port).await
+                        && node_capacity(&nodes, &n.name).await >= expected
+                }
+            };
+            if ready {
                 break true;
             }
             if let Some(status) = child.exit_status() {
@@ -805,7 +968,7 @@ impl SimCluster {
             )],
         };
         spec.args.extend(election);
-        if self.control_plane.is_some() {
+        if self.control_plane().is_some() {
             // As the chart runs it: its webhook configurations owned by its
             // ClusterRole.
             spec.args.push("--webhook-owner-cluster-role".into());
@@ -926,7 +1089,14 @@ impl SimCluster {
             }
         }
         for node in std::mem::take(&mut self.nodes) {
-            node.kubelet.stop().await;
+            if let Some(kubelet) = node.kubelet {
+                kubelet.stop().await;
+            }
+        }
+        if let Some(real) = self.real.take() {
+            // Deletes the nodes' pods, stops the nodes and the control
+            // plane, and removes what they added to the host.
+            real.shutdown().await;
         }
         if let Some(s) = self.scheduler.take() {
             s.stop().await;
@@ -953,7 +1123,8 @@ impl Drop for SimCluster {
     fn drop(&mut self) {
         // Children are killed by their handles' drop; remove what we created,
         // unless a test is failing: then its logs are worth keeping.
-        let running = self.apiserver.is_some() || self.control_plane.is_some();
+        let running =
+            self.apiserver.is_some() || self.control_plane.is_some() || self.real.is_some();
         if self.created_run_dir && self.config.remove_run_dir && running {
             if std::thread::panicking() {
                 eprintln!(
@@ -1019,12 +1190,115 @@ async fn start_simulated_apiserver(
     Ok((apiserver, client))
 }
 
-/// Leader-election identity of operator replica `i`.
+/// Starts a real control plane with `config.nodes` real nodes named
+/// `node-1` … in `run_dir/real`, with the pause and workload images of
+/// `images` loaded.
+async fn start_real_nodes(
+    config: &ClusterConfig,
+    assets: &Path,
+    images: &Path,
+    run_dir: &Path,
+) -> Result<RealCluster, ClusterError> {
+    if assets.as_os_str().is_empty() {
+        return Err(ClusterError::Config(
+            "real nodes need KUBEBUILDER_ASSETS (bash .ci/install-k8s.sh)".into(),
+        ));
+    }
+    if images.as_os_str().is_empty() {
+        return Err(ClusterError::Config(format!(
+            "real nodes need {IMAGES_ENV} (bash .ci/build-images.sh)"
+        )));
+    }
+    // Only what pods run: the operator and device plugin run on this host.
+    let wanted = ["gpupool-pause.tar", "gpupool-workload.tar"];
+    let archives: Vec<PathBuf> = crate::real_node::image_archives(images)?
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| wanted.iter().any(|w| n == std::ffi::OsStr::new(w)))
+        })
+        .collect();
+    if archives.len() != wanted.len() {
+        return Err(ClusterError::Config(format!(
+            "real nodes need {} in {} (bash .ci/build-images.sh)",
+            wanted.join(" and "),
+            images.display()
+        )));
+    }
+    let real_config = RealClusterConfig {
+        assets: assets.to_path_buf(),
+        dir: run_dir.join("real"),
+        nodes: config.nodes,
+        images: archives,
+        ready_timeout: config.ready_timeout.max(Duration::from_secs(90)),
+        node_prefix: "node-".to_owned(),
+    };
+    Ok(RealCluster::start(real_config).await?)
+}
+
+/// Writes the admin kubeconfig of a cluster with real nodes to
+/// `kubeconfig` and returns an admin client.
+async fn cluster_admin(cluster: &RealCluster, kubeconfig: &Path) -> Result<Client, ClusterError> {
+    let plane = cluster
+        .control_plane()
+        .ok_or_else(|| ClusterError::NotReady("the control plane is not running".into()))?;
+    plane.write_cert_kubeconfig(kubeconfig, "gpupool-sim-admin", &["system:masters"])?;
+    Ok(plane.client().await?)
+}
+
+/// Whether the device plugin serving metrics on `port` has registered with
+/// its kubelet at least once.
+async fn plugin_registered(port: u16) -> bool {
+    http_get(port, "/metrics").await.is_some_and(|text| {
+        text.lines().any(|l| {
+            l.starts_with("gpupool_device_plugin_registrations_total{result=\"ok\"}")
+                && l.rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(|v| v >= 1.0)
+        })
+    })
+}
+
+/// The slots Node `name`'s capacity shows (0 when unknown).
+async fn node_capacity(nodes: &Api<k8s_openapi::api::core::v1::Node>, name: &str) -> usize {
+    let Ok(Some(node)) = nodes.get_opt(name).await else {
+        return 0;
+    };
+    node.status
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get(DEFAULT_RESOURCE_NAME).map(|q| q.0.clone()))
+        .and_then(|q| q.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The devices of `resource` a kubelet's device-manager checkpoint
+/// records for the pod of `uid`: its entries (one per container) carry
+/// `DeviceIDs` by NUMA node.
+fn checkpoint_devices(
+    checkpoint: &serde_json::Value,
+    uid: &str,
+    resource: &str,
+) -> std::collections::BTreeSet<String> {
+    checkpoint["Data"]["PodDeviceEntries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["PodUID"] == uid && e["ResourceName"] == resource)
+        .filter_map(|e| e["DeviceIDs"].as_object())
+        .flat_map(|by_numa| by_numa.values())
+        .filter_map(serde_json::Value::as_array)
+        .flatten()
+        .filter_map(|d| d.as_str().map(str::to_owned))
+        .collect()
+}
+
 /// The kubeconfig of `node`'s device plugin in the run directory.
 fn device_plugin_kubeconfig(run_dir: &Path, node: &str) -> PathBuf {
     run_dir.join(format!("device-plugin-{node}.kubeconfig"))
 }
 
+/// Leader-election identity of operator replica `i`.
 fn operator_identity(i: usize) -> String {
     format!("operator-{i}")
 }
@@ -1215,6 +1489,27 @@ async fn service_account_token(
 #[cfg(test)]
 mod tests {
     use super::fresh_run_dir;
+
+    #[test]
+    fn a_checkpoint_lists_every_container_of_the_pod_once() {
+        let checkpoint = serde_json::json!({"Data": {"PodDeviceEntries": [
+            {"PodUID": "u1", "ContainerName": "setup", "ResourceName": "gpupool/slot",
+             "DeviceIDs": {"-1": ["a", "b"]}},
+            {"PodUID": "u1", "ContainerName": "work", "ResourceName": "gpupool/slot",
+             "DeviceIDs": {"-1": ["a"]}},
+            {"PodUID": "u1", "ContainerName": "side", "ResourceName": "gpupool/slot",
+             "DeviceIDs": {"0": ["c"]}},
+            {"PodUID": "u2", "ContainerName": "work", "ResourceName": "gpupool/slot",
+             "DeviceIDs": {"-1": ["d"]}},
+            {"PodUID": "u1", "ContainerName": "work", "ResourceName": "other/thing",
+             "DeviceIDs": {"-1": ["e"]}},
+        ]}});
+        let got: Vec<String> = super::checkpoint_devices(&checkpoint, "u1", "gpupool/slot")
+            .into_iter()
+            .collect();
+        assert_eq!(got, ["a", "b", "c"]);
+        assert!(super::checkpoint_devices(&serde_json::json!({}), "u1", "gpupool/slot").is_empty());
+    }
 
     #[test]
     fn run_dirs_taken_at_once_by_one_process_differ() {

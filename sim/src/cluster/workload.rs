@@ -162,3 +162,126 @@ pub fn phase(pod: &Pod) -> &str {
         .and_then(|s| s.phase.as_deref())
         .unwrap_or_default()
 }
+
+/// What a container of the workload image runs before anything else: it
+/// prints the GPU environment Allocate gave it (`GPUPOOL_*`), so a test
+/// reads from the container's log what the simulated kubelet records in
+/// its `sim.gpupool.io/allocated-env` annotation.
+const PRINT_GPU_ENV: &str = "env | grep '^GPUPOOL_' | sort";
+
+/// Makes `pod`, written for the simulated kubelet (whatever image, and
+/// the `sim.gpupool.io/run-seconds` annotation), run the same way on
+/// `backend`: on [`Backend::RealNodes`] every container runs the workload
+/// image ([`crate::real_node::WORKLOAD_IMAGE`], never pulled) with a
+/// script doing what the simulated kubelet does. Other backends leave it
+/// as it is.
+///
+/// - an app container runs for the annotation's seconds and exits 0, or
+///   until it is stopped;
+/// - a restartable init container (a sidecar) runs until it is stopped;
+/// - a regular init container exits 0 at once;
+///
+/// and each prints its `GPUPOOL_*` environment first. Every one exits 0
+/// on SIGTERM at once, as a simulated pod ends when deleted (the real
+/// kubelet still waits for the container, so a deletion takes as long as
+/// the runtime needs, not the simulator's capped termination).
+pub fn run_on(pod: &mut Pod, backend: &super::Backend) {
+    if !backend.is_real_nodes() {
+        return;
+    }
+    let run_seconds = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_SIM_RUN_SECONDS))
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0);
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let until_stopped = format!("{PRINT_GPU_ENV}; trap 'exit 0' TERM; sleep infinity & wait $!");
+    let for_app = match run_seconds {
+        Some(s) => format!("{PRINT_GPU_ENV}; trap 'exit 0' TERM; sleep {s} & wait $!"),
+        None => until_stopped.clone(),
+    };
+    let init_done = format!("{PRINT_GPU_ENV}; exit 0");
+    let as_workload = |c: &mut Container, script: &str| {
+        c.image = Some(crate::real_node::WORKLOAD_IMAGE.to_owned());
+        c.image_pull_policy = Some("Never".to_owned());
+        c.command = Some(vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()]);
+        c.args = None;
+    };
+    for c in spec.init_containers.iter_mut().flatten() {
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
+        as_workload(c, if sidecar { &until_stopped } else { &init_done });
+    }
+    for c in &mut spec.containers {
+        as_workload(c, &for_app);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Backend;
+
+    fn scripts(pod: &Pod) -> Vec<String> {
+        let spec = pod.spec.as_ref().expect("spec");
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .map(|c| c.command.clone().unwrap_or_default().join(" "))
+            .collect()
+    }
+
+    #[test]
+    fn a_simulated_pod_runs_the_workload_image_on_real_nodes_only() {
+        let mut pod = slot_pod("p", 1, Role::Primary, Some(2.5));
+        let before = pod.clone();
+        run_on(&mut pod, &Backend::Simulated);
+        assert_eq!(pod, before);
+        run_on(
+            &mut pod,
+            &Backend::RealNodes {
+                assets: "a".into(),
+                images: "i".into(),
+            },
+        );
+        let c = &pod.spec.as_ref().expect("spec").containers[0];
+        assert_eq!(c.image.as_deref(), Some(crate::real_node::WORKLOAD_IMAGE));
+        assert_eq!(c.image_pull_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            scripts(&pod),
+            ["sh -c env | grep '^GPUPOOL_' | sort; trap 'exit 0' TERM; sleep 2.5 & wait $!"]
+        );
+    }
+
+    #[test]
+    fn init_containers_end_at_once_and_sidecars_run_until_stopped() {
+        let mut pod = slot_pod("p", 1, Role::Primary, None);
+        let spec = pod.spec.as_mut().expect("spec");
+        let init = |name: &str, policy: Option<&str>| Container {
+            name: name.into(),
+            image: Some("sim".into()),
+            restart_policy: policy.map(str::to_owned),
+            ..Default::default()
+        };
+        spec.init_containers = Some(vec![init("side", Some("Always")), init("setup", None)]);
+        let real = Backend::RealNodes {
+            assets: "a".into(),
+            images: "i".into(),
+        };
+        run_on(&mut pod, &real);
+        let until_stopped =
+            "sh -c env | grep '^GPUPOOL_' | sort; trap 'exit 0' TERM; sleep infinity & wait $!";
+        assert_eq!(
+            scripts(&pod),
+            [
+                until_stopped,
+                "sh -c env | grep '^GPUPOOL_' | sort; exit 0",
+                until_stopped
+            ]
+        );
+    }
+}

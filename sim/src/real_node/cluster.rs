@@ -30,7 +30,13 @@ pub struct RealClusterConfig {
     pub images: Vec<PathBuf>,
     /// How long start-up may take for the control plane and for each node.
     pub ready_timeout: Duration,
+    /// Node `i` (from 1) is named `<node_prefix><i>`; default
+    /// [`DEFAULT_NODE_PREFIX`].
+    pub node_prefix: String,
 }
+
+/// The default [`RealClusterConfig::node_prefix`]: `real-node-1`, ….
+pub const DEFAULT_NODE_PREFIX: &str = "real-node-";
 
 impl RealClusterConfig {
     /// `nodes` real nodes with every `*.tar` in `images_dir` loaded.
@@ -46,6 +52,7 @@ impl RealClusterConfig {
             nodes,
             images: image_archives(images_dir)?,
             ready_timeout: Duration::from_secs(90),
+            node_prefix: DEFAULT_NODE_PREFIX.to_owned(),
         })
     }
 }
@@ -154,8 +161,16 @@ impl RealCluster {
         net.route_kubernetes_service(plane.api_port()).await?;
         let client = plane.client().await?;
         for index in 0..config.nodes {
-            let node =
-                RealNode::start(&plane, net, index, kubelet, &config.images, &config.dir).await?;
+            let node = RealNode::start(
+                &plane,
+                net,
+                index,
+                &config.node_prefix,
+                kubelet,
+                &config.images,
+                &config.dir,
+            )
+            .await?;
             self.nodes.push(node);
         }
         self.plane = Some(plane);

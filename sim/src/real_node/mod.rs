@@ -24,7 +24,7 @@ mod host;
 mod network;
 mod node;
 
-pub use cluster::{RealCluster, RealClusterConfig};
+pub use cluster::{DEFAULT_NODE_PREFIX, RealCluster, RealClusterConfig, image_archives};
 pub use network::HostNetwork;
 pub use node::RealNode;
 
@@ -42,6 +42,10 @@ pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
 /// The pod sandbox image `.ci/build-images.sh` builds; every node's
 /// containerd is pointed at it, as no registry serves `pause`.
 pub const PAUSE_IMAGE: &str = "localhost/gpupool-pause:bookworm";
+
+/// The image `.ci/build-images.sh` builds for test pods: a Debian root
+/// with a shell (`sh`, `sleep`, `env`).
+pub const WORKLOAD_IMAGE: &str = "localhost/gpupool-workload:bookworm";
 
 /// Why a real node could not be started, used or torn down. Each variant
 /// names the step that failed.

@@ -62,7 +62,7 @@ pub struct RealNode {
 }
 
 impl RealNode {
-    /// Starts node `index` (named `real-node-<index+1>`) in `run_dir`:
+    /// Starts node `index` (named `<prefix><index+1>`) in `run_dir`:
     /// containerd with `images` imported, then the kubelet. Returns once the
     /// kubelet runs; [`RealNode::wait_ready`] waits for the Node to be Ready.
     /// On failure, whatever was started is torn down again.
@@ -70,11 +70,12 @@ impl RealNode {
         plane: &ControlPlane,
         net: &HostNetwork,
         index: u32,
+        prefix: &str,
         kubelet_bin: &Path,
         images: &[PathBuf],
         run_dir: &Path,
     ) -> Result<Self, RealNodeError> {
-        let name = format!("real-node-{}", index + 1);
+        let name = format!("{prefix}{}", index + 1);
         let dir = run_dir.join("nodes").join(&name);
         let ip = net.add_node_ip(index).await?;
         let mut node = RealNode {

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
-use gpupool_sim::cluster::workload::wait_until_webhook_knows_class;
+use gpupool_sim::cluster::workload::{run_on, wait_until_webhook_knows_class};
 use gpupool_sim::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -119,7 +119,7 @@ impl Sim {
     /// Creates a pod; see [`PodSpec`].
     pub async fn pod(&self, p: PodSpec<'_>) -> Pod {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
-        pods.create(&PostParams::default(), &p.build())
+        pods.create(&PostParams::default(), &p.build_for(self.cluster.backend()))
             .await
             .unwrap_or_else(|e| panic!("create pod {}: {e}", p.name))
     }
@@ -127,9 +127,66 @@ impl Sim {
     /// Tries to create a pod; returns the API error message on denial.
     pub async fn try_pod(&self, p: PodSpec<'_>) -> Result<Pod, String> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
-        pods.create(&PostParams::default(), &p.build())
+        pods.create(&PostParams::default(), &p.build_for(self.cluster.backend()))
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Creates `pod`, written as for the simulated kubelet, made to run
+    /// on this cluster's backend ([`run_on`]).
+    pub async fn create_pod(&self, mut pod: Pod) -> Pod {
+        run_on(&mut pod, self.cluster.backend());
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+    }
+
+    /// The GPU environment Allocate gave each container of pod `name`
+    /// (container name → `GPUPOOL_*` variables): the simulated kubelet's
+    /// record of it, or on real nodes what the workload's containers print
+    /// to their logs. `None` where neither exists (simulated kubelets on a
+    /// real control plane do not record it) or while a container has not
+    /// printed it yet.
+    pub async fn allocated_env(
+        &self,
+        name: &str,
+    ) -> Option<BTreeMap<String, BTreeMap<String, String>>> {
+        let pod = self.get_pod(name).await?;
+        if !self.cluster.backend().is_real_nodes() {
+            let text = pod
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("sim.gpupool.io/allocated-env")?;
+            return serde_json::from_str(text).ok();
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        let spec = pod.spec.as_ref()?;
+        let mut all = BTreeMap::new();
+        for c in spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+        {
+            let params = kube::api::LogParams {
+                container: Some(c.name.clone()),
+                ..Default::default()
+            };
+            let log = pods.logs(name, &params).await.ok()?;
+            let env: BTreeMap<String, String> = log
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .filter(|(k, _)| k.starts_with("GPUPOOL_"))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            if !env.is_empty() {
+                all.insert(c.name.clone(), env);
+            }
+        }
+        Some(all)
     }
 
     /// Deletes a pod (default grace).
@@ -334,8 +391,15 @@ impl<'a> PodSpec<'a> {
         self
     }
 
-    /// The pod object.
+    /// The pod object, for the backend `GPUPOOL_E2E_BACKEND` names (the
+    /// one [`Sim::start_with`] starts).
     pub fn build(&self) -> Pod {
+        self.build_for(&Backend::from_env())
+    }
+
+    /// The pod object, made to run on `backend` ([`run_on`]): on real
+    /// nodes, the workload image doing what the simulated kubelet does.
+    pub fn build_for(&self, backend: &Backend) -> Pod {
         let mut labels: BTreeMap<String, String> = self
             .labels
             .iter()
@@ -361,7 +425,9 @@ impl<'a> PodSpec<'a> {
             let sel: BTreeMap<&str, &str> = self.node_selector.iter().copied().collect();
             v["spec"]["nodeSelector"] = json!(sel);
         }
-        serde_json::from_value(v).expect("pod")
+        let mut pod = serde_json::from_value(v).expect("pod");
+        run_on(&mut pod, backend);
+        pod
     }
 }
 
