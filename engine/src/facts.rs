@@ -97,8 +97,11 @@ impl<'a> Pass<'a> {
         {
             let t = self.existing(l, Some(p), Some(self.class_of(p, &facts)), &facts, false);
             facts.spec_current = Some(spec_is_current(l, p, &t));
+            // A pod the scheduler cannot place is not quiet: time alone
+            // changes what a pass wants of it (DESIGN §5.3).
             facts.quiet = is_live(p)
                 && !p.gated
+                && crate::unplaced::unplaced(p).is_none()
                 && !l.missing
                 && matches!(t.phase, LeasePhase::Admitted | LeasePhase::Bound)
                 && self.wants_no_write(&t);

@@ -78,6 +78,8 @@ pub fn pod(name: &str, slots: u32, enqueued: i64) -> PodInfo {
         failure: None,
         terminating: false,
         gated: true,
+        other_gate: None,
+        unplaced: None,
         node_name: None,
         node_selector: SmallMap::new(),
         required_affinity: None,

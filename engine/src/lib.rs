@@ -25,10 +25,12 @@ mod sequence;
 mod small_map;
 mod state;
 mod status;
+mod unplaced;
 
 pub use cached::{CachedLease, CachedMeta};
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
+pub use sequence::sequence_of;
 pub use small_map::SmallMap;
 pub use state::Engine;
 pub use status::QUEUE_HEAD;
@@ -37,7 +39,8 @@ pub use status::QUEUE_HEAD;
 ///
 /// Guarantees, for any snapshot: every live pod that requests a class's
 /// resource has exactly one lease (created here, or after its stale lease is
-/// deleted); sequences are assigned once, above every existing one; only
+/// deleted); sequences are assigned once, from the pod's enqueued-at stamp
+/// ([`sequence_of`]), so a recreated lease keeps its place; only
 /// leases whose sequence is persisted are admitted; no admission takes more
 /// slots than a node has free after counting every live pod bound or pinned
 /// there and every lease holding slots; StrictFIFO primaries are admitted in
@@ -77,6 +80,7 @@ fn pass_until(view: pass::View<'_>, steps: usize) -> pass::Pass<'_> {
         return pass;
     }
     pass.join();
+    pass.give_back_unplaceable();
     if steps == 1 {
         return pass;
     }

@@ -34,6 +34,22 @@ pub(crate) enum Message<'a> {
     BadRole(&'a str),
     /// Created in this pass; its first decision is in the next pass.
     NewlyQueued,
+    /// The pod carries another controller's scheduling gate (named).
+    OtherGate(&'a str),
+    /// Admitted, but the scheduler cannot place the pod; it gives its
+    /// slots back at `deadline` unless it is placed by then.
+    Unplaceable {
+        node: Option<&'a str>,
+        why: Option<&'a str>,
+        deadline: jiff::Timestamp,
+    },
+    /// Released: the scheduler could not place the admitted pod for its
+    /// class's placement timeout, so it was deleted.
+    GaveBack {
+        node: Option<&'a str>,
+        why: Option<&'a str>,
+        seconds: u32,
+    },
     /// No node matches the class.
     NoClassNode(usize),
     /// Nodes match the class but none passes the pod's own constraints.
@@ -82,7 +98,8 @@ pub(crate) enum Message<'a> {
 /// operator raises a Warning event for such a release.
 pub const POD_FAILED_BECAUSE: &str = "released: pod failed: ";
 
-/// At most this many bytes of the kubelet's words go into a lease message.
+/// At most this many bytes of the kubelet's or the scheduler's words go
+/// into a lease message.
 const FAILURE_SHOWN: usize = 512;
 
 /// Why a lease was released, as its pod tells it.
@@ -130,15 +147,7 @@ impl Message<'_> {
             Message::Released(Release::Failed(None)) => out.write_str("released: pod failed"),
             Message::Released(Release::Failed(Some(why))) => {
                 out.push_str(POD_FAILED_BECAUSE);
-                // The kubelet's message can be long; the lease keeps its head.
-                let mut end = why.len().min(FAILURE_SHOWN);
-                while !why.is_char_boundary(end) {
-                    end -= 1;
-                }
-                out.push_str(&why[..end]);
-                if end < why.len() {
-                    out.push('…');
-                }
+                push_head(out, why);
                 Ok(())
             }
             // The three most common messages (thousands per pass) are built
@@ -187,6 +196,44 @@ impl Message<'_> {
                 "rejected: label gpupool.io/role must be \"primary\" or \"helper\", not {value:?}"
             ),
             Message::NewlyQueued => out.write_str("queued; first considered in the next pass"),
+            Message::OtherGate(gate) => write!(
+                out,
+                "waiting: the pod carries scheduling gate {gate}; it takes its place in the queue once gpupool's gate is its only one"
+            ),
+            Message::Unplaceable {
+                node,
+                why,
+                deadline,
+            } => {
+                match node {
+                    Some(node) => write!(
+                        out,
+                        "admitted to node {node}, but the scheduler cannot place it"
+                    )?,
+                    None => out.write_str("admitted, but the scheduler cannot place it")?,
+                }
+                if let Some(why) = why {
+                    out.write_str(": ")?;
+                    push_head(out, why);
+                }
+                write!(
+                    out,
+                    "; it gives its slots back at {deadline} unless it is placed by then"
+                )
+            }
+            Message::GaveBack { node, why, seconds } => {
+                out.write_str("released: the scheduler could not place the pod")?;
+                if let Some(node) = node {
+                    write!(out, " on node {node}")?;
+                }
+                write!(out, " for {seconds}s")?;
+                if let Some(why) = why {
+                    out.write_str(" (")?;
+                    push_head(out, why);
+                    out.write_str(")")?;
+                }
+                out.write_str("; it was deleted to give its slots back")
+            }
             Message::NoClassNode(c) => write!(
                 out,
                 "waiting: no node matches class {} yet",
@@ -340,7 +387,19 @@ fn own_nodes_phrase(out: &mut String, nodes: usize) {
     }
 }
 
-/// Appends `n` and the noun that agrees with it: "1 slot", "2 slots".
+/// Appends at most [`FAILURE_SHOWN`] bytes of what the kubelet or the
+/// scheduler said: their messages can be long, and a lease keeps the head.
+fn push_head(out: &mut String, why: &str) {
+    let mut end = why.len().min(FAILURE_SHOWN);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.push_str(&why[..end]);
+    if end < why.len() {
+        out.push('…');
+    }
+}
+
 /// A message a waiting lease may carry whatever its own pod (the queue
 /// step's outcome for a parked lease), owned, so that the kept engine can
 /// remember which one a lease's persisted status already renders and need
@@ -449,6 +508,7 @@ impl Settled {
     }
 }
 
+/// Appends `n` and the noun that agrees with it: "1 slot", "2 slots".
 fn count(out: &mut String, n: u64, one: &str, many: &str) {
     push_u64(out, n);
     out.push(' ');

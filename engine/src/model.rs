@@ -321,6 +321,15 @@ pub struct PodInfo {
     pub terminating: bool,
     /// Still carries the `gpupool.io/admission` scheduling gate.
     pub gated: bool,
+    /// The first scheduling gate the pod carries besides gpupool's, if
+    /// any: another controller still holds the pod back, so it is not
+    /// admitted, takes no slot and holds no one up until gpupool's gate is
+    /// its only one (DESIGN §5.3).
+    pub other_gate: Option<String>,
+    /// The scheduler's word that it cannot place the pod
+    /// (`PodScheduled=False`, reason `Unschedulable`), while the pod is
+    /// not bound; `None` otherwise.
+    pub unplaced: Option<Unplaced>,
     /// `spec.nodeName`, once bound.
     pub node_name: Option<String>,
     /// `spec.nodeSelector` (the operator pins with `kubernetes.io/hostname`).
@@ -335,6 +344,17 @@ pub struct PodInfo {
     /// own): the pod holds what it requests where it runs, but is never
     /// queued and gets no lease.
     pub unmanaged: bool,
+}
+
+/// The scheduler cannot place a pod: its `PodScheduled` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplaced {
+    /// The condition's `lastTransitionTime`: since when the scheduler has
+    /// found no node for the pod.
+    pub since: Timestamp,
+    /// The scheduler's message (`0/3 nodes are available: 1 Insufficient
+    /// cpu …`), if it gave one.
+    pub message: Option<String>,
 }
 
 /// A GpuLease as persisted.
@@ -409,6 +429,9 @@ pub struct Plan {
     pub admissions: Vec<Admission>,
     /// Helper pods to evict for a waiting primary.
     pub evictions: Vec<Eviction>,
+    /// Admitted pods that cannot be placed, to delete so that they give
+    /// their slots back (DESIGN §5.3).
+    pub give_backs: Vec<GiveBack>,
     /// Desired status of every lease whose phase, sequence, node, preempter
     /// or a timestamp differs from the persisted one: written with the
     /// admissions and evictions of the pass.
@@ -538,6 +561,21 @@ pub struct Eviction {
     /// the last eviction, which is retried [`EVICTION_RETRY`] later rather
     /// than at once.
     pub not_before: Option<Timestamp>,
+}
+
+/// Delete an admitted pod that the scheduler has not been able to place for
+/// its class's `placementTimeoutSeconds`: it gives its slots back, and its
+/// controller, if it has one, creates it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GiveBack {
+    /// The pod `namespace/name`.
+    pub key: ObjectKey,
+    /// Pod UID (precondition for the delete).
+    pub pod_uid: String,
+    /// The node it was pinned to.
+    pub node: String,
+    /// Why, as its lease says it (the scheduler's message quoted).
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -255,6 +255,8 @@ pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
         && class.info.spec.admission.ordering == Ordering::StrictFIFO
         && is_live(pod)
         && pod.gated
+        && pod.other_gate.is_none()
+        && !pod.terminating
         && !lease.missing
         && !facts.replaced
         && facts.spec_current == Some(true)

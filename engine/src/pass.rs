@@ -353,8 +353,13 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Adds a pod's requests to its bound or pinned node; true when it has one.
+    /// Adds a pod's requests to its bound or pinned node; true when it has
+    /// one. A pod being deleted that is not bound holds nothing: the
+    /// scheduler never places it.
     fn count_pod(&mut self, pod: &PodInfo) -> bool {
+        if pod.terminating && pod.node_name.is_none() {
+            return false;
+        }
         let Some(node) = pod
             .node_name
             .as_deref()
@@ -524,7 +529,9 @@ impl<'a> Pass<'a> {
             return;
         }
         let pod = match t.pod {
-            Some(p) if is_live(p) => p,
+            // The scheduler never places a pod that is being deleted: one
+            // that is not bound yet will not run, and holds nothing.
+            Some(p) if is_live(p) && !(p.terminating && p.node_name.is_none()) => p,
             other => {
                 t.phase = LeasePhase::Released;
                 t.message = Message::Released(Release::of(other));
@@ -710,9 +717,6 @@ pub(crate) struct View<'a> {
     /// Entries the kept state set apart as retired (see
     /// [`crate::Engine`]): no ticket is built for them.
     pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
-    /// The highest sequence a lease the pass does not visit (retired,
-    /// parked or set apart) carries.
-    pub set_apart_highest: Option<u64>,
     /// The kept state's parked leases, when the pass walks them in their
     /// FIFOs rather than as entries (see [`crate::parked`]).
     pub parked: Option<&'a Parked>,
@@ -733,7 +737,6 @@ impl<'a> View<'a> {
             nodes: Vec::new(),
             entries: Vec::new(),
             retired: None,
-            set_apart_highest: None,
             parked: None,
             holders: None,
             blocked_evictions: &NO_EVICTIONS,
@@ -753,7 +756,6 @@ impl<'a> View<'a> {
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             entries: pair_by_key(&pods, &leases),
             retired: None,
-            set_apart_highest: None,
             parked: None,
             holders: None,
             blocked_evictions: &snapshot.blocked_evictions,

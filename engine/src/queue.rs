@@ -437,6 +437,17 @@ impl<'a> Pass<'a> {
                     }
                 }
             };
+            if let Some(gate) = self.tickets[t].pod.and_then(|p| p.other_gate.as_deref()) {
+                // Another controller holds the pod back: it takes no slot
+                // and blocks no one until gpupool's gate is its only one.
+                let ticket = &mut self.tickets[t];
+                ticket.waits = false;
+                ticket.phase = LeasePhase::Queued;
+                ticket.position = Some(ahead + 1);
+                ticket.message = Message::OtherGate(gate);
+                queued.push(Waiter::Ticket(t));
+                continue;
+            }
             let slots = self.tickets[t].slots;
             let eligible = self.eligible(c, t);
             let class = &self.classes.list[c];
@@ -776,6 +787,7 @@ impl<'a> Pass<'a> {
                 .primaries
                 .iter()
                 .copied()
+                .filter(|&t| self.tickets[t].pod.is_none_or(|p| p.other_gate.is_none()))
                 .filter(|&t| {
                     let slots = self.tickets[t].slots;
                     match self.eligible(c, t) {

@@ -14,7 +14,7 @@ use gpupool_api::{
 use gpupool_engine::fixtures;
 use gpupool_engine::{
     ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
-    Refusals, Snapshot, decide,
+    Refusals, RoleLabel, Snapshot, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
@@ -290,7 +290,14 @@ impl World {
     /// Slots of the resource held per node by live pods bound or pinned there.
     fn usage(&self) -> BTreeMap<String, u32> {
         let mut used = BTreeMap::new();
-        for p in self.s.pods.iter().filter(|p| is_live(p)) {
+        // A pod being deleted that is not bound holds nothing: the
+        // scheduler never places it.
+        for p in self
+            .s
+            .pods
+            .iter()
+            .filter(|p| is_live(p) && !(p.terminating && p.node_name.is_none()))
+        {
             if let Some(n) = placed_on(p) {
                 *used.entry(n.to_owned()).or_default() += p.requests.get(RES).copied().unwrap_or(0);
             }
@@ -341,6 +348,8 @@ impl World {
                     enqueued_at: (!ungated).then_some(self.s.now),
                     created_at: self.s.now,
                     gated: !ungated,
+                    other_gate: None,
+                    unplaced: None,
                     ..base
                 });
             }
@@ -737,17 +746,20 @@ impl World {
                 d.key
             );
         }
-        // One lease per pod key, and new sequences above every existing one.
-        let highest = self
-            .s
-            .leases
-            .iter()
-            .filter_map(|l| l.status()?.sequence)
-            .max()
-            .unwrap_or(0);
+        // One lease per pod key, and a new lease's sequence is its pod's
+        // stamp, whenever and however often the lease is created: a pod's
+        // place follows its stamp (DESIGN §5.2).
         for n in &plan.create_leases {
             prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
-            prop_assert!(n.status.sequence.is_some_and(|s| s > highest));
+            let pod = self.s.pods.iter().find(|p| p.key == n.key);
+            let stamp =
+                pod.map(|p| gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)));
+            prop_assert_eq!(
+                n.status.sequence,
+                stamp,
+                "lease {} is not placed by its stamp",
+                &n.key
+            );
         }
         // Slots held per node as the engine counts them: placed pods, plus
         // leases that hold slots for a pod not placed yet.
@@ -795,7 +807,7 @@ impl World {
             // (its pod is still gated): the earlier one goes first.
             let earlier_waits = lease.is_some_and(|mine| {
                 let seq = persisted.and_then(|s| s.sequence).unwrap_or(0);
-                self.s.leases.iter().any(|l| {
+                let leased_earlier = self.s.leases.iter().any(|l| {
                     l.spec().class_name == mine.spec().class_name
                         && l.spec().role == Role::Primary
                         && l.status()
@@ -803,7 +815,22 @@ impl World {
                         && self.s.pods.iter().any(|p| {
                             p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
                         })
-                })
+                });
+                // A pod whose lease is (re)created in this pass takes its
+                // place by its stamp, perhaps ahead of this one.
+                let unleased_earlier = self.s.pods.iter().any(|p| {
+                    p.gated
+                        && is_live(p)
+                        && p.role == RoleLabel::Valid(Role::Primary)
+                        && p.class_label.as_deref().unwrap_or("default") == mine.spec().class_name
+                        && gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)) < seq
+                        && !self
+                            .s
+                            .leases
+                            .iter()
+                            .any(|l| l.key == p.key && l.spec().pod_uid == p.uid)
+                });
+                leased_earlier || unleased_earlier
             });
             if let Some(st) = persisted.filter(|s| {
                 a.role == Role::Primary
