@@ -30,23 +30,24 @@ use gpupool_api::names::{
 };
 use gpupool_engine::{CachedMeta, SmallMap};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements,
-    Toleration,
+    Affinity, Container, Pod, PodCondition, PodSchedulingGate, PodSpec, PodStatus,
+    ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
 
 use super::watched::{KEPT_ANNOTATIONS, KEPT_LABELS, kept_metadata, watched_form_of};
 
 /// The strings nearly every kept pod carries: the label and annotation
 /// keys, the admission gate, the default resource, the roles, the phases,
-/// the node pin's key and the small whole quantities a GPU request is. A
+/// the node pin's key, the small whole quantities a GPU request is and
+/// what the `PodScheduled` condition of a gated or unplaceable pod says. A
 /// pod keeps a borrowed one instead of a copy of its own: at 10,000 queued
 /// pods that is about ten allocations per pod fewer. Any other string (a
 /// class or a node's name, a tenant's own values) is the pod's own, so no
 /// tenant can grow this list.
-const KNOWN: [&str; 23] = [
+const KNOWN: [&str; 28] = [
     LABEL_CLASS,
     LABEL_ROLE,
     ANNOTATION_ENQUEUED_AT,
@@ -70,7 +71,21 @@ const KNOWN: [&str; 23] = [
     "7",
     "8",
     "Always",
+    "True",
+    "False",
+    REASON_UNSCHEDULABLE,
+    "SchedulingGated",
+    // What the scheduler says of every gated pod.
+    "Scheduling is blocked due to non-empty scheduling gates",
 ];
+
+/// The pod condition a kept pod keeps: whether and since when the
+/// scheduler could place the pod.
+pub const POD_SCHEDULED: &str = "PodScheduled";
+
+/// The reason of a `PodScheduled=False` condition when the scheduler found
+/// no node for the pod (rather than, say, a gate holding it back).
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
 /// A string as a kept pod holds it: one of [`KNOWN`], borrowed, or its own.
 pub type KeptStr = Cow<'static, str>;
@@ -139,7 +154,8 @@ pub struct CachedPodSpec {
     /// [`DEFAULT_TOLERATIONS`]) is shared rather than copied.
     #[serde(default, deserialize_with = "shared_tolerations")]
     pub tolerations: Option<Arc<[Toleration]>>,
-    /// The scheduling gates' names, in order: where the admission gate is.
+    /// Every scheduling gate's name, in order: where the admission gate
+    /// is, and whether another controller's gate still holds the pod.
     #[serde(default, deserialize_with = "gate_names")]
     pub scheduling_gates: Option<Box<[KeptStr]>>,
     /// App containers that request a resource a class can name: names
@@ -324,6 +340,62 @@ pub struct CachedPodStatus {
     /// The kubelet's words with the reason.
     #[serde(default)]
     pub message: Option<String>,
+    /// The `PodScheduled` condition, the one condition read (whether the
+    /// scheduler can place an admitted pod); any other is dropped. Boxed:
+    /// a bound pod's says nothing the rules read, and the box costs a
+    /// pod without one a pointer, not the condition's room.
+    #[serde(default, rename = "conditions", deserialize_with = "pod_scheduled")]
+    pub scheduled: Option<Box<CachedCondition>>,
+}
+
+/// A pod's `PodScheduled` condition, as kept (its type is implied).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachedCondition {
+    /// `True`, `False` or `Unknown`.
+    pub status: KeptStr,
+    /// Why, in one word (`Unschedulable`, `SchedulingGated`).
+    pub reason: Option<KeptStr>,
+    /// The scheduler's words (which resources no node had enough of).
+    pub message: Option<KeptStr>,
+    /// When the status last changed: since when the pod has been
+    /// unplaceable.
+    pub last_transition_time: Option<Time>,
+}
+
+/// One pod condition as read off the wire, before all but `PodScheduled`
+/// are dropped.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireCondition {
+    #[serde(rename = "type", default)]
+    type_: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    last_transition_time: Option<Time>,
+}
+
+/// The `PodScheduled` condition of a list of conditions (or null).
+fn pod_scheduled<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<CachedCondition>>, D::Error> {
+    let list: Option<Vec<WireCondition>> = Option::deserialize(d)?;
+    Ok(list
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == POD_SCHEDULED)
+        .map(|c| {
+            Box::new(CachedCondition {
+                status: kept_str(c.status),
+                reason: c.reason.map(kept_str),
+                message: c.message.map(kept_str),
+                last_transition_time: c.last_transition_time,
+            })
+        }))
 }
 
 watched_form_of!(WatchedPod => Pod);
@@ -421,6 +493,16 @@ impl CachedPod {
                 phase: s.phase.as_deref().map(str::to_owned),
                 reason: s.reason.clone(),
                 message: s.message.clone(),
+                conditions: s.scheduled.as_deref().map(|c| {
+                    vec![PodCondition {
+                        type_: POD_SCHEDULED.to_owned(),
+                        status: c.status.to_string(),
+                        reason: c.reason.as_deref().map(str::to_owned),
+                        message: c.message.as_deref().map(str::to_owned),
+                        last_transition_time: c.last_transition_time.clone(),
+                        ..PodCondition::default()
+                    }]
+                }),
                 ..PodStatus::default()
             }),
         }
@@ -469,7 +551,13 @@ mod tests {
                     "resources": {"limits": {"gpupool/slot": "2", "cpu": "1", "example.com/nic": "1"}}
                 }]
             },
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "Initialized", "status": "True",
+                 "lastTransitionTime": "2026-01-01T00:00:01Z"},
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/3 nodes are available: 1 Insufficient cpu.",
+                 "lastProbeTime": null, "lastTransitionTime": "2026-01-01T00:02:00Z"}
+            ]}
         })
     }
 
@@ -585,6 +673,94 @@ mod tests {
             translate::gate_index(&cached.to_pod()),
             translate::gate_index(&whole)
         );
+        // Every gate is kept, not only gpupool's, and so is what the
+        // scheduler said of the pod.
+        assert_eq!(from_cached.other_gate.as_deref(), Some("other"));
+        let unplaced = from_cached.unplaced.expect("the scheduler cannot place it");
+        assert_eq!(
+            unplaced.since,
+            "2026-01-01T00:02:00Z"
+                .parse::<jiff::Timestamp>()
+                .expect("t")
+        );
+        assert_eq!(
+            unplaced.message.as_deref(),
+            Some("0/3 nodes are available: 1 Insufficient cpu.")
+        );
+    }
+
+    /// The scheduler's word reaches the engine through the kept form
+    /// whatever it says, and only the `PodScheduled` condition is kept.
+    #[test]
+    fn the_pod_scheduled_condition_translates_as_the_whole_pod_does() {
+        let scheduled = |condition: serde_json::Value, node: Option<&str>| {
+            let mut pod = whole_pod();
+            pod["status"]["conditions"] = json!([
+                {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                 "lastTransitionTime": "2026-01-01T00:00:03Z"},
+                condition
+            ]);
+            if let Some(node) = node {
+                pod["spec"]["nodeName"] = json!(node);
+            }
+            pod
+        };
+        let gated = json!({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"});
+        let unschedulable = json!({"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available",
+            "lastTransitionTime": "2026-01-01T00:02:00Z"});
+        let timeless = json!({"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available"});
+        let placed = json!({"type": "PodScheduled", "status": "True",
+            "lastTransitionTime": "2026-01-01T00:03:00Z"});
+        let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
+        let now = jiff::Timestamp::UNIX_EPOCH;
+        for (condition, node, unplaced) in [
+            (gated, None, false),
+            (unschedulable.clone(), None, true),
+            (timeless, None, false),
+            (placed, Some("node-1"), false),
+            // Bound since: a stale condition does not count.
+            (unschedulable, Some("node-1"), false),
+        ] {
+            let json = scheduled(condition.clone(), node);
+            let whole: Pod = serde_json::from_value(json.clone()).expect("pod");
+            let cached: CachedPod = serde_json::from_value(json).expect("cached pod");
+            let from_whole = translate::pod_info(&whole, &resources, now).expect("translates");
+            let from_cached =
+                translate::pod_info(&cached.to_pod(), &resources, now).expect("translates");
+            assert_eq!(format!("{from_cached:?}"), format!("{from_whole:?}"));
+            assert_eq!(from_cached.unplaced.is_some(), unplaced, "{condition}");
+            let back = serde_json::to_value(cached.to_pod()).expect("serializes");
+            assert_eq!(
+                back["status"]["conditions"],
+                json!([condition]),
+                "only PodScheduled is kept"
+            );
+        }
+    }
+
+    /// A gated pod's condition, which every queued pod carries, costs no
+    /// string of its own but its time.
+    #[test]
+    fn a_gated_pods_condition_is_borrowed() {
+        let mut pod = whole_pod();
+        pod["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False",
+            "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        let cached: CachedPod = serde_json::from_value(pod).expect("cached pod");
+        let condition = cached
+            .status
+            .as_ref()
+            .and_then(|s| s.scheduled.as_deref())
+            .expect("condition");
+        let borrowed = |s: &KeptStr| matches!(s, Cow::Borrowed(_));
+        assert!(borrowed(&condition.status));
+        assert!(condition.reason.as_ref().is_some_and(borrowed));
+        assert!(condition.message.as_ref().is_some_and(borrowed));
     }
 
     #[test]
@@ -608,7 +784,13 @@ mod tests {
         assert!(pod["spec"].get("volumes").is_none());
         assert!(pod["spec"]["containers"][0].get("env").is_none());
         assert!(pod["spec"]["containers"][0].get("command").is_none());
-        assert!(pod["status"].get("conditions").is_none());
+        assert_eq!(
+            pod["status"]["conditions"],
+            json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 1 Insufficient cpu.",
+                    "lastTransitionTime": "2026-01-01T00:02:00Z"}]),
+            "of the conditions, only PodScheduled is kept"
+        );
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["metadata"]["resourceVersion"], "42");
 

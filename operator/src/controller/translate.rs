@@ -12,11 +12,12 @@ use gpupool_api::{GpuLeaseClass, node_gpus, pod as api_pod};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{self as k8s, Node, Pod};
 
-use super::cached_pod::DEFAULT_TOLERATIONS;
+use super::cached_pod::{DEFAULT_TOLERATIONS, POD_SCHEDULED, REASON_UNSCHEDULABLE};
 
 use crate::engine::{
     ClassInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm, ObjectKey, PodInfo, PodPhase,
-    RoleLabel, SelectorOperator, Taint, TaintEffect, Toleration, TolerationOperator,
+    RoleLabel, SelectorOperator, Taint, TaintEffect, Toleration, TolerationOperator, Unplaced,
+    is_extended_resource,
 };
 
 /// The extended resources the classes use: the only pod requests and node
@@ -149,23 +150,32 @@ fn taint_effect(s: &str) -> Option<TaintEffect> {
     }
 }
 
-/// A pod as the engine sees it, or `None` when it requests none of
-/// `resources` (such a pod neither queues nor takes slots) or lacks a name.
-/// `now` stands in for a missing creation time.
+/// A pod as the engine sees it, or `None` when it requests no
+/// domain-qualified extended resource (such a pod neither queues nor takes
+/// slots) or lacks a name. `now` stands in for a missing creation time.
+///
+/// Its requests are those of every extended resource it asks for, whether
+/// a class uses it now or not: a pod must not leave the engine when its
+/// class is deleted (its lease would be released as if the pod were gone,
+/// and a queued pod would then stay gated for good), nor when a class
+/// changes its resource. A request that cannot be read (a fraction, say)
+/// is left out; only one of `resources` (the classes' resources) is worth
+/// a warning, since no class counts any other.
 pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Option<PodInfo> {
     let spec = pod.spec.as_ref()?;
     let meta = &pod.metadata;
     let key = ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?);
     let mut requests = BTreeMap::new();
-    for resource in resources {
+    for resource in extended_resources(spec) {
         match api_pod::requested_slots(spec, resource) {
             Ok(0) => {}
             Ok(n) => {
-                requests.insert(resource.clone(), n);
+                requests.insert(resource.to_owned(), n);
             }
-            Err(e) => {
+            Err(e) if resources.contains(resource) => {
                 tracing::warn!(pod = %key, error = %e, "pod's GPU request cannot be read; it is not queued");
             }
+            Err(_) => {}
         }
     }
     if requests.is_empty() {
@@ -198,6 +208,15 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         .then(|| failure(pod.status.as_ref()))
         .flatten();
     let gated = gate_index(pod).is_some();
+    let other_gate = spec
+        .scheduling_gates
+        .iter()
+        .flatten()
+        .find(|g| g.name != SCHEDULING_GATE)
+        .map(|g| g.name.clone());
+    let node_name = spec.node_name.clone().filter(|n| !n.is_empty());
+    // A bound pod is placed, whatever a stale condition still says.
+    let unplaced = unplaced(pod.status.as_ref()).filter(|_| node_name.is_none());
     let required_affinity = spec
         .affinity
         .as_ref()
@@ -229,7 +248,9 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         failure,
         terminating: meta.deletion_timestamp.is_some(),
         gated,
-        node_name: spec.node_name.clone().filter(|n| !n.is_empty()),
+        other_gate,
+        unplaced,
+        node_name,
         node_selector: spec
             .node_selector
             .iter()
@@ -240,6 +261,44 @@ pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Opti
         tolerations,
         unmanaged: false,
         key,
+    })
+}
+
+/// The domain-qualified extended resources any container of `spec`
+/// (init containers included) requests or limits, each once, in name order.
+fn extended_resources(spec: &k8s::PodSpec) -> BTreeSet<&str> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.requests
+                .iter()
+                .chain(r.limits.iter())
+                .flat_map(|m| m.keys())
+        })
+        .map(String::as_str)
+        .filter(|name| is_extended_resource(name))
+        .collect()
+}
+
+/// The scheduler's word that it cannot place the pod: its `PodScheduled`
+/// condition when that is `False` for reason `Unschedulable`. A condition
+/// without a transition time says nothing of how long, so it is taken as
+/// no word at all rather than as one from the start of time.
+fn unplaced(status: Option<&k8s::PodStatus>) -> Option<Unplaced> {
+    let condition = status?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == POD_SCHEDULED)?;
+    if condition.status != "False" || condition.reason.as_deref() != Some(REASON_UNSCHEDULABLE) {
+        return None;
+    }
+    Some(Unplaced {
+        since: condition.last_transition_time.as_ref()?.0,
+        message: condition.message.clone().filter(|m| !m.is_empty()),
     })
 }
 
@@ -455,7 +514,7 @@ mod tests {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"namespace": "d", "name": "web"},
             "spec": {"nodeName": "node-1", "containers": [
-                {"name": "a", "resources": {"requests": {"cpu": "1", "other/x": "3"}}}
+                {"name": "a", "resources": {"requests": {"cpu": "1", "kubernetes.io/x": "3"}}}
             ]}
         }))
         .expect("pod");
@@ -468,6 +527,96 @@ mod tests {
         }))
         .expect("pod");
         assert!(pod_info(&frac, &resources(), now()).is_none());
+    }
+
+    /// A pod keeps the requests of every extended resource it asks for,
+    /// whether a class uses it or not: when its class is deleted (the
+    /// classes' resources are then none), it stays in the engine.
+    #[test]
+    fn pods_keep_every_extended_resource_whatever_the_classes() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "d", "name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "i", "resources": {"limits": {"example.com/nic": "2"}}}
+                ],
+                "containers": [
+                    {"name": "a", "resources": {
+                        "requests": {"cpu": "1", "gpupool/slot": "1", "other/x": "0",
+                                     "example.com/frac": "500m"},
+                        "limits": {"memory": "1Gi", "gpupool/slot": "1"}}}
+                ]
+            }
+        }))
+        .expect("pod");
+        let expected = SmallMap::from([
+            ("example.com/nic".to_owned(), 2),
+            ("gpupool/slot".to_owned(), 1),
+        ]);
+        for resources in [BTreeSet::new(), resources()] {
+            let info = pod_info(&pod, &resources, now()).expect("requests slots");
+            assert_eq!(
+                info.requests, expected,
+                "zero and unreadable requests are left out, every other kept"
+            );
+        }
+    }
+
+    #[test]
+    fn another_gate_and_the_schedulers_word_are_read() {
+        let pod = |gates: serde_json::Value, condition: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "d", "name": "p"},
+                "spec": {
+                    "schedulingGates": gates,
+                    "containers": [{"name": "a", "resources": {"limits": {"gpupool/slot": "1"}}}]
+                },
+                "status": {"conditions": condition}
+            }))
+            .expect("pod")
+        };
+        let unschedulable = json!({"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/2 nodes are available",
+            "lastTransitionTime": "2026-01-01T00:02:00Z"});
+        let info = |p: &Pod| pod_info(p, &resources(), now()).expect("requests a slot");
+
+        let held = info(&pod(
+            json!([{"name": "gpupool.io/admission"}, {"name": "example.com/quota"},
+                   {"name": "example.com/later"}]),
+            json!([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]),
+        ));
+        assert!(held.gated);
+        assert_eq!(held.other_gate.as_deref(), Some("example.com/quota"));
+        assert_eq!(held.unplaced, None, "a gated pod is not unplaceable");
+
+        let only_ours = info(&pod(json!([{"name": "gpupool.io/admission"}]), json!(null)));
+        assert_eq!((only_ours.gated, only_ours.other_gate), (true, None));
+
+        let stuck = info(&pod(json!(null), json!([unschedulable.clone()])));
+        assert_eq!(stuck.other_gate, None);
+        assert_eq!(
+            stuck.unplaced,
+            Some(Unplaced {
+                since: "2026-01-01T00:02:00Z".parse().expect("t"),
+                message: Some("0/2 nodes are available".into()),
+            })
+        );
+
+        let mut silent = unschedulable.clone();
+        silent["message"] = json!("");
+        assert_eq!(
+            info(&pod(json!([]), json!([silent])))
+                .unplaced
+                .map(|u| u.message),
+            Some(None)
+        );
+        let mut timeless = unschedulable.clone();
+        timeless["lastTransitionTime"] = json!(null);
+        assert_eq!(info(&pod(json!([]), json!([timeless]))).unplaced, None);
+        let mut unknown = unschedulable;
+        unknown["status"] = json!("Unknown");
+        assert_eq!(info(&pod(json!([]), json!([unknown]))).unplaced, None);
     }
 
     #[test]
