@@ -8,8 +8,9 @@
 //! the same `Arc` for an object until an event replaces it, and the overlay
 //! keeps the same `Arc` for a write it lays over the cache). With 16,000
 //! pods and leases, a pass after one event looks at a handful of keys and
-//! translates one object. After a re-list, at the first pass, and when the
-//! classes' resources change, every key is looked at, by the same rule.
+//! translates one object. After a re-list and at the first pass every key
+//! is looked at, by the same rule; when the classes' resources change,
+//! every node is (a pod's translation does not depend on them).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -170,7 +171,8 @@ struct OverlayKeys {
 #[derive(Default)]
 pub struct Kept {
     engine: Engine,
-    /// The class resources nodes and pods were translated for.
+    /// The class resources nodes were translated for (and whose unreadable
+    /// pod requests are worth a warning).
     resources: BTreeSet<String>,
     classes: Fed<GpuLeaseClass>,
     nodes: Fed<Node>,
@@ -246,18 +248,20 @@ impl Kept {
             );
         }
 
-        let (mut node_changes, mut pod_changes) = (changes.nodes.take(), changes.pods.take());
+        let mut node_changes = changes.nodes.take();
         let wanted: BTreeSet<String> = engine
             .classes()
             .values()
             .map(|c| c.spec.resource_name.clone())
             .collect();
         if wanted != *resources {
-            // Nodes and pods are translated for the classes' resources only:
-            // a new resource means translating them all again.
+            // Nodes are translated for the classes' resources only: a new
+            // resource means translating them all again. Pods keep every
+            // extended resource they ask for (see `translate::pod_info`),
+            // so they stay as they are: a deleted class's pods stay in the
+            // engine, which keeps their leases' places.
             nodes.clear(|key| drop(engine.remove_node(&key.name)));
-            pods.clear(|key| drop(engine.remove_pod(key)));
-            (node_changes, pod_changes) = (Changes::Everything, Changes::Everything);
+            node_changes = Changes::Everything;
             *resources = wanted;
         }
 
@@ -322,7 +326,7 @@ impl Kept {
         }
 
         let pod_keys = keys_to_look_at(
-            pod_changes,
+            changes.pods.take(),
             &caches.pods,
             pods,
             overlay.pod_keys().cloned(),
@@ -1066,6 +1070,194 @@ mod tests {
         ) {
             run(&steps)?;
         }
+    }
+
+    /// Runs passes over `cluster`'s caches, writing the leases each plan
+    /// creates and the statuses it wants into the caches as the watch
+    /// would show them, until a pass wants nothing more written (at most
+    /// five). No pass may admit, evict or give back anything.
+    fn settle(cluster: &mut Cluster, kept: &mut Kept, overlay: &mut Overlay, now: Timestamp) {
+        for _ in 0..5 {
+            let plan = kept
+                .sync(&cluster.caches, overlay, &[], now, Instant::now())
+                .engine
+                .decide();
+            assert!(
+                plan.admissions.is_empty() && plan.evictions.is_empty(),
+                "{plan:?}"
+            );
+            assert!(plan.give_backs.is_empty(), "{plan:?}");
+            let mut written: Vec<CachedLease> = plan
+                .create_leases
+                .iter()
+                .map(|new| {
+                    let mut lease = CachedLease::under(&new.key, new.spec.clone(), None);
+                    lease.metadata.uid = Some(format!("lease-{}", new.key.name).into());
+                    lease.status = Some(new.status.clone());
+                    lease
+                })
+                .collect();
+            for (key, status) in plan.all_lease_statuses() {
+                if let Some(cached) = cluster.caches.leases.get(key) {
+                    let mut lease = CachedLease::clone(&cached);
+                    lease.status = Some(status.clone());
+                    written.push(lease);
+                }
+            }
+            if written.is_empty() {
+                return;
+            }
+            for mut lease in written {
+                lease.metadata.resource_version = Some(cluster.next_version().into());
+                let log = cluster.caches.changes.leases.clone();
+                Cluster::event(&mut cluster.leases, &log, watcher::Event::Apply(lease));
+            }
+        }
+        panic!("the passes never settled");
+    }
+
+    /// Deleting the default class keeps its pods in the engine (issue #43
+    /// row 6): its queued leases turn Rejected and say why, the running
+    /// pod keeps its lease, and creating the class again queues the others
+    /// once more in their first order. When the pods left the engine with
+    /// the class's resource, every lease was released as if its pod were
+    /// gone, and the queued pods stayed gated for good.
+    #[test]
+    fn deleting_the_default_class_rejects_its_queue_and_recreating_it_restores_the_order() {
+        let mut cluster = Cluster::new();
+        let (mut kept, mut overlay) = (Kept::default(), Overlay::default());
+        let now = Timestamp::from_second(1_800_000_000).expect("timestamp");
+        let class = class_object("gpupool/slot", "1");
+        let classes = cluster.caches.changes.classes.clone();
+        Cluster::event(
+            &mut cluster.classes,
+            &classes,
+            watcher::Event::Apply(class.clone()),
+        );
+        let nodes = cluster.caches.changes.nodes.clone();
+        Cluster::event(
+            &mut cluster.nodes,
+            &nodes,
+            watcher::Event::Apply(node_object("node-1", 1)),
+        );
+        // `a` runs on the node's one slot; `b` and `c` queue behind it,
+        // `b` first.
+        // `d` comes while the class is gone.
+        let stamps = [
+            ("a", "2026-01-01T00:00:01Z"),
+            ("b", "2026-01-01T00:00:02Z"),
+            ("c", "2026-01-01T00:00:03Z"),
+            ("d", "2026-01-01T00:00:04Z"),
+        ];
+        let pod_object = |cluster: &mut Cluster, uid: u8, (name, stamp): (&str, &str)| {
+            let rv = cluster.next_version();
+            let mut pod = json!({
+                "metadata": {
+                    "namespace": "ns", "name": name, "uid": format!("pod-{uid}"),
+                    "resourceVersion": rv, "creationTimestamp": "2026-01-01T00:00:00Z",
+                    "annotations": {"gpupool.io/enqueued-at": stamp}
+                },
+                "spec": {"containers": [{"name": "c", "image": "i",
+                    "resources": {"limits": {"gpupool/slot": "1"}}}]},
+                "status": {"phase": "Pending"}
+            });
+            if name == "a" {
+                pod["spec"]["nodeName"] = json!("node-1");
+                pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": "node-1"});
+                pod["status"]["phase"] = json!("Running");
+            } else {
+                pod["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+            }
+            let pod: CachedPod = serde_json::from_value(pod).expect("pod");
+            let pods = cluster.caches.changes.pods.clone();
+            Cluster::event(&mut cluster.pods, &pods, watcher::Event::Apply(pod));
+        };
+        for (uid, pod) in (1u8..).zip(&stamps[..3]) {
+            pod_object(&mut cluster, uid, *pod);
+        }
+        let sequence = |stamp: &str| crate::engine::sequence_of(stamp.parse().expect("stamp"));
+        let rv = cluster.next_version();
+        let mut running = lease_object("a", 1, 1, &rv, LeasePhase::Bound);
+        if let Some(status) = running.status.as_mut() {
+            status.sequence = Some(sequence(stamps[0].1));
+            status.node = Some("node-1".into());
+        }
+        let leases = cluster.caches.changes.leases.clone();
+        Cluster::event(&mut cluster.leases, &leases, watcher::Event::Apply(running));
+
+        let lease = |cluster: &Cluster, name: &str| {
+            let lease = cluster
+                .caches
+                .leases
+                .get(&ObjectKey::new("ns", name))
+                .expect("lease");
+            let status = lease.status.clone().expect("status");
+            (
+                status.phase,
+                status.sequence,
+                status.position,
+                status.message,
+            )
+        };
+        let queued_in_order = |cluster: &Cluster, queued: &[(&str, &str)]| {
+            for (position, (name, stamp)) in (1..).zip(queued) {
+                let (phase, seq, pos, _) = lease(cluster, name);
+                assert_eq!(
+                    (phase, seq, pos),
+                    (LeasePhase::Queued, Some(sequence(stamp)), Some(position)),
+                    "{name}"
+                );
+            }
+        };
+        settle(&mut cluster, &mut kept, &mut overlay, now);
+        assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
+        queued_in_order(&cluster, &stamps[1..3]);
+
+        Cluster::event(
+            &mut cluster.classes,
+            &classes,
+            watcher::Event::Delete(class),
+        );
+        settle(&mut cluster, &mut kept, &mut overlay, now);
+        pod_object(&mut cluster, 4, stamps[3]);
+        settle(&mut cluster, &mut kept, &mut overlay, now);
+        let (phase, seq, _, _) = lease(&cluster, "a");
+        assert_eq!(
+            (phase, seq),
+            (LeasePhase::Bound, Some(sequence(stamps[0].1))),
+            "the running pod keeps its slot"
+        );
+        for (name, stamp) in &stamps[1..3] {
+            let (phase, seq, _, message) = lease(&cluster, name);
+            assert_eq!(phase, LeasePhase::Rejected, "{name}");
+            assert_eq!(seq, Some(sequence(stamp)), "{name} keeps its sequence");
+            assert_eq!(
+                message.as_deref(),
+                Some(
+                    "rejected: GpuLeaseClass default does not exist; \
+                     the lease queues once it is created"
+                ),
+                "{name}"
+            );
+            assert!(
+                kept.engine().pod(&ObjectKey::new("ns", *name)).is_some(),
+                "{name} stays in the engine"
+            );
+        }
+        // Whether a pod that names no class may queue is the default
+        // class's to say; it must only be there to ask once it is back.
+        let d = ObjectKey::new("ns", "d");
+        assert!(kept.engine().pod(&d).is_some(), "d is in the engine");
+
+        let rv = cluster.next_version();
+        Cluster::event(
+            &mut cluster.classes,
+            &classes,
+            watcher::Event::Apply(class_object("gpupool/slot", &rv)),
+        );
+        settle(&mut cluster, &mut kept, &mut overlay, now);
+        assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
+        queued_in_order(&cluster, &stamps[1..]);
     }
 
     #[test]
