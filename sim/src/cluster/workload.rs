@@ -163,6 +163,9 @@ pub fn phase(pod: &Pod) -> &str {
         .unwrap_or_default()
 }
 
+/// The termination grace period [`run_on`] gives a pod that sets none.
+pub const REAL_NODE_GRACE_SECONDS: i64 = 1;
+
 /// What a container of the workload image runs before anything else: it
 /// prints the GPU environment Allocate gave it (`GPUPOOL_*`), so a test
 /// reads from the container's log what the simulated kubelet records in
@@ -176,15 +179,18 @@ const PRINT_GPU_ENV: &str = "env | grep '^GPUPOOL_' | sort";
 /// script doing what the simulated kubelet does. Other backends leave it
 /// as it is.
 ///
-/// - an app container runs for the annotation's seconds and exits 0, or
-///   until it is stopped;
+/// - an app container runs for the annotation's seconds and exits 0 (the
+///   pod's `restartPolicy` becomes `Never` unless it sets one, so the pod
+///   Succeeds as a simulated one does), or until it is stopped;
 /// - a restartable init container (a sidecar) runs until it is stopped;
 /// - a regular init container exits 0 at once;
 ///
 /// and each prints its `GPUPOOL_*` environment first. Every one exits 0
-/// on SIGTERM at once, as a simulated pod ends when deleted (the real
-/// kubelet still waits for the container, so a deletion takes as long as
-/// the runtime needs, not the simulator's capped termination).
+/// on SIGTERM. A container stopped before its shell has set that up (a pod
+/// deleted as it starts) ignores SIGTERM, as PID 1 does without a handler,
+/// and the kubelet kills it after the pod's grace period: a pod that sets
+/// none gets [`REAL_NODE_GRACE_SECONDS`], as the simulated kubelet caps
+/// every termination.
 pub fn run_on(pod: &mut Pod, backend: &super::Backend) {
     if !backend.is_real_nodes() {
         return;
@@ -199,9 +205,14 @@ pub fn run_on(pod: &mut Pod, backend: &super::Backend) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
-    let until_stopped = format!("{PRINT_GPU_ENV}; trap 'exit 0' TERM; sleep infinity & wait $!");
+    if run_seconds.is_some() && spec.restart_policy.is_none() {
+        spec.restart_policy = Some("Never".to_owned());
+    }
+    spec.termination_grace_period_seconds
+        .get_or_insert(REAL_NODE_GRACE_SECONDS);
+    let until_stopped = format!("trap 'exit 0' TERM; {PRINT_GPU_ENV}; sleep infinity & wait $!");
     let for_app = match run_seconds {
-        Some(s) => format!("{PRINT_GPU_ENV}; trap 'exit 0' TERM; sleep {s} & wait $!"),
+        Some(s) => format!("trap 'exit 0' TERM; {PRINT_GPU_ENV}; sleep {s} & wait $!"),
         None => until_stopped.clone(),
     };
     let init_done = format!("{PRINT_GPU_ENV}; exit 0");
@@ -253,7 +264,14 @@ mod tests {
         assert_eq!(c.image_pull_policy.as_deref(), Some("Never"));
         assert_eq!(
             scripts(&pod),
-            ["sh -c env | grep '^GPUPOOL_' | sort; trap 'exit 0' TERM; sleep 2.5 & wait $!"]
+            ["sh -c trap 'exit 0' TERM; env | grep '^GPUPOOL_' | sort; sleep 2.5 & wait $!"]
+        );
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            spec.termination_grace_period_seconds,
+            Some(1),
+            "slot_pod's own"
         );
     }
 
@@ -274,7 +292,7 @@ mod tests {
         };
         run_on(&mut pod, &real);
         let until_stopped =
-            "sh -c env | grep '^GPUPOOL_' | sort; trap 'exit 0' TERM; sleep infinity & wait $!";
+            "sh -c trap 'exit 0' TERM; env | grep '^GPUPOOL_' | sort; sleep infinity & wait $!";
         assert_eq!(
             scripts(&pod),
             [

@@ -421,6 +421,10 @@ impl<'a> PodSpec<'a> {
             "spec": {"containers": [{"name": "work", "image": "sim",
                 "resources": {"limits": {"gpupool/slot": self.slots.to_string()}}}]}
         });
+        if self.run_seconds.is_some() {
+            // It ends by itself and is not restarted, so it Succeeds.
+            v["spec"]["restartPolicy"] = json!("Never");
+        }
         if !self.node_selector.is_empty() {
             let sel: BTreeMap<&str, &str> = self.node_selector.iter().copied().collect();
             v["spec"]["nodeSelector"] = json!(sel);
