@@ -55,8 +55,8 @@ pub fn decide(snapshot: &Snapshot) -> Plan {
 
 /// Runs the first `steps` steps of a pass and returns the plan so far, so a
 /// benchmark can tell what each step costs (0: index classes and nodes; 1:
-/// join pods and leases into tickets; 2: count leases, sequences and
-/// eviction retries; 3: the queues and readmissions; 4: lease specs; 5:
+/// join pods and leases into tickets; 2: count leases, sequences,
+/// give-backs and eviction retries; 3: the queues and readmissions; 4: lease specs; 5:
 /// lease statuses; 6: class statuses).
 #[cfg(feature = "fixtures")]
 #[doc(hidden)]
@@ -80,13 +80,13 @@ fn pass_until(view: pass::View<'_>, steps: usize) -> pass::Pass<'_> {
         return pass;
     }
     pass.join();
-    pass.give_back_unplaceable();
     if steps == 1 {
         return pass;
     }
     pass.count_leases();
     pass.requeue_overcommitted_redrives();
     pass.assign_sequences();
+    pass.give_back_unplaceable();
     pass.retry_evictions();
     if steps == 2 {
         return pass;

@@ -329,7 +329,8 @@ impl<'a> Pass<'a> {
                 self.mark_own_nodes(&mut t);
                 self.tickets.push(t);
             }
-            (Some(p), None) if is_live(p) => {
+            // A pod deleted before it was bound is gone at once: it gets no lease.
+            (Some(p), None) if is_live(p) && !(p.terminating && p.node_name.is_none()) => {
                 if let Some(mut t) = self.fresh(p, resolved, &facts, pod_counted) {
                     self.mark_own_nodes(&mut t);
                     self.tickets.push(t);
@@ -568,9 +569,13 @@ impl<'a> Pass<'a> {
             self.hold(t);
             return;
         }
-        if persisted_phase.holds_slots() && t.node.and_then(|n| self.nodes.find(n)).is_some() {
+        if persisted_phase.holds_slots()
+            && t.class.is_some()
+            && t.node.and_then(|n| self.nodes.find(n)).is_some()
+        {
             // Admitted in an earlier pass, but the pod still shows its gate:
-            // the admission patch was lost; it is driven again to the same node.
+            // the admission patch was lost; it is driven again to the same
+            // node, unless its class is gone (then it waits as Rejected).
             t.phase = LeasePhase::Admitted;
             t.message = Message::Admitted(t.node);
             t.redrive = true;

@@ -781,7 +781,7 @@ impl<'a> Pass<'a> {
                     .leases
                     .iter()
                     .find(|(_, lease)| self.parked_may_fit(c, lease))
-                    .map(|(place, _)| place.0)
+                    .map(|(place, _)| (Some(place.0), &place.1))
             });
             let earliest = queue
                 .primaries
@@ -797,7 +797,8 @@ impl<'a> Pass<'a> {
                         }
                     }
                 })
-                .filter_map(|t| self.tickets[t].sequence)
+                .map(|t| (self.tickets[t].sequence, self.tickets[t].key))
+                .filter(|(sequence, _)| sequence.is_some())
                 .chain(earliest_parked)
                 .min();
             let Some(earliest) = earliest else {
@@ -806,7 +807,9 @@ impl<'a> Pass<'a> {
             let mut requeued = false;
             for i in 0..self.tickets.len() {
                 let t = &self.tickets[i];
-                if !redriven(t) || t.sequence.is_none_or(|s| s < earliest) {
+                // Two pods enqueued in the same microsecond share a
+                // sequence: their names order them.
+                if !redriven(t) || t.sequence.is_none() || (t.sequence, t.key) < earliest {
                     continue;
                 }
                 if let (Some(res), Some(node)) = (t.res, t.node_idx) {

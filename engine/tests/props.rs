@@ -14,7 +14,7 @@ use gpupool_api::{
 use gpupool_engine::fixtures;
 use gpupool_engine::{
     ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
-    Refusals, RoleLabel, Snapshot, decide,
+    Refusals, RoleLabel, Snapshot, Unplaced, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
@@ -145,6 +145,27 @@ enum Event {
         slots: u32,
         flip: bool,
     },
+    /// Another controller's scheduling gate on a pod arrives with it
+    /// (`add`) or is removed from it.
+    OtherGate {
+        pick: u8,
+        add: bool,
+    },
+    /// The pod can never be placed on its node (it asks for more CPU than
+    /// the node has): the scheduler reports it unschedulable.
+    Unfit {
+        pick: u8,
+    },
+    /// A lease is deleted while the operator is down: the next pass knows
+    /// nothing of it.
+    LoseLease {
+        pick: u8,
+    },
+    /// The class at `pick` is deleted, or the last deleted one is created
+    /// again.
+    ToggleClass {
+        pick: u8,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -167,6 +188,10 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<bool>().prop_map(|refuses| Event::Pdb { refuses }),
         1 => (any::<u8>(), 1u32..=3, any::<bool>())
             .prop_map(|(pick, slots, flip)| Event::EditLease { pick, slots, flip }),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(pick, add)| Event::OtherGate { pick, add }),
+        1 => any::<u8>().prop_map(|pick| Event::Unfit { pick }),
+        1 => any::<u8>().prop_map(|pick| Event::LoseLease { pick }),
+        1 => any::<u8>().prop_map(|pick| Event::ToggleClass { pick }),
     ]
 }
 
@@ -230,6 +255,11 @@ struct World {
     /// [`CLASS_STATUS_PERIOD`] hold them back. Otherwise every class
     /// status a pass builds is stored unstamped.
     paced_class_statuses: bool,
+    /// UIDs of pods no node can ever run: the scheduler reports them
+    /// unschedulable rather than binding them.
+    unfit: BTreeSet<String>,
+    /// Classes deleted by `ToggleClass`, the last one first to come back.
+    deleted_classes: Vec<ClassInfo>,
 }
 
 fn gpus(name: &str, n: u32) -> Vec<NodeGpu> {
@@ -267,6 +297,8 @@ impl World {
             sequences: BTreeMap::new(),
             pdb_refuses: false,
             paced_class_statuses: false,
+            unfit: BTreeSet::new(),
+            deleted_classes: Vec::new(),
         };
         for &(alloc, pool) in &sc.nodes {
             w.add_node(alloc, pool);
@@ -331,6 +363,10 @@ impl World {
                     return Ok(()); // the API server refuses a second pod of that name
                 }
                 self.next_uid += 1;
+                let default_exists = self.s.classes.iter().any(|c| c.spec.default);
+                // Without a default class the webhook leaves an unlabelled
+                // pod alone: it is created ungated and never queued.
+                let ungated = ungated || (class == 0 && !default_exists);
                 let class_label = match class {
                     0 => None,
                     1 if self.s.classes.len() > 1 => Some("narrow".to_owned()),
@@ -421,6 +457,39 @@ impl World {
                 self.s.now += jiff::SignedDuration::from_secs(i64::from(secs));
             }
             Event::Pdb { refuses } => self.pdb_refuses = refuses,
+            Event::OtherGate { pick, add } => {
+                // Gates can only be removed after creation: one is added
+                // to a pod that has not reached the queue yet.
+                if let Some(i) = self.pick_pod(pick) {
+                    let p = &mut self.s.pods[i];
+                    if !add {
+                        p.other_gate = None;
+                    } else if p.gated && !self.s.leases.iter().any(|l| l.key == p.key) {
+                        p.other_gate = Some("example.com/quota".into());
+                    }
+                }
+            }
+            Event::Unfit { pick } => {
+                if let Some(i) = self.pick_pod(pick) {
+                    let uid = self.s.pods[i].uid.clone();
+                    self.unfit.insert(uid);
+                }
+            }
+            Event::LoseLease { pick } => {
+                if !self.s.leases.is_empty() {
+                    let i = usize::from(pick) % self.s.leases.len();
+                    self.s.leases.remove(i);
+                }
+            }
+            Event::ToggleClass { pick } => {
+                if let Some(class) = self.deleted_classes.pop() {
+                    self.s.classes.push(class);
+                } else if !self.s.classes.is_empty() {
+                    let i = usize::from(pick) % self.s.classes.len();
+                    let gone = self.s.classes.remove(i);
+                    self.deleted_classes.push(gone);
+                }
+            }
             Event::EditLease { pick, slots, flip } => {
                 if !self.s.leases.is_empty() {
                     let i = usize::from(pick) % self.s.leases.len();
@@ -441,9 +510,22 @@ impl World {
     /// The scheduler: binds pinned ungated pods to their node, and places
     /// unpinned ungated pods (created without the webhook) where they fit.
     fn bind(&mut self) {
+        let now = self.s.now;
         for i in 0..self.s.pods.len() {
             let p = &self.s.pods[i];
-            if p.gated || p.node_name.is_some() || !is_live(p) {
+            if p.gated || p.node_name.is_some() || !is_live(p) || p.terminating {
+                continue;
+            }
+            let pinned_away = p
+                .node_selector
+                .get(LABEL_HOSTNAME)
+                .is_some_and(|n| self.alloc(n).is_none());
+            if self.unfit.contains(&p.uid) || pinned_away {
+                let p = &mut self.s.pods[i];
+                p.unplaced.get_or_insert_with(|| Unplaced {
+                    since: now,
+                    message: Some("0/1 nodes are available: 1 Insufficient cpu.".into()),
+                });
                 continue;
             }
             let target = match p.node_selector.get(LABEL_HOSTNAME) {
@@ -465,6 +547,7 @@ impl World {
                 let p = &mut self.s.pods[i];
                 p.node_name = Some(n);
                 p.phase = PodPhase::Running;
+                p.unplaced = None;
             }
         }
     }
@@ -565,7 +648,13 @@ impl World {
                 .iter()
                 .find(|l| l.key == e.key)
                 .and_then(|l| l.status());
-            let status = plan.lease_status(&e.key).or(persisted);
+            // A lease lost and created again carries its status with it.
+            let created = plan
+                .create_leases
+                .iter()
+                .find(|n| n.key == e.key)
+                .map(|n| &n.status);
+            let status = plan.lease_status(&e.key).or(created).or(persisted);
             let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
             prop_assert!(
                 message.contains("blocked by a PodDisruptionBudget"),
@@ -667,6 +756,23 @@ impl World {
                     }
                 }
             }
+            Step::GiveBack(i) => {
+                let g = &plan.give_backs[i];
+                let pod = self
+                    .s
+                    .pods
+                    .iter()
+                    .find(|p| p.key == g.key && p.uid == g.pod_uid);
+                prop_assert!(
+                    pod.is_some_and(|p| p.node_name.is_none() && !p.gated),
+                    "{} given back, but it is not an admitted pod waiting for a node",
+                    g.key
+                );
+                // Not bound to a node: the API server deletes it at once.
+                self.s
+                    .pods
+                    .retain(|p| !(p.key == g.key && p.uid == g.pod_uid));
+            }
             Step::Status(ref key) => {
                 let st = plan.lease_status(key).expect("a wanted status");
                 if let Some(l) = self.s.leases.iter_mut().find(|l| &l.key == key) {
@@ -728,6 +834,7 @@ impl World {
     }
 
     fn check_plan_as_written(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        self.check_unrunnable_pods(plan)?;
         // Every class's queue depth is counted, and it is what a status
         // built in the same pass says.
         for class in &self.s.classes {
@@ -807,11 +914,13 @@ impl World {
             // (its pod is still gated): the earlier one goes first.
             let earlier_waits = lease.is_some_and(|mine| {
                 let seq = persisted.and_then(|s| s.sequence).unwrap_or(0);
+                // Leases wait in (sequence, key) order.
                 let leased_earlier = self.s.leases.iter().any(|l| {
                     l.spec().class_name == mine.spec().class_name
                         && l.spec().role == Role::Primary
-                        && l.status()
-                            .is_none_or(|s| s.sequence.is_none_or(|x| x < seq))
+                        && l.status().is_none_or(|s| {
+                            s.sequence.is_none_or(|x| (x, &l.key) < (seq, &mine.key))
+                        })
                         && self.s.pods.iter().any(|p| {
                             p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
                         })
@@ -823,7 +932,10 @@ impl World {
                         && is_live(p)
                         && p.role == RoleLabel::Valid(Role::Primary)
                         && p.class_label.as_deref().unwrap_or("default") == mine.spec().class_name
-                        && gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)) < seq
+                        && (
+                            gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)),
+                            &p.key,
+                        ) < (seq, &mine.key)
                         && !self
                             .s
                             .leases
@@ -880,7 +992,11 @@ impl World {
                     && st.phase == LeasePhase::Queued
                     && fits(&l.spec().class_name, l.spec().slots)
                     && self.s.pods.iter().any(|p| {
-                        p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
+                        p.key == l.key
+                            && p.uid == l.spec().pod_uid
+                            && p.gated
+                            && p.other_gate.is_none()
+                            && is_live(p)
                     })
             });
             prop_assert!(
@@ -907,12 +1023,23 @@ impl World {
                         && st.sequence.is_some_and(|s| s < below)
                         && self.possible(&class.name, l.spec().slots)
                         && self.s.pods.iter().any(|p| {
-                            p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
+                            // Another controller's gate holds no one up.
+                            p.key == l.key
+                                && p.uid == l.spec().pod_uid
+                                && p.gated
+                                && p.other_gate.is_none()
+                                && is_live(p)
                         })
                 })
             };
             let new_primary_waiting = plan.create_leases.iter().any(|n| {
-                n.spec.class_name == class.name
+                let other_gate = self
+                    .s
+                    .pods
+                    .iter()
+                    .any(|p| p.key == n.key && p.other_gate.is_some());
+                !other_gate
+                    && n.spec.class_name == class.name
                     && n.spec.role == Role::Primary
                     && n.status.phase == LeasePhase::Queued
                     && self.possible(&class.name, n.spec.slots)
@@ -959,6 +1086,86 @@ impl World {
                     prop_assert!(n <= slots, "{lease} shown on {n} slots");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// No slot is held for longer than its class's placement timeout by a
+    /// pod the scheduler cannot place, and none is given back sooner; a
+    /// pod carrying another controller's gate is never admitted; and
+    /// nothing is released while its pod may still run, whatever becomes
+    /// of its class (DESIGN §5.3, §5.6).
+    fn check_unrunnable_pods(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        let given: BTreeSet<&ObjectKey> = plan.give_backs.iter().map(|g| &g.key).collect();
+        for p in &self.s.pods {
+            let own_lease = self
+                .s
+                .leases
+                .iter()
+                .find(|l| l.key == p.key && l.spec().pod_uid == p.uid);
+            let Some(report) = p
+                .unplaced
+                .as_ref()
+                .filter(|_| is_live(p) && !p.terminating && !p.gated && p.node_name.is_none())
+            else {
+                prop_assert!(
+                    !given.contains(&p.key),
+                    "{} given back though placeable",
+                    p.key
+                );
+                continue;
+            };
+            let class = own_lease.map(|l| l.spec().class_name.clone());
+            let timeout = class
+                .and_then(|c| self.s.classes.iter().find(|k| k.name == c))
+                .map_or(60, |c| c.spec.admission.placement_timeout_seconds);
+            let due = report.since + jiff::SignedDuration::from_secs(i64::from(timeout));
+            if own_lease.is_some() && self.s.now >= due {
+                prop_assert!(
+                    given.contains(&p.key),
+                    "{} holds its slots past the timeout",
+                    p.key
+                );
+            } else if self.s.now < due {
+                prop_assert!(
+                    !given.contains(&p.key),
+                    "{} given back before the timeout",
+                    p.key
+                );
+            }
+        }
+        for a in &plan.admissions {
+            let pod = self.s.pods.iter().find(|p| p.key == a.key);
+            prop_assert!(
+                pod.is_some_and(|p| p.other_gate.is_none()),
+                "{} admitted while another gate holds it",
+                a.key
+            );
+        }
+        for (key, st) in plan.all_lease_statuses() {
+            if st.phase != LeasePhase::Released {
+                continue;
+            }
+            let Some(lease) = self.s.leases.iter().find(|l| &l.key == key) else {
+                continue;
+            };
+            if lease
+                .status()
+                .is_some_and(|s| s.phase == LeasePhase::Released)
+            {
+                continue;
+            }
+            let runs = self.s.pods.iter().any(|p| {
+                p.key == *key
+                    && p.uid == lease.spec().pod_uid
+                    && is_live(p)
+                    && !(p.terminating && p.node_name.is_none())
+            });
+            prop_assert!(
+                !runs || given.contains(key),
+                "{} released while its pod may still run",
+                key
+            );
         }
         Ok(())
     }
@@ -1027,7 +1234,17 @@ impl World {
     /// Every live pod that requests the resource and names a class (or the
     /// default) has exactly one lease, with its UID.
     fn check_leases_cover_pods(&self) -> Result<(), TestCaseError> {
-        for p in self.s.pods.iter().filter(|p| is_live(p)) {
+        let default_exists = self.s.classes.iter().any(|c| c.spec.default);
+        // A pod being deleted before it was bound is gone at once, and a
+        // pod without a class label while no default class exists is none
+        // of gpupool's (the webhook lets it pass ungated), nor is any pod
+        // while no class names the resource it asks for.
+        for p in self.s.pods.iter().filter(|p| {
+            is_live(p)
+                && !(p.terminating && p.node_name.is_none())
+                && (p.class_label.is_some() || default_exists)
+                && !self.s.classes.is_empty()
+        }) {
             let n = self
                 .s
                 .leases
@@ -1048,6 +1265,7 @@ enum Step {
     Delete(usize),
     Admit(usize),
     Evict(usize),
+    GiveBack(usize),
     Status(ObjectKey),
     Spec(ObjectKey),
 }
@@ -1068,6 +1286,7 @@ fn steps(plan: &Plan, statuses_first: bool) -> Vec<Step> {
     let actions: Vec<Step> = (0..plan.admissions.len())
         .map(Step::Admit)
         .chain((0..plan.evictions.len()).map(Step::Evict))
+        .chain((0..plan.give_backs.len()).map(Step::GiveBack))
         .collect();
     if statuses_first {
         out.extend(statuses);
@@ -1162,7 +1381,7 @@ fn kept_engine_decides_as_a_full_pass(
     for (i, ev) in sc.events.iter().enumerate() {
         let before = w.s.clone();
         w.apply_event(ev)?;
-        if dropped_after == Some(i) {
+        if dropped_after == Some(i) && !w.s.classes.is_empty() {
             let gone = w.s.classes.remove(0);
             feed(&mut engine, &before, &w.s);
             prop_assert_eq!(
@@ -1304,6 +1523,12 @@ proptest! {
     fn every_queued_lease_is_eventually_admitted_or_impossible(sc in scenario()) {
         let mut w = World::new(&sc);
         run_events(&mut w, &sc)?;
+        // Other controllers let their pods go, deleted classes come back,
+        // and what could not be placed is given back or placed.
+        for p in &mut w.s.pods {
+            p.other_gate = None;
+        }
+        w.s.classes.append(&mut w.deleted_classes);
         let rounds = w.s.pods.len() * 2 + 4;
         for _ in 0..rounds {
             w.quiesce(12)?;

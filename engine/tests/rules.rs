@@ -134,7 +134,11 @@ fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
     assert_eq!(new.spec.class_name, "default");
     assert_eq!(new.spec.slots, 1);
     assert_eq!(new.status.phase, LeasePhase::Queued);
-    assert_eq!(new.status.sequence, Some(1));
+    assert_eq!(
+        new.status.sequence,
+        Some(gpupool_engine::sequence_of(at(1))),
+        "its enqueued-at stamp in microseconds"
+    );
     assert!(
         plan.admissions.is_empty(),
         "not admitted before the sequence is persisted"
@@ -147,7 +151,7 @@ fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
 }
 
 #[test]
-fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing() {
+fn sequences_are_the_enqueue_stamp_or_the_creation_time_and_names_break_ties() {
     let mut s = world(vec![node("n1", 0)], vec![]);
     s.leases.push(LeaseInfo::from_parts(
         ObjectKey::new("old", "gone"),
@@ -182,11 +186,27 @@ fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing()
         .iter()
         .map(|n| (n.key.name.to_string(), n.status.sequence.expect("sequence")))
         .collect();
-    assert_eq!(seq["first"], 42);
-    assert_eq!(seq["c-no-stamp"], 43, "no stamp sorts by creationTimestamp");
-    assert_eq!(seq["z-same"], 44, "same stamp: older creation first");
-    assert_eq!(seq["a"], 45, "then by name");
-    assert_eq!(seq["b"], 46);
+    let micros = |t: i64| gpupool_engine::sequence_of(at(t));
+    assert_eq!(seq["first"], micros(0));
+    assert_eq!(
+        seq["c-no-stamp"],
+        micros(2),
+        "no stamp: its creationTimestamp"
+    );
+    assert_eq!(seq["a"], micros(3));
+    assert_eq!(seq["b"], micros(3), "one microsecond, one sequence");
+    assert_eq!(seq["z-same"], micros(3));
+    assert!(micros(0) > 41, "above the counters older leases carry");
+    // Leases wait in (sequence, name) order.
+    settle(&mut s);
+    s.nodes = vec![node("n1", 5)];
+    let plan = decide(&s);
+    let admitted: Vec<&str> = plan
+        .admissions
+        .iter()
+        .map(|a| a.key.name.as_ref())
+        .collect();
+    assert_eq!(admitted, ["first", "c-no-stamp", "a", "b", "z-same"]);
     apply(&mut s, &plan);
     s.now = at(5000);
     let again = settle(&mut s);
@@ -642,8 +662,8 @@ fn a_replaced_pod_gets_its_stale_lease_deleted_before_a_new_one() {
     assert_eq!(plan.create_leases[0].pod_uid, "uid-p-2");
     assert_eq!(
         plan.create_leases[0].status.sequence,
-        Some(3),
-        "above q's 2"
+        Some(gpupool_engine::sequence_of(at(50))),
+        "the new pod's own stamp, behind q"
     );
 }
 
@@ -1603,4 +1623,191 @@ fn a_pod_the_kubelet_refused_is_released_saying_why() {
         "{} bytes",
         long.len()
     );
+}
+
+/// An admitted pod pinned to `node` that the scheduler has not bound.
+fn pinned(mut p: PodInfo, node: &str) -> PodInfo {
+    p.gated = false;
+    p.node_selector.insert(LABEL_HOSTNAME.into(), node.into());
+    p
+}
+
+#[test]
+fn a_pod_carrying_another_gate_takes_no_slot_and_holds_no_one_up() {
+    let mut held = pod("held", 1, 1);
+    held.other_gate = Some("example.com/quota".into());
+    let mut s = world(vec![node("n1", 1)], vec![held, pod("next", 1, 2)]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "held"), LeasePhase::Queued);
+    assert!(
+        message(&s, "held").contains("scheduling gate example.com/quota"),
+        "{}",
+        message(&s, "held")
+    );
+    assert_eq!(
+        phase(&s, "next"),
+        LeasePhase::Admitted,
+        "StrictFIFO: the pod behind it is not blocked"
+    );
+    // Its gate gone, it queues with its place (first): it is admitted when
+    // the slot is free again.
+    s.pods
+        .iter_mut()
+        .filter(|p| p.key == key("held"))
+        .for_each(|p| p.other_gate = None);
+    settle(&mut s);
+    assert_eq!(phase(&s, "held"), LeasePhase::Queued);
+    assert_eq!(lease(&s, "held").position, Some(1));
+    finish(&mut s, "next");
+    settle(&mut s);
+    assert_eq!(phase(&s, "held"), LeasePhase::Admitted);
+}
+
+#[test]
+fn an_admitted_pod_the_scheduler_cannot_place_gives_its_slots_back_after_the_timeout() {
+    let mut s = world(
+        vec![node("n1", 2)],
+        vec![pod("big", 2, 1), pod("next", 1, 2)],
+    );
+    s.classes[0].spec.admission.placement_timeout_seconds = 30;
+    // "big" was admitted to n1, but asks for more CPU than n1 has.
+    let plan = decide(&s);
+    apply(&mut s, &plan);
+    let plan = decide(&s);
+    assert_eq!(plan.admissions.len(), 1);
+    let uid = plan.admissions[0].pod_uid.clone();
+    for l in &mut s.leases {
+        if let Some(st) = plan.lease_status(&l.key) {
+            *l.status_mut() = Some(st.clone());
+        }
+    }
+    let why = "0/1 nodes are available: 1 Insufficient cpu.";
+    for p in &mut s.pods {
+        if p.key == key("big") {
+            *p = pinned(p.clone(), "n1");
+            p.unplaced = Some(gpupool_engine::Unplaced {
+                since: at(1000),
+                message: Some(why.into()),
+            });
+        }
+    }
+    // Before the timeout: it holds its slots, and its lease says when it
+    // gives them back; a pass is due then.
+    s.now = at(1010);
+    let plan = decide(&s);
+    assert!(plan.give_backs.is_empty());
+    assert!(plan.admissions.is_empty(), "n1 is still full");
+    assert_eq!(plan.wake_at, Some(at(1030)));
+    let st = plan.lease_status(&key("big")).expect("a message change");
+    let text = st.message.clone().unwrap_or_default();
+    assert!(
+        text.contains("cannot place it: 0/1 nodes are available: 1 Insufficient cpu."),
+        "{text}"
+    );
+    // At the timeout: released with the scheduler's reason, and deleted.
+    s.now = at(1030);
+    let plan = decide(&s);
+    assert_eq!(plan.give_backs.len(), 1);
+    let g = &plan.give_backs[0];
+    assert_eq!(
+        (&g.key, &g.pod_uid, g.node.as_str()),
+        (&key("big"), &uid, "n1")
+    );
+    assert!(
+        g.reason.contains("for 30s") && g.reason.contains("Insufficient cpu"),
+        "{}",
+        g.reason
+    );
+    let st = plan.lease_status(&key("big")).expect("released");
+    assert_eq!(st.phase, LeasePhase::Released);
+    assert_eq!(st.message.as_deref(), Some(g.reason.as_str()));
+    assert!(
+        plan.admissions.is_empty(),
+        "the slots are free once the pod is gone"
+    );
+    // A delete that did not happen is asked for again; once the pod is
+    // being deleted it holds nothing, and the queue moves on.
+    apply(&mut s, &plan);
+    let again = decide(&s);
+    assert_eq!(again.give_backs.len(), 1);
+    for p in &mut s.pods {
+        if p.key == key("big") {
+            p.terminating = true;
+        }
+    }
+    settle(&mut s);
+    assert_eq!(phase(&s, "next"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "big"), LeasePhase::Released);
+}
+
+#[test]
+fn a_lease_lost_while_the_operator_was_down_takes_its_place_by_the_stamp() {
+    let mut s = world(
+        vec![node("n1", 1)],
+        vec![
+            pod("a", 1, 1),
+            pod("b", 1, 2),
+            pod("c", 1, 3),
+            pod("d", 1, 4),
+        ],
+    );
+    settle(&mut s);
+    assert_eq!(phase(&s, "a"), LeasePhase::Admitted);
+    assert_eq!(lease(&s, "b").position, Some(1));
+    let b = lease(&s, "b").sequence;
+    // b's lease is deleted while nothing remembers it; a pod created later
+    // must not pass it.
+    s.leases.retain(|l| l.key != key("b"));
+    s.pods.push(pod("e", 1, 9));
+    s.now = at(2000);
+    settle(&mut s);
+    assert_eq!(
+        lease(&s, "b").sequence,
+        b,
+        "the same sequence, from its stamp"
+    );
+    assert_eq!(lease(&s, "b").position, Some(1));
+    assert_eq!(lease(&s, "e").position, Some(4));
+    finish(&mut s, "a");
+    settle(&mut s);
+    assert_eq!(phase(&s, "b"), LeasePhase::Admitted);
+}
+
+#[test]
+fn a_deleted_default_class_keeps_its_queue_and_leaves_running_pods_alone() {
+    let mut s = world(
+        vec![node("n1", 1)],
+        vec![pod("run", 1, 1), pod("q1", 1, 2), pod("q2", 1, 3)],
+    );
+    settle(&mut s);
+    let order: Vec<Option<u64>> = ["q1", "q2"].iter().map(|n| lease(&s, n).sequence).collect();
+    let default = s.classes.remove(0);
+    settle(&mut s);
+    assert_eq!(
+        phase(&s, "run"),
+        LeasePhase::Admitted,
+        "nothing running is released"
+    );
+    for name in ["q1", "q2"] {
+        assert_eq!(phase(&s, name), LeasePhase::Rejected);
+        assert!(
+            message(&s, name).contains("GpuLeaseClass default does not exist"),
+            "{}",
+            message(&s, name)
+        );
+    }
+    // Created again (under another name, still the default): the queue
+    // comes back in its order.
+    let mut again = default;
+    again.name = "main".into();
+    s.classes.push(again);
+    settle(&mut s);
+    let back: Vec<Option<u64>> = ["q1", "q2"].iter().map(|n| lease(&s, n).sequence).collect();
+    assert_eq!(back, order);
+    assert_eq!(lease(&s, "q1").position, Some(1));
+    assert_eq!(lease(&s, "q2").position, Some(2));
+    finish(&mut s, "run");
+    settle(&mut s);
+    assert_eq!(phase(&s, "q1"), LeasePhase::Admitted);
+    assert_eq!(phase(&s, "q2"), LeasePhase::Queued);
 }
