@@ -54,6 +54,8 @@ pub struct Metrics {
     pub admissions: Family<ClassRole, Counter>,
     /// Helpers evicted for primaries, by class.
     pub preemptions: Family<ClassLabel, Counter>,
+    /// Admitted pods deleted because the scheduler could not place them, by class.
+    pub give_backs: Family<ClassLabel, Counter>,
     /// Seconds from a lease's queuedAt to its admittedAt, by class and role.
     pub admission_wait: Family<ClassRole, Histogram, fn() -> Histogram>,
     /// Seconds one decision pass took (snapshot, decide and apply).
@@ -73,6 +75,7 @@ impl Metrics {
             queue_depth: Family::default(),
             admissions: Family::default(),
             preemptions: Family::default(),
+            give_backs: Family::default(),
             admission_wait: Family::new_with_constructor(wait_histogram),
             pass_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             errors: Family::default(),
@@ -94,6 +97,11 @@ impl Metrics {
             "preemptions",
             "Helper pods evicted to make room for a primary, by class",
             m.preemptions.clone(),
+        );
+        r.register(
+            "give_backs",
+            "Admitted pods deleted to give their slots back because the scheduler could not place them within their class's placementTimeoutSeconds, by class",
+            m.give_backs.clone(),
         );
         r.register(
             "admission_wait_seconds",
@@ -302,6 +310,11 @@ mod tests {
                 role: "primary".into(),
             })
             .inc();
+        m.give_backs
+            .get_or_create(&ClassLabel {
+                class: "default".into(),
+            })
+            .inc();
         let health = Health::default();
         let resp = respond(&get("/metrics"), &registry, &health);
         assert_eq!(resp.status(), StatusCode::OK);
@@ -309,6 +322,7 @@ mod tests {
         assert!(body.contains("gpupool_operator_api_errors_total"), "{body}");
         assert!(body.contains("admit_pod"), "{body}");
         assert!(body.contains("gpupool_operator_admissions_total"), "{body}");
+        assert!(body.contains("gpupool_operator_give_backs_total"), "{body}");
         assert_eq!(
             respond(&get("/readyz"), &registry, &health).status(),
             StatusCode::SERVICE_UNAVAILABLE

@@ -1,5 +1,6 @@
-//! Applying a plan: lease creates/deletes, status writes, admissions and
-//! evictions, in the order that keeps DESIGN §5.8's invariants.
+//! Applying a plan: lease creates/deletes, status writes, admissions,
+//! evictions and give-backs (deleting admitted pods the scheduler cannot
+//! place), in the order that keeps DESIGN §5.8's invariants.
 //!
 //! Ordering rules:
 //! - stale leases are deleted before anything else (a new lease may take the name);
@@ -8,7 +9,8 @@
 //!   the pod's one JSON patch; if the status write fails, the pod is not touched;
 //! - writes of different pods run concurrently, each chain in its own order;
 //! - a pass waits only for its deletes, spec rewrites and admissions. Its
-//!   other writes (lease creates, phase changes, evictions, class statuses)
+//!   other writes (lease creates, phase changes, evictions, give-backs,
+//!   class statuses)
 //!   run in the background while the next passes decide: each is laid over
 //!   the caches as assumed until its answer lands, and no pass plans another
 //!   write of an object whose write is in flight. An admission of such an
@@ -52,7 +54,8 @@ use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
 use super::watched::WatchedLease;
 use crate::engine::{
-    Admission, CachedLease, ClassWrite, Eviction, NewLease, ObjectKey, Plan, QueueDepth, StaleLease,
+    Admission, CachedLease, ClassWrite, Eviction, GiveBack, NewLease, ObjectKey, Plan, QueueDepth,
+    StaleLease,
 };
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
@@ -122,14 +125,28 @@ fn class_key(class: &str) -> ObjectKey {
 
 /// Result of one independent write chain.
 enum Done {
-    Lease { lease: CachedLease, created: bool },
+    Lease {
+        lease: CachedLease,
+        created: bool,
+    },
     Pod(CachedPod),
     PodReread(Option<CachedPod>),
-    Evicted { key: ObjectKey, uid: String },
+    Evicted {
+        key: ObjectKey,
+        uid: String,
+    },
+    /// An unplaceable pod was deleted to give its slots back.
+    GaveBack {
+        key: ObjectKey,
+        uid: String,
+    },
     Blocked(ObjectKey),
     Unblocked(ObjectKey),
     Class(GpuLeaseClass),
-    LeaseDeleted { key: ObjectKey, uid: String },
+    LeaseDeleted {
+        key: ObjectKey,
+        uid: String,
+    },
 }
 
 impl Done {
@@ -146,6 +163,7 @@ impl Done {
             | Done::Pod(_)
             | Done::PodReread(_)
             | Done::Evicted { .. }
+            | Done::GaveBack { .. }
             | Done::Blocked(_)
             | Done::Unblocked(_)
             | Done::LeaseDeleted { .. } => {}
@@ -215,6 +233,9 @@ fn record(
                     outcome.evictions.push((key.clone(), false));
                     overlay.record_evicted(key, uid, now);
                 }
+                // Terminating, as an evicted pod is, until the watch shows
+                // it gone: the next pass neither asks again nor counts it.
+                Done::GaveBack { key, uid } => overlay.record_evicted(key, uid, now),
                 Done::Blocked(key) => outcome.evictions.push((key, true)),
                 Done::Unblocked(key) => outcome.evictions.push((key, false)),
                 Done::LeaseDeleted { key, uid } => overlay.record_lease_deleted(key, uid, now),
@@ -584,6 +605,25 @@ impl Applier {
                 .map(|l| l.spec.class_name.clone())
                 .unwrap_or_default();
             self.spawn(vec![key], move |w| w.evict_chain(e, class), None, overlay);
+        }
+        // A pod whose lease status is still being written (the pass that
+        // released it) is deleted by a later pass: the engine asks again
+        // every pass while the pod lives.
+        for g in plan.give_backs {
+            if self.busy(&g.key) {
+                continue;
+            }
+            let key = g.key.clone();
+            let class = input
+                .lease(&g.key)
+                .map(|l| l.spec.class_name.clone())
+                .unwrap_or_default();
+            self.spawn(
+                vec![key],
+                move |w| w.give_back_chain(g, class),
+                None,
+                overlay,
+            );
         }
         // The queue depths feed their gauges on every pass; a class status
         // is written when the plan says it is due.
@@ -1099,6 +1139,56 @@ impl Writer {
                 ),
                 Err(err) if api_status(&err) == Some(404) => (vec![Done::Unblocked(e.key)], vec![]),
                 Err(source) => (vec![], vec![Error::Evict { pod: e.key, source }]),
+            }
+        })
+    }
+
+    /// Deletes an admitted pod of `class` (the metrics' label) that the
+    /// scheduler could not place, so that it gives its slots back.
+    fn give_back_chain(&self, g: GiveBack, class: String) -> Chain {
+        let pods: Api<WatchedPod> = Api::namespaced(self.client.clone(), &g.key.namespace);
+        let metrics = self.metrics.clone();
+        let events = self.events.clone();
+        Box::pin(async move {
+            // No grace period: the pod is bound to no node, so no kubelet
+            // runs a container that would need time to stop. The UID
+            // precondition spares a new pod of the same name (its
+            // controller may already have made one).
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some(g.pod_uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match pods.delete(&g.key.name, &params).await {
+                Ok(_) => {
+                    tracing::warn!(pod = %g.key, node = %g.node, reason = %g.reason, "deleted an admitted pod the scheduler cannot place; its slots are free again");
+                    metrics
+                        .give_backs
+                        .get_or_create(&ClassLabel { class })
+                        .inc();
+                    events.emit(&g.key, &g.pod_uid, PodEvent::Unplaceable { why: g.reason });
+                    (
+                        vec![Done::GaveBack {
+                            key: g.key,
+                            uid: g.pod_uid,
+                        }],
+                        vec![],
+                    )
+                }
+                // Gone already, or the name is another pod's now (the UID
+                // precondition failed): this pod holds nothing any more,
+                // which the next pass must see even before the watch does.
+                Err(e) if matches!(api_status(&e), Some(404 | 409)) => (
+                    vec![Done::GaveBack {
+                        key: g.key,
+                        uid: g.pod_uid,
+                    }],
+                    vec![],
+                ),
+                Err(source) => (vec![], vec![Error::GiveBack { pod: g.key, source }]),
             }
         })
     }
@@ -1951,6 +2041,205 @@ mod tests {
             event.regarding.as_ref().and_then(|r| r.name.as_deref()),
             Some("a")
         );
+    }
+
+    /// Pod `name` in namespace `ns`, admitted (ungated and pinned to
+    /// node-1) but bound to no node.
+    fn pinned_pod(name: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "node-1"},
+                "containers": [{
+                    "name": "c",
+                    "image": "busybox",
+                    "resources": {"limits": {"gpupool/slot": "1"}},
+                }],
+            },
+        }))
+        .expect("pod")
+    }
+
+    /// The plan's order to give back pod `name` of UID `uid`.
+    fn give_back(name: &str, uid: &str) -> GiveBack {
+        GiveBack {
+            key: ObjectKey::new("ns", name),
+            pod_uid: uid.to_owned(),
+            node: "node-1".into(),
+            reason: format!(
+                "released: the scheduler could not place {name} on node node-1 for 60s: \
+                 0/1 nodes are available: 1 Insufficient cpu"
+            ),
+        }
+    }
+
+    /// Creates pod `name` (pinned, unbound) and returns its UID.
+    async fn create_pinned(pods: &Api<k8s_openapi::api::core::v1::Pod>, name: &str) -> String {
+        pods.create(&PostParams::default(), &pinned_pod(name))
+            .await
+            .expect("pod created")
+            .metadata
+            .uid
+            .expect("uid")
+    }
+
+    /// Give-backs of `class` the metrics counted.
+    fn give_backs_of(applier: &Applier, class: &str) -> u64 {
+        applier
+            .writer
+            .metrics
+            .give_backs
+            .get_or_create(&ClassLabel {
+                class: class.into(),
+            })
+            .get()
+    }
+
+    fn give_backs_counted(applier: &Applier) -> u64 {
+        give_backs_of(applier, "default")
+    }
+
+    /// An admitted pod the scheduler cannot place is deleted at once (it
+    /// runs nowhere), counted, and told why by a Warning; asking again
+    /// once it is gone is done, not an error.
+    #[tokio::test]
+    async fn an_unplaceable_pod_is_deleted_and_gets_a_warning() {
+        let (_server, client) = api_server().await;
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
+        let uid = create_pinned(&pods, "a").await;
+        let applier = applier_for(client.clone());
+        let order = give_back("a", &uid);
+        let (done, errors) = applier
+            .writer
+            .give_back_chain(order.clone(), "default".into())
+            .await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(
+            matches!(&done[..], [Done::GaveBack { key, uid: u }] if *key == order.key && *u == uid)
+        );
+        assert!(
+            pods.get_opt("a").await.expect("get").is_none(),
+            "an unbound pod goes at once"
+        );
+        assert_eq!(give_backs_counted(&applier), 1);
+
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "ns");
+        for _ in 0..100 {
+            if !events_list(&events).await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let found = events_list(&events).await;
+        assert_eq!(found.len(), 1, "{found:?}");
+        let event = &found[0];
+        assert_eq!(event.reason.as_deref(), Some("Unplaceable"));
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.note.as_deref(), Some(order.reason.as_str()));
+        let regarding = event.regarding.as_ref().expect("regarding");
+        assert_eq!(
+            (regarding.name.as_deref(), regarding.uid.as_deref()),
+            (Some("a"), Some(uid.as_str()))
+        );
+
+        // A pass that asks again before the watch shows the pod gone.
+        let (done, errors) = applier
+            .writer
+            .give_back_chain(order, "default".into())
+            .await;
+        assert!(errors.is_empty(), "a 404 is done: {errors:?}");
+        assert!(matches!(&done[..], [Done::GaveBack { .. }]));
+        assert_eq!(give_backs_counted(&applier), 1, "nothing more was deleted");
+    }
+
+    /// The UID precondition spares a new pod of the same name; the old one
+    /// is gone, which is all the give-back asked for.
+    #[tokio::test]
+    async fn a_new_pod_of_the_same_name_is_never_given_back() {
+        let (_server, client) = api_server().await;
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
+        let old = create_pinned(&pods, "a").await;
+        pods.delete("a", &DeleteParams::default())
+            .await
+            .expect("deleted");
+        let new = create_pinned(&pods, "a").await;
+        assert_ne!(old, new);
+        let applier = applier_for(client);
+        let (done, errors) = applier
+            .writer
+            .give_back_chain(give_back("a", &old), "default".into())
+            .await;
+        assert!(errors.is_empty(), "a 409 is done: {errors:?}");
+        assert!(matches!(&done[..], [Done::GaveBack { uid, .. }] if *uid == old));
+        let still = pods.get("a").await.expect("the new pod lives");
+        assert_eq!(still.metadata.uid.as_deref(), Some(new.as_str()));
+        assert!(still.metadata.deletion_timestamp.is_none());
+        assert_eq!(give_backs_counted(&applier), 0);
+    }
+
+    /// A give-back the API server fails is reported (and counted) as a
+    /// failed write, never taken as done: the pod is not marked
+    /// terminating, and the engine's next ask deletes it.
+    #[tokio::test]
+    async fn a_failed_give_back_is_counted_and_done_by_a_later_pass() {
+        let (server, client) = api_server().await;
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
+        let uid = create_pinned(&pods, "a").await;
+        let mut applier = applier_for(client);
+        let (pods_r, _pods) = super::super::index::index();
+        let (nodes_r, _nodes) = super::super::index::index();
+        let (classes_r, _classes) = super::super::index::index();
+        let (leases_r, _leases) = super::super::index::index();
+        let caches = super::super::Caches::of_stores(pods_r, nodes_r, classes_r, leases_r);
+        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
+        let plan = Plan {
+            give_backs: vec![give_back("a", &uid)],
+            ..Plan::default()
+        };
+        let key = ObjectKey::new("ns", "a");
+        // The pass knows no lease of the pod: its class label is empty.
+        const NO_LEASE: &str = "";
+        let errors_counted = |applier: &Applier| {
+            applier
+                .writer
+                .metrics
+                .errors
+                .get_or_create(&crate::metrics::ErrorLabel {
+                    error: "give_back".into(),
+                })
+                .get()
+        };
+
+        server
+            .faults()
+            .set(gpupool_sim_apiserver::FaultConfig {
+                fail_next: 1,
+                ..Default::default()
+            })
+            .expect("faults");
+        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        let outcome = applier.apply(plan.clone(), &input, &mut overlay).await;
+        assert!(!outcome.failed, "the delete runs in the background");
+        let landed = applier.next_landed().await;
+        let outcome = applier.land(landed, &mut overlay);
+        assert!(outcome.failed, "the failed delete is reported");
+        assert_eq!(errors_counted(&applier), 1);
+        assert_eq!(give_backs_of(&applier, NO_LEASE), 0);
+        assert!(!overlay.is_evicted(&key), "not taken as done");
+        assert!(pods.get_opt("a").await.expect("get").is_some());
+
+        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        applier.apply(plan, &input, &mut overlay).await;
+        let landed = applier.next_landed().await;
+        let outcome = applier.land(landed, &mut overlay);
+        assert!(!outcome.failed);
+        assert!(
+            overlay.is_evicted(&key),
+            "terminating until the watch shows it gone"
+        );
+        assert!(pods.get_opt("a").await.expect("get").is_none());
+        assert_eq!(give_backs_of(&applier, NO_LEASE), 1);
+        assert_eq!(errors_counted(&applier), 1);
     }
 
     async fn events_list(

@@ -82,6 +82,16 @@ pub enum Error {
         /// The helper pod.
         pod: ObjectKey,
     },
+    /// Deleting an admitted pod the scheduler cannot place failed; the
+    /// engine asks for it again on the next pass.
+    #[error("deleting unplaceable pod {pod} to give its slots back: {source}")]
+    GiveBack {
+        /// The pod.
+        pod: ObjectKey,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
     /// A chain of writes took longer than its timeout; a later pass retries.
     #[error("API writes for one object timed out; retrying on a later pass")]
     Timeout,
@@ -109,6 +119,7 @@ impl Error {
             Error::AdmissionConflict { .. } => "admission_conflict",
             Error::Evict { .. } => "evict",
             Error::EvictionBlocked { .. } => "eviction_blocked",
+            Error::GiveBack { .. } => "give_back",
             Error::ClassStatus { .. } => "class_status",
             Error::Timeout => "timeout",
         }
@@ -183,6 +194,10 @@ mod tests {
                 lease: key(),
                 source: api_err(500),
             },
+            Error::GiveBack {
+                pod: key(),
+                source: api_err(500),
+            },
         ];
         assert_eq!(Error::Timeout.metric_label(), "timeout");
         let labels: std::collections::BTreeSet<_> = all.iter().map(Error::metric_label).collect();
@@ -191,7 +206,7 @@ mod tests {
             assert!(e.to_string().contains("ns"), "{e}");
         }
         assert!(all[2].is_expected() && all[5].is_expected() && all[7].is_expected());
-        assert!(!all[0].is_expected());
+        assert!(!all[0].is_expected() && !all[10].is_expected());
         assert_eq!(api_status(&api_err(429)), Some(429));
     }
 }

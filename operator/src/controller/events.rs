@@ -1,5 +1,5 @@
-//! Kubernetes Events on pods (Queued, Admitted, Preempted, Rejected) and on
-//! classes (Invalid).
+//! Kubernetes Events on pods (Queued, Admitted, Preempted, Rejected,
+//! Failed, Unplaceable) and on classes (Invalid).
 //!
 //! A release has no Event: a lease is released only when its pod has
 //! finished (the pod's own phase says so) or is gone (no one is left to
@@ -82,6 +82,13 @@ pub enum PodEvent {
         /// The lease's message, with the kubelet's reason and message.
         why: String,
     },
+    /// It was admitted, but the scheduler could not place it for its
+    /// class's placement timeout: it is deleted so that its slots go
+    /// back to the pool.
+    Unplaceable {
+        /// The lease's message, with the scheduler's.
+        why: String,
+    },
 }
 
 impl PodEvent {
@@ -99,19 +106,27 @@ impl PodEvent {
             ),
             PodEvent::Rejected { why } => ("Rejected", why.clone()),
             PodEvent::Failed { why } => ("Failed", why.clone()),
+            PodEvent::Unplaceable { why } => ("Unplaceable", why.clone()),
         }
     }
 
     /// `Warning` for what the pod's owner must act on, `Normal` otherwise.
     pub fn is_warning(&self) -> bool {
-        matches!(self, PodEvent::Rejected { .. } | PodEvent::Failed { .. })
+        matches!(
+            self,
+            PodEvent::Rejected { .. } | PodEvent::Failed { .. } | PodEvent::Unplaceable { .. }
+        )
     }
 
     /// Published ahead of the queue: the one event that says why a helper
-    /// vanished must not wait seconds behind a burst of Queued and
-    /// Admitted events, in which an operator that dies loses it.
+    /// or an unplaceable pod vanished must not wait seconds behind a burst
+    /// of Queued and Admitted events, in which an operator that dies loses
+    /// it.
     pub fn is_urgent(&self) -> bool {
-        matches!(self, PodEvent::Preempted { .. })
+        matches!(
+            self,
+            PodEvent::Preempted { .. } | PodEvent::Unplaceable { .. }
+        )
     }
 }
 
@@ -569,8 +584,20 @@ mod tests {
     }
 
     #[test]
-    fn only_preemptions_go_ahead_of_the_queue() {
+    fn a_pod_given_back_gets_an_urgent_warning_saying_why() {
+        let event = PodEvent::Unplaceable {
+            why: "released: node-1 could not run the pod: 0/3 nodes are available".into(),
+        };
+        assert!(event.is_warning() && event.is_urgent());
+        let (reason, note) = event.reason_and_note();
+        assert_eq!(reason, "Unplaceable");
+        assert!(note.contains("0/3 nodes are available"), "{note}");
+    }
+
+    #[test]
+    fn only_deletions_go_ahead_of_the_queue() {
         assert!(PodEvent::Preempted { by: "ns/p".into() }.is_urgent());
+        assert!(!PodEvent::Failed { why: "x".into() }.is_urgent());
         assert!(!PodEvent::Queued { position: Some(1) }.is_urgent());
         assert!(
             !PodEvent::Admitted {

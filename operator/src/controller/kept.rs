@@ -1260,6 +1260,101 @@ mod tests {
         queued_in_order(&cluster, &stamps[1..]);
     }
 
+    /// The scheduler's word reaches the engine through the kept pod: an
+    /// admitted pod it could not place for the class's timeout is given
+    /// back, and once the delete is recorded (the pod terminating before
+    /// the watch shows it), the next pass neither asks again nor counts
+    /// its slot, which the next pod in line takes.
+    #[test]
+    fn an_unplaceable_pod_is_given_back_once_and_its_slot_goes_to_the_next() {
+        let mut cluster = Cluster::new();
+        let (mut kept, mut overlay) = (Kept::default(), Overlay::default());
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().expect("timestamp");
+        let classes = cluster.caches.changes.classes.clone();
+        Cluster::event(
+            &mut cluster.classes,
+            &classes,
+            watcher::Event::Apply(class_object("gpupool/slot", "1")),
+        );
+        let nodes = cluster.caches.changes.nodes.clone();
+        Cluster::event(
+            &mut cluster.nodes,
+            &nodes,
+            watcher::Event::Apply(node_object("node-1", 1)),
+        );
+        let pods = cluster.caches.changes.pods.clone();
+        let stuck: CachedPod = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "a", "uid": "pod-1", "resourceVersion": "2",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {"gpupool.io/enqueued-at": "2026-01-01T00:00:01Z"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": "node-1"},
+                "containers": [{"name": "c", "resources": {"limits": {"gpupool/slot": "1"}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient cpu.",
+                "lastTransitionTime": "2026-01-01T00:05:00Z"}]}
+        }))
+        .expect("pod");
+        Cluster::event(&mut cluster.pods, &pods, watcher::Event::Apply(stuck));
+        let mut next = pod_object("b", 2, "3", true, false, 1);
+        next.annotations.insert(
+            gpupool_api::names::ANNOTATION_ENQUEUED_AT.into(),
+            "2026-01-01T00:00:02Z".into(),
+        );
+        Cluster::event(&mut cluster.pods, &pods, watcher::Event::Apply(next));
+        let leases = cluster.caches.changes.leases.clone();
+        for (name, uid, phase, seq) in [
+            ("a", 1, LeasePhase::Admitted, "2026-01-01T00:00:01Z"),
+            ("b", 2, LeasePhase::Queued, "2026-01-01T00:00:02Z"),
+        ] {
+            let mut lease = lease_object(name, uid, uid, "4", phase);
+            if let Some(status) = lease.status.as_mut() {
+                status.sequence = Some(crate::engine::sequence_of(seq.parse().expect("t")));
+                status.node = (phase == LeasePhase::Admitted).then(|| "node-1".to_owned());
+            }
+            Cluster::event(&mut cluster.leases, &leases, watcher::Event::Apply(lease));
+        }
+        let a = ObjectKey::new("ns", "a");
+
+        let plan = kept
+            .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
+            .engine
+            .decide();
+        assert_eq!(
+            plan.give_backs
+                .iter()
+                .map(|g| (&g.key, g.pod_uid.as_str(), g.node.as_str()))
+                .collect::<Vec<_>>(),
+            [(&a, "pod-1", "node-1")]
+        );
+        assert!(
+            plan.give_backs[0].reason.contains("Insufficient cpu"),
+            "{:?}",
+            plan.give_backs[0].reason
+        );
+        assert_eq!(
+            plan.lease_status(&a).map(|s| s.phase),
+            Some(LeasePhase::Released)
+        );
+        assert!(plan.admissions.is_empty(), "a still holds the slot");
+
+        // The delete went through; the watch has not shown it yet.
+        overlay.record_evicted(a.clone(), "pod-1".into(), Instant::now());
+        let plan = kept
+            .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
+            .engine
+            .decide();
+        assert!(plan.give_backs.is_empty(), "asked once: {plan:?}");
+        assert_eq!(
+            plan.admissions
+                .iter()
+                .map(|x| x.key.name.as_ref())
+                .collect::<Vec<_>>(),
+            ["b"],
+            "the slot went back to the pool"
+        );
+    }
+
     #[test]
     fn a_lease_deleted_before_its_pod_is_held_then_recreated() {
         let steps = [

@@ -231,6 +231,7 @@ async fn pass(
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),
         evictions = plan.evictions.len(),
+        give_backs = plan.give_backs.len(),
         lease_statuses = plan.lease_statuses.len(),
         lease_progress = plan.lease_progress.len(),
         class_writes = plan.class_writes.len(),

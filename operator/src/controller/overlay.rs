@@ -213,7 +213,10 @@ impl Overlay {
         );
     }
 
-    /// Remembers that the pod with `uid` was evicted (it is terminating).
+    /// Remembers that the pod with `uid` was evicted or deleted (it is
+    /// terminating, or gone): until the watch shows it so, a pass counts
+    /// it terminating, and neither asks for it again nor counts an
+    /// unbound one's slots.
     pub fn record_evicted(&mut self, key: ObjectKey, uid: String, now: Instant) {
         self.evicted.insert(key, Gone { uid, at: now });
     }
