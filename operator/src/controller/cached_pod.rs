@@ -341,9 +341,10 @@ pub struct CachedPodStatus {
     #[serde(default)]
     pub message: Option<String>,
     /// The `PodScheduled` condition, the one condition read (whether the
-    /// scheduler can place an admitted pod); any other is dropped. Boxed:
-    /// a bound pod's says nothing the rules read, and the box costs a
-    /// pod without one a pointer, not the condition's room.
+    /// scheduler can place an admitted pod); any other (Ready,
+    /// Initialized, …) is dropped. Boxed, so that a pod without one pays
+    /// a pointer, not the condition's room; a gated pod's strings are
+    /// borrowed ([`KNOWN`]), so its condition costs one small allocation.
     #[serde(default, rename = "conditions", deserialize_with = "pod_scheduled")]
     pub scheduled: Option<Box<CachedCondition>>,
 }
