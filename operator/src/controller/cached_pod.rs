@@ -344,7 +344,7 @@ pub struct CachedPodStatus {
     /// scheduler can place an admitted pod); any other (Ready,
     /// Initialized, …) is dropped. Boxed, so that a pod without one pays
     /// a pointer, not the condition's room; a gated pod's strings are
-    /// borrowed ([`KNOWN`]), so its condition costs one small allocation.
+    /// borrowed (see `KNOWN`), so its condition costs one small allocation.
     #[serde(default, rename = "conditions", deserialize_with = "pod_scheduled")]
     pub scheduled: Option<Box<CachedCondition>>,
 }
