@@ -127,6 +127,33 @@ pub(crate) struct ClassView<'a> {
     pub largest_plain: u32,
 }
 
+/// What keeps plain pods off a class's guarded nodes, for a message to
+/// name: how many are cordoned, how many carry a taint that turns pods
+/// away, and the first such taint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Guards<'a> {
+    pub cordoned: u32,
+    pub tainted: u32,
+    pub taint: Option<&'a crate::model::Taint>,
+}
+
+impl<'a> ClassView<'a> {
+    /// What keeps plain pods off this class's guarded nodes.
+    pub fn guards(&self, nodes: &Nodes<'a>) -> Guards<'a> {
+        let mut guards = Guards::default();
+        for &n in &self.guarded_nodes {
+            let node = nodes.list[n as usize];
+            if node.unschedulable {
+                guards.cordoned += 1;
+            } else if let Some(taint) = fit::first_blocking_taint(node) {
+                guards.tainted += 1;
+                guards.taint = guards.taint.or(Some(taint));
+            }
+        }
+        guards
+    }
+}
+
 impl ClassView<'_> {
     /// The class's name.
     pub fn name(&self) -> &str {

@@ -142,6 +142,19 @@ pub fn turns_plain_pods_away(node: &NodeInfo) -> bool {
     node.unschedulable || node.taints.iter().any(blocks)
 }
 
+/// The node's first taint that keeps pods without a toleration away.
+pub(crate) fn first_blocking_taint(node: &NodeInfo) -> Option<&Taint> {
+    node.taints.iter().find(|t| blocks(t))
+}
+
+/// The node's first taint that keeps `pod` away: one it does not tolerate.
+pub(crate) fn first_untolerated_taint<'n>(pod: &PodInfo, node: &'n NodeInfo) -> Option<&'n Taint> {
+    node.taints
+        .iter()
+        .filter(|t| blocks(t))
+        .find(|t| !pod.tolerations.iter().any(|tol| tolerates(tol, t)))
+}
+
 fn blocks(taint: &Taint) -> bool {
     matches!(
         taint.effect,

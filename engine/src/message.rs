@@ -6,7 +6,8 @@ use std::fmt::{self, Write as _};
 
 use gpupool_api::Role;
 
-use super::classes::Classes;
+use super::classes::{Classes, Guards};
+use super::model::Taint;
 use super::model::{ObjectKey, PodPhase};
 use super::pass::PreemptedBy;
 
@@ -52,8 +53,13 @@ pub(crate) enum Message<'a> {
     },
     /// No node matches the class.
     NoClassNode(usize),
-    /// Nodes match the class but none passes the pod's own constraints.
-    NoPodNode { class: usize, class_nodes: usize },
+    /// Nodes match the class but none passes the pod's own constraints;
+    /// `guards` says which of them are cordoned or tainted.
+    NoPodNode {
+        class: usize,
+        class_nodes: usize,
+        guards: Guards<'a>,
+    },
     /// The request exceeds every matching node's allocatable.
     TooLarge { slots: u32, largest: u32 },
     /// Behind a blocked head in StrictFIFO.
@@ -75,6 +81,8 @@ pub(crate) enum Message<'a> {
         /// The pod's own nodeSelector, affinity or tolerations narrow the
         /// class's nodes to this many, with this many free slots.
         own: Option<(usize, u64)>,
+        /// Of the class's nodes, those cordoned or tainted against the pod.
+        guards: Guards<'a>,
     },
     /// Helpers wait while primaries of the class do.
     PrimariesWaiting { primaries: u32, class: usize },
@@ -90,6 +98,8 @@ pub(crate) enum Message<'a> {
         young: u32,
         /// As in `NoFit`.
         own: Option<(usize, u64)>,
+        /// As in `NoFit`.
+        guards: Guards<'a>,
     },
 }
 
@@ -239,19 +249,25 @@ impl Message<'_> {
                 "waiting: no node matches class {} yet",
                 classes.list[*c].name()
             ),
-            Message::NoPodNode { class, class_nodes } => {
+            Message::NoPodNode {
+                class,
+                class_nodes,
+                guards,
+            } => {
                 let name = classes.list[*class].name();
                 if *class_nodes == 1 {
                     write!(
                         out,
                         "waiting: the one node of class {name} does not fit the pod's nodeSelector, affinity and tolerations"
-                    )
+                    )?;
                 } else {
                     write!(
                         out,
                         "waiting: none of the {class_nodes} nodes of class {name} fits the pod's nodeSelector, affinity and tolerations"
-                    )
+                    )?;
                 }
+                push_guards(out, guards, " (", ")");
+                Ok(())
             }
             Message::TooLarge { slots, largest } => {
                 out.push_str("waiting: needs ");
@@ -290,6 +306,7 @@ impl Message<'_> {
                 free,
                 nodes,
                 own,
+                guards,
             } => {
                 out.push_str("waiting: ");
                 let (one, many) = role_noun(*role);
@@ -307,6 +324,7 @@ impl Message<'_> {
                 count(out, *free, "free slot", "free slots");
                 out.push_str(" on ");
                 count(out, *nodes as u64, "matching node", "matching nodes");
+                push_guards(out, guards, "; ", "");
                 Ok(())
             }
             Message::PrimariesWaiting { primaries, class } => {
@@ -348,6 +366,7 @@ impl Message<'_> {
                 free,
                 young,
                 own,
+                guards,
             } => {
                 out.push_str("waiting: needs ");
                 count(out, u64::from(*slots), "slot", "slots");
@@ -370,6 +389,7 @@ impl Message<'_> {
                     count(out, u64::from(*young), "helper is", "helpers are");
                     out.push_str(" younger than minRuntimeSeconds)");
                 }
+                push_guards(out, guards, "; ", "");
                 Ok(())
             }
         }
@@ -385,6 +405,50 @@ fn own_nodes_phrase(out: &mut String, nodes: usize) {
         count(out, nodes as u64, "node", "nodes");
         out.push_str(" its own nodeSelector, affinity and tolerations allow (");
     }
+}
+
+/// Appends, between `open` and `close`, how many nodes are cordoned and how
+/// many tainted (naming the first taint), when any are.
+fn push_guards(out: &mut String, guards: &Guards<'_>, open: &str, close: &str) {
+    if guards.cordoned == 0 && guards.tainted == 0 {
+        return;
+    }
+    out.push_str(open);
+    if guards.cordoned > 0 {
+        count(
+            out,
+            u64::from(guards.cordoned),
+            "node cordoned",
+            "nodes cordoned",
+        );
+    }
+    if let (n @ 1.., Some(taint)) = (guards.tainted, guards.taint) {
+        if guards.cordoned > 0 {
+            out.push_str(", ");
+        }
+        count(out, u64::from(n), "node", "nodes");
+        out.push_str(" tainted ");
+        push_taint(out, taint);
+        if n > 1 {
+            out.push_str(" or otherwise");
+        }
+        out.push_str(" without a toleration in the pod");
+    }
+    out.push_str(close);
+}
+
+/// `key=value:Effect`, as kubectl shows a taint.
+fn push_taint(out: &mut String, taint: &Taint) {
+    out.push_str(&taint.key);
+    if let Some(value) = taint.value.as_deref().filter(|v| !v.is_empty()) {
+        out.push('=');
+        out.push_str(value);
+    }
+    out.push_str(match taint.effect {
+        super::model::TaintEffect::NoSchedule => ":NoSchedule",
+        super::model::TaintEffect::PreferNoSchedule => ":PreferNoSchedule",
+        super::model::TaintEffect::NoExecute => ":NoExecute",
+    });
 }
 
 /// Appends at most [`FAILURE_SHOWN`] bytes of what the kubelet or the
@@ -410,6 +474,9 @@ pub(crate) enum Settled {
     NoPodNode {
         class: usize,
         class_nodes: usize,
+        cordoned: u32,
+        tainted: u32,
+        taint: Option<Taint>,
     },
     TooLarge {
         slots: u32,
@@ -434,7 +501,17 @@ impl Settled {
     pub fn of(message: &Message<'_>) -> Option<Self> {
         Some(match *message {
             Message::NoClassNode(c) => Settled::NoClassNode(c),
-            Message::NoPodNode { class, class_nodes } => Settled::NoPodNode { class, class_nodes },
+            Message::NoPodNode {
+                class,
+                class_nodes,
+                guards,
+            } => Settled::NoPodNode {
+                class,
+                class_nodes,
+                cordoned: guards.cordoned,
+                tainted: guards.tainted,
+                taint: guards.taint.cloned(),
+            },
             Message::TooLarge { slots, largest } => Settled::TooLarge { slots, largest },
             Message::PrimariesWaiting { primaries, class } => {
                 Settled::PrimariesWaiting { primaries, class }
@@ -463,12 +540,25 @@ impl Settled {
         match (self, message) {
             (Settled::NoClassNode(a), Message::NoClassNode(b)) => a == b,
             (
-                Settled::NoPodNode { class, class_nodes },
+                Settled::NoPodNode {
+                    class,
+                    class_nodes,
+                    cordoned,
+                    tainted,
+                    taint,
+                },
                 Message::NoPodNode {
                     class: c,
                     class_nodes: n,
+                    guards,
                 },
-            ) => class == c && class_nodes == n,
+            ) => {
+                class == c
+                    && class_nodes == n
+                    && *cordoned == guards.cordoned
+                    && *tainted == guards.tainted
+                    && taint.as_ref() == guards.taint
+            }
             (
                 Settled::TooLarge { slots, largest },
                 Message::TooLarge {

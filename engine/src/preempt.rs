@@ -74,6 +74,7 @@ impl<'a> Pass<'a> {
             free,
             young,
             own: None,
+            guards: Default::default(),
         };
         if spec.preemption == Preemption::Never {
             return no_room(0);

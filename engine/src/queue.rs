@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use gpupool_api::{LeasePhase, Ordering, Placement, Role};
 
 use super::capacity::Nodes;
+use super::classes::Guards;
 use super::fit;
 use super::message::{Message, Settled};
 use super::model::{Admission, ObjectKey, Plan};
@@ -485,6 +486,7 @@ impl<'a> Pass<'a> {
                 Message::NoPodNode {
                     class: c,
                     class_nodes,
+                    guards: self.guards_against(c, t),
                 }
             } else if largest < slots {
                 Message::TooLarge { slots, largest }
@@ -561,8 +563,12 @@ impl<'a> Pass<'a> {
                     // helpers, so evictions serve the queue's order.
                     let list = list.to_vec();
                     let mut message = self.preempt_for(c, t, &list, free);
-                    if let Message::NoVictims { own: o, .. } = &mut message {
+                    if let Message::NoVictims {
+                        own: o, guards: g, ..
+                    } = &mut message
+                    {
                         *o = own;
+                        *g = self.guards_against(c, t);
                     }
                     message
                 } else if let Some(open) = &open
@@ -579,6 +585,7 @@ impl<'a> Pass<'a> {
                         free,
                         nodes: class_nodes,
                         own,
+                        guards: self.guards_against(c, t),
                     }
                 }
             };
@@ -590,6 +597,26 @@ impl<'a> Pass<'a> {
             queued.push(Waiter::Ticket(t));
         }
         (queued, waiting)
+    }
+
+    /// What keeps ticket `t`'s pod off class `c`'s guarded nodes: cordons,
+    /// and taints it does not tolerate.
+    fn guards_against(&self, c: usize, t: usize) -> Guards<'a> {
+        let class = &self.classes.list[c];
+        let Some(pod) = self.tickets[t].pod.filter(|p| !p.tolerations.is_empty()) else {
+            return class.guards(&self.nodes);
+        };
+        let mut guards = Guards::default();
+        for &n in &class.guarded_nodes {
+            let node = self.nodes.list[n as usize];
+            if node.unschedulable {
+                guards.cordoned += 1;
+            } else if let Some(taint) = fit::first_untolerated_taint(pod, node) {
+                guards.tainted += 1;
+                guards.taint = guards.taint.or(Some(taint));
+            }
+        }
+        guards
     }
 
     /// A FIFO's tickets (in (sequence, key) order) and its parked leases,
@@ -646,6 +673,7 @@ impl<'a> Pass<'a> {
                 Message::NoPodNode {
                     class: c,
                     class_nodes,
+                    guards: class.guards(&self.nodes),
                 },
                 false,
             )

@@ -1811,3 +1811,52 @@ fn a_deleted_default_class_keeps_its_queue_and_leaves_running_pods_alone() {
     assert_eq!(phase(&s, "q1"), LeasePhase::Admitted);
     assert_eq!(phase(&s, "q2"), LeasePhase::Queued);
 }
+
+#[test]
+fn a_waiting_lease_names_the_cordon_and_the_taint_that_keep_it_off_nodes() {
+    let mut cordoned = node("n1", 2);
+    cordoned.unschedulable = true;
+    let mut tainted = node("n2", 2);
+    tainted.taints = vec![Taint {
+        key: "gpu".into(),
+        value: Some("maintenance".into()),
+        effect: TaintEffect::NoSchedule,
+    }];
+    let mut s = world(vec![cordoned, tainted], vec![pod("p", 1, 1)]);
+    settle(&mut s);
+    assert_eq!(phase(&s, "p"), LeasePhase::Queued);
+    assert_eq!(
+        message(&s, "p"),
+        "waiting: none of the 2 nodes of class default fits the pod's nodeSelector, affinity and tolerations \
+         (1 node cordoned, 1 node tainted gpu=maintenance:NoSchedule without a toleration in the pod)"
+    );
+    // With an open node that is full, the note says why the others do not count.
+    s.nodes.push(node("n3", 1));
+    s.pods.push(pinned(
+        PodInfo {
+            node_name: Some("n3".into()),
+            phase: PodPhase::Running,
+            ..pod("other", 1, 0)
+        },
+        "n3",
+    ));
+    settle(&mut s);
+    let text = message(&s, "p");
+    assert!(
+        text.ends_with("; 1 node cordoned, 1 node tainted gpu=maintenance:NoSchedule without a toleration in the pod"),
+        "{text}"
+    );
+    // A pod that tolerates the taint is told only of the cordon.
+    for p in &mut s.pods {
+        if p.key == key("p") {
+            p.tolerations = std::sync::Arc::new([Toleration {
+                key: Some("gpu".into()),
+                operator: TolerationOperator::Exists,
+                value: None,
+                effect: None,
+            }]);
+        }
+    }
+    settle(&mut s);
+    assert_eq!(phase(&s, "p"), LeasePhase::Admitted, "n2 is open to it");
+}
