@@ -255,7 +255,11 @@ impl Message<'_> {
                 guards,
             } => {
                 let name = classes.list[*class].name();
-                if *class_nodes == 1 {
+                let guarded = (guards.cordoned + guards.tainted) as usize;
+                if guarded == *class_nodes {
+                    // Cordons and taints alone keep the pod off.
+                    write!(out, "waiting: no node of class {name} is open to the pod")?;
+                } else if *class_nodes == 1 {
                     write!(
                         out,
                         "waiting: the one node of class {name} does not fit the pod's nodeSelector, affinity and tolerations"

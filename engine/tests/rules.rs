@@ -1827,7 +1827,7 @@ fn a_waiting_lease_names_the_cordon_and_the_taint_that_keep_it_off_nodes() {
     assert_eq!(phase(&s, "p"), LeasePhase::Queued);
     assert_eq!(
         message(&s, "p"),
-        "waiting: none of the 2 nodes of class default fits the pod's nodeSelector, affinity and tolerations \
+        "waiting: no node of class default is open to the pod \
          (1 node cordoned, 1 node tainted gpu=maintenance:NoSchedule without a toleration in the pod)"
     );
     // With an open node that is full, the note says why the others do not count.
