@@ -389,7 +389,7 @@ impl SimCluster {
             "--device-plugin-bin",
             config.device_plugin_bin.as_deref(),
         )?;
-        let (operator_bin, mut operator_note) = match config.operator {
+        let (operator_bin, operator_note) = match config.operator {
             OperatorMode::Off => (None, Some("the operator is off".to_owned())),
             OperatorMode::Required => (
                 Some(find_binary(
@@ -455,25 +455,6 @@ impl SimCluster {
                 (None, Some(plane), client)
             }
         };
-        install_crds_and_namespace(&client).await?;
-        let scheduler = match &apiserver {
-            Some(a) => Some(RunningScheduler::start(
-                a.client_with_token(SCHEDULER_TOKEN).await?,
-            )),
-            None => {
-                wait_for_custom_resources(&client, config.ready_timeout).await?;
-                install_chart_identities(&client).await?;
-                let token = service_account_token(&client, rbac::OPERATOR_NAME, None).await?;
-                if let Some(plane) = control_plane
-                    .as_ref()
-                    .or_else(|| real.as_ref().and_then(RealCluster::control_plane))
-                {
-                    plane.write_token_kubeconfig(&run_dir.join("operator.kubeconfig"), &token)?;
-                }
-                None
-            }
-        };
-
         let webhook_proxy = ServiceProxy::start()
             .await
             .map_err(|e| ClusterError::NotReady(format!("cannot start the webhook proxy: {e}")))?;
@@ -488,15 +469,53 @@ impl SimCluster {
             control_plane,
             real,
             client,
-            scheduler,
+            scheduler: None,
             nodes: Vec::new(),
             device_plugin_bin,
             operator_bin,
             operator_note: None,
         };
+        // Whatever fails from here on, what was started is stopped again
+        // (real nodes also give back what they added to the host).
+        match cluster.bring_up(operator_note).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                if let Err(stop) = cluster.shutdown().await {
+                    tracing::warn!(error = %stop, "stopping a cluster that failed to start");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The rest of [`SimCluster::start`] once the API server runs: the
+    /// CRDs and identities, the scheduler, the nodes, their device plugins
+    /// and the operator.
+    async fn bring_up(&mut self, mut operator_note: Option<String>) -> Result<(), ClusterError> {
+        let config = self.config.clone();
+        let client = self.client.clone();
+        install_crds_and_namespace(&client).await?;
+        self.scheduler = match &self.apiserver {
+            Some(a) => Some(RunningScheduler::start(
+                a.client_with_token(SCHEDULER_TOKEN).await?,
+            )),
+            None => {
+                wait_for_custom_resources(&client, config.ready_timeout).await?;
+                install_chart_identities(&client).await?;
+                let token = service_account_token(&client, rbac::OPERATOR_NAME, None).await?;
+                if let Some(plane) = self.control_plane() {
+                    plane.write_token_kubeconfig(
+                        &self.run_dir.join("operator.kubeconfig"),
+                        &token,
+                    )?;
+                }
+                None
+            }
+        };
+
         for i in 1..=config.nodes {
             let name = format!("node-{i}");
-            let node_dir = cluster.run_dir.join(&name);
+            let node_dir = self.run_dir.join(&name);
             std::fs::create_dir_all(&node_dir).map_err(io_error(&node_dir))?;
             let gpus: Vec<StaticGpu> = (0..config.gpus_per_node)
                 .map(|g| StaticGpu {
@@ -510,7 +529,7 @@ impl SimCluster {
                 .collect();
             let static_config = node_dir.join("gpus.yaml");
             write_static_config(&static_config, &gpus)?;
-            let (dir, kubelet) = match &cluster.real {
+            let (dir, kubelet) = match &self.real {
                 Some(real) => {
                     let node = real
                         .nodes()
@@ -520,7 +539,7 @@ impl SimCluster {
                     (node.kubelet_dir(), None)
                 }
                 None => {
-                    let kubelet_client = cluster.kubelet_client(i, &name).await?;
+                    let kubelet_client = self.kubelet_client(i, &name).await?;
                     let kubelet = RunningKubelet::start(KubeletConfig {
                         node_name: name.clone(),
                         dir: node_dir.clone(),
@@ -533,7 +552,7 @@ impl SimCluster {
                     (node_dir, Some(kubelet))
                 }
             };
-            cluster.nodes.push(Node {
+            self.nodes.push(Node {
                 name,
                 dir,
                 static_config,
@@ -543,26 +562,26 @@ impl SimCluster {
                 plugin_metrics_port: 0,
             });
         }
-        for node in &cluster
+        for node in &self
             .nodes
             .iter()
             .map(|n| n.name.clone())
             .collect::<Vec<_>>()
         {
-            if let Some(plane) = cluster.control_plane() {
+            if let Some(plane) = self.control_plane() {
                 // A projected token of a DaemonSet pod: the device plugin's
                 // ServiceAccount, bound to (and naming) its node.
                 let token =
-                    service_account_token(&cluster.client, rbac::DEVICE_PLUGIN_NAME, Some(node))
+                    service_account_token(&self.client, rbac::DEVICE_PLUGIN_NAME, Some(node))
                         .await?;
                 plane.write_token_kubeconfig(
-                    &device_plugin_kubeconfig(&cluster.run_dir, node),
+                    &device_plugin_kubeconfig(&self.run_dir, node),
                     &token,
                 )?;
             }
-            cluster.start_plugin(node).await?;
+            self.start_plugin(node).await?;
         }
-        match cluster.start_operator().await {
+        match self.start_operator().await {
             Ok(()) => {}
             Err(e) if config.operator == OperatorMode::IfAvailable => {
                 tracing::warn!(error = %e, "running without the operator");
@@ -570,10 +589,10 @@ impl SimCluster {
             }
             Err(e) => return Err(e),
         }
-        if cluster.operator_note.is_none() {
-            cluster.operator_note = operator_note;
+        if self.operator_note.is_none() {
+            self.operator_note = operator_note;
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// A client for node `name`'s kubelet: a token of the in-memory server,
