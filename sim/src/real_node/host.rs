@@ -103,6 +103,18 @@ pub fn cgroup_hierarchies() -> Vec<PathBuf> {
     dirs
 }
 
+/// Where a hybrid cgroup v1 host mounts its cgroup v2 hierarchy: the
+/// kubelet leaves it alone, but runc makes each container's cgroup there
+/// too (empty once the container is gone), under the node's cgroup root.
+pub const UNIFIED_HIERARCHY: &str = "/sys/fs/cgroup/unified";
+
+/// The cgroup `name` in the hybrid host's cgroup v2 hierarchy, when it
+/// exists: removed with the node's own cgroups.
+pub fn unified_cgroup(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    let dir = Path::new(UNIFIED_HIERARCHY).join(name);
+    dir.is_dir().then_some(dir)
+}
+
 /// Removes the cgroup `dir` and every cgroup under it, deepest first (a
 /// cgroup is removed with rmdir, and only once it has no children).
 pub fn remove_cgroup_tree(dir: &Path) {

@@ -358,6 +358,17 @@ async fn reclaim_if_dead(block: u8) -> bool {
     for cgroup in &stale {
         host::remove_cgroup_tree(cgroup);
     }
+    // runc's empty cgroups of the dead run's containers in the v2 hierarchy.
+    let unified: Vec<PathBuf> = std::fs::read_dir(host::UNIFIED_HIERARCHY)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    for cgroup in &unified {
+        host::remove_cgroup_tree(cgroup);
+    }
     for index in 0..MAX_NODES {
         let link = format!("gpc{block}n{index}");
         if link_exists(&link) {

@@ -394,7 +394,12 @@ impl RealNode {
             )
             .await;
         }
-        for cgroup in self.cgroups.drain(..) {
+        let unified = self
+            .cgroups
+            .first()
+            .and_then(|c| c.file_name())
+            .and_then(host::unified_cgroup);
+        for cgroup in self.cgroups.drain(..).chain(unified) {
             host::remove_cgroup_tree(&cgroup);
         }
         net.remove_cni_bridge(self.index).await;
