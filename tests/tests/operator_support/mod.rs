@@ -50,9 +50,12 @@ impl Sim {
         config.backend = Backend::from_env();
         // GPUPOOL_KEEP_RUN=1 keeps the run directory (logs) for a failing test.
         config.remove_run_dir = std::env::var_os("GPUPOOL_KEEP_RUN").is_none();
-        let cluster = SimCluster::start(config)
-            .await
-            .expect("the simulated cluster starts (build gpupool-device-plugin first: cargo build -p gpupool-device-plugin)");
+        let backend = config.backend.clone();
+        let cluster = SimCluster::start(config).await.unwrap_or_else(|e| {
+            panic!(
+                "the cluster starts on {backend:?} (build the binaries first: cargo build --workspace --bins): {e}"
+            )
+        });
         let client = cluster.client();
         eprintln!(
             "simulated cluster run directory: {}",
