@@ -21,15 +21,18 @@ mod parked;
 mod pass;
 mod preempt;
 mod queue;
+mod room;
 mod sequence;
 mod small_map;
 mod state;
 mod status;
+pub mod translate;
 mod unplaced;
 
 pub use cached::{CachedLease, CachedMeta};
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
+pub use room::{PodsSeen, Room, room};
 pub use sequence::sequence_of;
 pub use small_map::SmallMap;
 pub use state::Engine;

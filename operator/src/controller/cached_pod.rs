@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use gpupool_api::names::{
     ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, LABEL_HOSTNAME, LABEL_ROLE,
@@ -79,13 +79,7 @@ const KNOWN: [&str; 28] = [
     "Scheduling is blocked due to non-empty scheduling gates",
 ];
 
-/// The pod condition a kept pod keeps: whether and since when the
-/// scheduler could place the pod.
-pub const POD_SCHEDULED: &str = "PodScheduled";
-
-/// The reason of a `PodScheduled=False` condition when the scheduler found
-/// no node for the pod (rather than, say, a gate holding it back).
-pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+pub use crate::engine::translate::{POD_SCHEDULED, REASON_UNSCHEDULABLE};
 
 /// A string as a kept pod holds it: one of [`KNOWN`], borrowed, or its own.
 pub type KeptStr = Cow<'static, str>;
@@ -254,25 +248,9 @@ fn gate_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<[KeptStr]>>,
     Ok(gates.map(|gates| gates.into_iter().map(|g| kept_str(g.name)).collect()))
 }
 
-/// The two tolerations the API server's DefaultTolerationSeconds admission
-/// plugin gives every pod that names neither: a not-ready or unreachable
-/// node is tolerated for 300 s. Kept once, shared by every pod whose list
-/// is exactly this, instead of seven allocations per pod.
-pub static DEFAULT_TOLERATIONS: LazyLock<Arc<[Toleration]>> = LazyLock::new(|| {
-    [
-        "node.kubernetes.io/not-ready",
-        "node.kubernetes.io/unreachable",
-    ]
-    .into_iter()
-    .map(|key| Toleration {
-        key: Some(key.to_owned()),
-        operator: Some("Exists".to_owned()),
-        effect: Some("NoExecute".to_owned()),
-        toleration_seconds: Some(300),
-        value: None,
-    })
-    .collect()
-});
+/// The API server's default tolerations, kept once: see
+/// [`crate::engine::translate::DEFAULT_TOLERATIONS`].
+pub use crate::engine::translate::DEFAULT_TOLERATIONS;
 
 /// A pod's tolerations (or null), sharing [`DEFAULT_TOLERATIONS`] when
 /// the list is exactly that.
