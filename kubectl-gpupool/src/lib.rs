@@ -10,6 +10,7 @@ pub mod error;
 pub mod model;
 pub mod queue;
 pub mod read;
+pub mod rules;
 pub mod style;
 pub mod table;
 pub mod top;
@@ -71,9 +72,17 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
             let leases = cluster.leases(&namespace, false).await?;
             let classes = cluster.classes(true).await?;
             let nodes = cluster.nodes(true).await?;
+            // Pods only count where free slots are shown: every node and
+            // every lease seen.
+            let pods = match (&nodes, leases.all_visible) {
+                (Some(_), true) => Some(cluster.pods(&namespace).await?),
+                _ => None,
+            };
             let mut view = top::build_visible(
                 classes.as_deref(),
                 nodes.as_deref(),
+                pods.as_ref().map_or(&[], |p| p.items.as_slice()),
+                pods.as_ref().is_some_and(|p| p.all_visible),
                 &leases.items,
                 leases.namespace.as_deref(),
             );
@@ -84,6 +93,7 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
                 nodes.is_none().then_some(
                     "showing the GPUs that leases hold, without the nodes' free GPUs or their health",
                 ),
+                pods.as_ref(),
             );
             let text = match output {
                 Some(DataOutput::Json) => to_json(&view)?,
@@ -110,6 +120,11 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
             let leases = cluster.leases(&namespace, false).await?;
             let classes = cluster.classes(true).await?;
             let nodes = cluster.nodes(true).await?;
+            // Pods only count where node fit is shown.
+            let pods = match nodes {
+                Some(_) => Some(cluster.pods(&namespace).await?),
+                None => None,
+            };
             let unseen = unseen_lines(
                 &leases,
                 POSITIONS_FROM_STATUS,
@@ -117,6 +132,7 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
                     .is_none()
                     .then_some("the class's capacity and ordering are not shown"),
                 nodes.is_none().then_some("node fit is not shown"),
+                pods.as_ref(),
             );
             let lease = leases.items.iter().find(|l| {
                 model::namespace(l) == namespace && l.metadata.name.as_deref() == Some(pod.as_str())
@@ -130,6 +146,8 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
                     leases: &leases.items,
                     all_visible: leases.all_visible,
                     nodes: nodes.as_deref(),
+                    pods: pods.as_ref().map_or(&[], |p| p.items.as_slice()),
+                    all_pods_visible: pods.as_ref().is_some_and(|p| p.all_visible),
                     now: Timestamp::now(),
                     unseen: &unseen,
                 },
@@ -154,12 +172,14 @@ const POSITIONS_FROM_STATUS: &str = ", at the positions the operator wrote (stat
 /// The lines saying what could not be listed: every namespace's leases
 /// (when `leases` fell back to one namespace; `leases_instead` follows the
 /// namespace's name), then classes and nodes, each with what is shown
-/// instead when it could not be listed.
+/// instead when it could not be listed, then every namespace's pods when
+/// `pods` were read and fell short of that.
 fn unseen_lines(
     leases: &read::Leases,
     leases_instead: &str,
     classes_instead: Option<&str>,
     nodes_instead: Option<&str>,
+    pods: Option<&read::Pods>,
 ) -> Vec<Unseen> {
     let mut out = Vec::new();
     if let Some(ns) = &leases.namespace {
@@ -167,6 +187,9 @@ fn unseen_lines(
     }
     out.extend(classes_instead.map(Unseen::classes));
     out.extend(nodes_instead.map(Unseen::nodes));
+    if let Some(p) = pods.filter(|p| !p.all_visible) {
+        out.push(Unseen::pods(p.namespace.as_deref()));
+    }
     out
 }
 
@@ -193,6 +216,7 @@ fn queue_view(
         classes
             .is_none()
             .then_some("classes are shown by name, without their capacity or ordering"),
+        None,
         None,
     );
     Ok(view)

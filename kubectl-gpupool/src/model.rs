@@ -2,13 +2,10 @@
 //! `GpuLease`, `GpuLeaseClass` and `Node` that never fail (an absent field
 //! reads as its documented default), and the FIFO order of a class.
 
-use std::collections::BTreeMap;
-
 use gpupool_api::names::{ANNOTATION_NODE_GPUS, DEFAULT_RESOURCE_NAME};
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, NodeGpu, Role};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 /// The lease's namespace (empty when absent, which the API never returns).
 pub fn namespace(l: &GpuLease) -> &str {
@@ -115,45 +112,6 @@ pub fn resource_names(classes: &[GpuLeaseClass]) -> Vec<String> {
     names.sort();
     names.dedup();
     names
-}
-
-/// Whether a node's labels satisfy a label selector (matchLabels and
-/// matchExpressions with In, NotIn, Exists, DoesNotExist; an unknown
-/// operator matches nothing, as the API server would refuse it). An absent
-/// or empty selector matches every node.
-pub fn selector_matches(
-    selector: Option<&LabelSelector>,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let Some(sel) = selector else {
-        return true;
-    };
-    let labels_ok = sel
-        .match_labels
-        .as_ref()
-        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    labels_ok
-        && sel
-            .match_expressions
-            .as_ref()
-            .is_none_or(|e| e.iter().all(|r| requirement_matches(r, labels)))
-}
-
-fn requirement_matches(r: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let value = labels.get(&r.key);
-    let values = r.values.as_deref().unwrap_or(&[]);
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        _ => false,
-    }
-}
-
-/// The node's labels (empty when it has none).
-pub fn node_labels(node: &Node) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -320,52 +278,6 @@ mod tests {
         let l = queued("a", "p", Role::Primary, 1, 1, 1, "its class is invalid");
         assert_eq!(reason(&l), Some("its class is invalid"));
         assert_eq!(reason(&lease("a", "p", "c", Role::Primary, 1)), None);
-    }
-
-    #[test]
-    fn selectors_match_like_the_api_server() {
-        let labels: BTreeMap<String, String> = [("pool".to_owned(), "large".to_owned())]
-            .into_iter()
-            .collect();
-        let sel =
-            |v: serde_json::Value| -> LabelSelector { serde_json::from_value(v).expect("sel") };
-        let cases = [
-            (serde_json::json!({}), true),
-            (serde_json::json!({"matchLabels": {"pool": "large"}}), true),
-            (serde_json::json!({"matchLabels": {"pool": "small"}}), false),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "large"]}]}),
-                true,
-            ),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["large"]}]}),
-                false,
-            ),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["x"]}]}),
-                true,
-            ),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "Exists"}]}),
-                true,
-            ),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "DoesNotExist"}]}),
-                false,
-            ),
-            (
-                serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "Gt"}]}),
-                false,
-            ),
-        ];
-        for (s, want) in cases {
-            assert_eq!(
-                selector_matches(Some(&sel(s.clone())), &labels),
-                want,
-                "{s}"
-            );
-        }
-        assert!(selector_matches(None, &labels));
     }
 
     #[test]

@@ -40,6 +40,18 @@ pub struct Leases {
     pub namespace: Option<String>,
 }
 
+/// Pods as far as the credentials allow.
+#[derive(Debug, Clone, Default)]
+pub struct Pods {
+    /// The pods read.
+    pub items: Vec<Pod>,
+    /// True when they are every namespace's.
+    pub all_visible: bool,
+    /// The namespace they were limited to when not every namespace's could
+    /// be listed; `None` with `all_visible` false: not even that one's.
+    pub namespace: Option<String>,
+}
+
 /// Connects with `--kubeconfig` (else `KUBECONFIG`, else `~/.kube/config`,
 /// else the in-cluster service account) and `--context`. Errors name the
 /// file or context that is missing.
@@ -281,6 +293,35 @@ impl Cluster {
             Ok(list) => Ok(Some(list.items)),
             Err(kube::Error::Api(s)) if s.is_forbidden() && optional => Ok(None),
             Err(e) => Err(self.api_error("list nodes", e)),
+        }
+    }
+
+    /// Pods of every namespace, or of `namespace` alone when the
+    /// credentials may not list every namespace's, or none when they may
+    /// not list even those ([`Pods`] says which). Errors: any failure other
+    /// than a refusal, as [`Cluster::api_error`] words it.
+    pub async fn pods(&self, namespace: &str) -> Result<Pods, Error> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        match all.list(&ListParams::default()).await {
+            Ok(list) => {
+                return Ok(Pods {
+                    items: list.items,
+                    all_visible: true,
+                    namespace: None,
+                });
+            }
+            Err(kube::Error::Api(s)) if s.is_forbidden() => {}
+            Err(e) => return Err(self.api_error("list pods in all namespaces", e)),
+        }
+        let ns: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match ns.list(&ListParams::default()).await {
+            Ok(list) => Ok(Pods {
+                items: list.items,
+                all_visible: false,
+                namespace: Some(namespace.to_owned()),
+            }),
+            Err(kube::Error::Api(s)) if s.is_forbidden() => Ok(Pods::default()),
+            Err(e) => Err(self.api_error(&format!("list pods in namespace {namespace}"), e)),
         }
     }
 

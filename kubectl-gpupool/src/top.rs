@@ -7,11 +7,13 @@
 //! free: it gets the GPUs its visible leases hold instead, node by node.
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
+use gpupool_engine::Room;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use crate::model;
+use crate::rules;
 use crate::style::{self, Paint, Style};
 use crate::table::{Cell, Table, common_widths};
 use crate::unseen::{self, Unseen};
@@ -90,7 +92,10 @@ pub struct NodeView {
     pub name: String,
     /// Allocatable slots (the classes' resources together).
     pub slots: u64,
-    /// Slots no lease holds.
+    /// Free slots as the operator counts them (the engine's own count,
+    /// resource by resource, never below zero): allocatable less what
+    /// every live pod bound or pinned there requests, gpupool's or not,
+    /// and what leases hold for pods not placed yet.
     pub free: u64,
     /// Its GPUs, from the annotation, in index order.
     pub gpus: Vec<GpuView>,
@@ -158,22 +163,27 @@ impl Holder {
     }
 }
 
-/// Builds the whole picture from every class, node and lease. A node
-/// appears when it has a GPU list, slots of a class's resource, or a lease
-/// placed on it.
+/// Builds the whole picture from every class, node and lease, with no
+/// pod: free slots count what the leases hold (as
+/// [`build_visible`] does when not every pod could be listed).
 pub fn build(classes: &[GpuLeaseClass], nodes: &[Node], leases: &[GpuLease]) -> TopView {
-    build_visible(Some(classes), Some(nodes), leases, None)
+    build_visible(Some(classes), Some(nodes), &[], false, leases, None)
 }
 
 /// Builds what can be built from what the reader could list: `classes` and
-/// `nodes` are `None` when they could not be listed, and `leases_of` names
-/// the one namespace `leases` were limited to (`None`: every namespace).
-/// The per-node picture needs every node and every lease (a GPU no visible
+/// `nodes` are `None` when they could not be listed, `all_pods` says
+/// whether `pods` are every namespace's, and `leases_of` names the one
+/// namespace `leases` were limited to (`None`: every namespace). The
+/// per-node picture needs every node and every lease (a GPU no visible
 /// lease holds may be another namespace's); without them the view lists
-/// the GPUs the visible leases hold ([`TopView::held`]) instead.
+/// the GPUs the visible leases hold ([`TopView::held`]) instead. Free
+/// slots are the engine's count ([`gpupool_engine::room`]) over these
+/// objects.
 pub fn build_visible(
     classes: Option<&[GpuLeaseClass]>,
     nodes: Option<&[Node]>,
+    pods: &[Pod],
+    all_pods: bool,
     leases: &[GpuLease],
     leases_of: Option<&str>,
 ) -> TopView {
@@ -183,10 +193,13 @@ pub fn build_visible(
         .collect();
     let (node_views, held) = match nodes {
         Some(nodes) if leases_of.is_none() => {
-            let resources = model::resource_names(classes.unwrap_or_default());
+            let classes = classes.unwrap_or_default();
+            let resources = model::resource_names(classes);
+            let snapshot = rules::snapshot(classes, nodes, pods, leases, Timestamp::UNIX_EPOCH);
+            let room = rules::room(&snapshot, all_pods);
             let mut views: Vec<NodeView> = nodes
                 .iter()
-                .filter_map(|n| node_view(n, &resources, &holding))
+                .filter_map(|n| node_view(n, &resources, &room, &holding))
                 .collect();
             views.sort_by(|a, b| a.name.cmp(&b.name));
             (views, None)
@@ -260,9 +273,28 @@ fn class_lines(classes: &[GpuLeaseClass]) -> Vec<ClassLine> {
     class_lines
 }
 
-fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option<NodeView> {
+/// The free slots of `resource` on `node` as the engine counts them, never
+/// below zero; a resource no class uses is counted by nobody, so all its
+/// `allocatable` slots are free.
+fn free_of(room: &Room, resource: &str, node: &str, allocatable: u64) -> u64 {
+    match room.free.get(resource) {
+        Some(per_node) => per_node.get(node).copied().unwrap_or(0).max(0) as u64,
+        None => allocatable,
+    }
+}
+
+fn node_view(
+    node: &Node,
+    resources: &[String],
+    room: &Room,
+    holding: &[&GpuLease],
+) -> Option<NodeView> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let slots: u64 = resources.iter().map(|r| model::allocatable(node, r)).sum();
+    let free: u64 = resources
+        .iter()
+        .map(|r| free_of(room, r, &name, model::allocatable(node, r)))
+        .sum();
     let here: Vec<&GpuLease> = holding
         .iter()
         .copied()
@@ -297,9 +329,7 @@ fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option
         })
         .collect();
     let mut unplaced = Vec::new();
-    let mut used: u64 = 0;
     for l in here {
-        used += u64::from(l.spec.slots);
         let reported = l.status.as_ref().map(|s| s.gpus.as_slice()).unwrap_or(&[]);
         let mut placed = false;
         for g in reported {
@@ -320,7 +350,7 @@ fn node_view(node: &Node, resources: &[String], holding: &[&GpuLease]) -> Option
     Some(NodeView {
         name,
         slots,
-        free: slots.saturating_sub(used),
+        free,
         gpus: gpu_views,
         unplaced,
         note,
@@ -697,10 +727,10 @@ NODE node-2: 2 GPUs, 2 slots, 0 free
             &[0],
             1,
         )];
-        let view = build(&[], std::slice::from_ref(&n), &leases);
+        let classes = [class("default", 2, 1, 0)];
+        let view = build(&classes, std::slice::from_ref(&n), &leases);
         assert_eq!(view.nodes[0].gpus[0].slots, 2);
         let text = render(&view, now(), Style::PLAIN);
-        assert!(text.starts_with("no GpuLeaseClass exists"), "{text}");
         assert!(
             text.contains("NODE node-1: 1 GPU, 2 slots, 1 free\n"),
             "{text}"
@@ -713,8 +743,10 @@ NODE node-2: 2 GPUs, 2 slots, 0 free
         );
 
         n.metadata.annotations = None;
-        let view = build(&[], &[n], &[]);
+        // Without a class nobody counts the resource: every slot is free.
+        let view = build(&[], &[n], &leases);
         let text = render(&view, now(), Style::PLAIN);
+        assert!(text.starts_with("no GpuLeaseClass exists"), "{text}");
         assert!(
             text.contains("NODE node-1: 2 slots, 2 free (no gpupool.io/gpus annotation: is its device plugin running?)\n"),
             "{text}"
@@ -765,7 +797,7 @@ NODE node-2: 2 GPUs, 2 slots, 0 free
             ),
             queued("ml", "train-c", Role::Primary, 2, 5, 4, "waiting: x"),
         ];
-        let mut view = build_visible(None, None, &leases, Some("ml"));
+        let mut view = build_visible(None, None, &[], false, &leases, Some("ml"));
         view.unseen = vec![
             Unseen::leases("ml", ": only the GPUs its pods hold"),
             Unseen::classes("class capacity is not shown"),
@@ -792,13 +824,13 @@ cannot list GpuLeaseClasses: forbidden; class capacity is not shown
         // Nodes visible but not every lease: still only what is held, since
         // a GPU no visible lease holds may be another namespace's.
         let nodes = vec![node("node-1", 2, 1, &[])];
-        let view = build_visible(Some(&[]), Some(&nodes), &leases, Some("ml"));
+        let view = build_visible(Some(&[]), Some(&nodes), &[], false, &leases, Some("ml"));
         assert!(view.nodes.is_empty());
         assert_eq!(view.held.as_ref().map(Vec::len), Some(3));
         let text = render(&view, now(), Style::PLAIN);
         assert!(text.starts_with("no GpuLeaseClass exists"), "{text}");
         // Nothing held in the namespace.
-        let view = build_visible(None, None, &leases[2..], Some("ml"));
+        let view = build_visible(None, None, &[], false, &leases[2..], Some("ml"));
         assert_eq!(
             render(&view, now(), Style::PLAIN),
             "no pod of namespace ml holds a GPU\n"

@@ -43,6 +43,21 @@ impl Unseen {
         }
     }
 
+    /// Every namespace's Pods were refused: free slots count what the
+    /// visible leases hold, and the pods of `namespace` (none when `None`:
+    /// not even those could be listed).
+    pub fn pods(namespace: Option<&str>) -> Unseen {
+        Unseen {
+            what: "Pods in all namespaces".to_owned(),
+            instead: match namespace {
+                Some(ns) => format!(
+                    "free slots count what the leases it could see hold, and the pods of namespace {ns} only"
+                ),
+                None => "free slots count only what the leases it could see hold".to_owned(),
+            },
+        }
+    }
+
     /// The line a person reads: `cannot list WHAT: forbidden; INSTEAD`.
     pub fn line(&self) -> String {
         format!("cannot list {}: forbidden; {}", self.what, self.instead)
@@ -67,12 +82,16 @@ mod tests {
             Unseen::leases("ml", ", at the operator's positions"),
             Unseen::classes("classes are shown by name only"),
             Unseen::nodes("node fit is not shown"),
+            Unseen::pods(Some("ml")),
+            Unseen::pods(None),
         ];
         assert_eq!(
             render(&all, Style::PLAIN),
             "cannot list GpuLeases in all namespaces: forbidden; showing namespace ml, at the operator's positions\n\
              cannot list GpuLeaseClasses: forbidden; classes are shown by name only\n\
-             cannot list Nodes: forbidden; node fit is not shown\n"
+             cannot list Nodes: forbidden; node fit is not shown\n\
+             cannot list Pods in all namespaces: forbidden; free slots count what the leases it could see hold, and the pods of namespace ml only\n\
+             cannot list Pods in all namespaces: forbidden; free slots count only what the leases it could see hold\n"
         );
         assert_eq!(render(&[], Style::PLAIN), "");
         assert!(render(&all[..1], Style { color: true }).starts_with("\x1b[2m"));

@@ -7,9 +7,13 @@ use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use gpupool_engine::fit;
+use gpupool_engine::{NodeInfo, PodInfo};
+
 use crate::error::Error;
 use crate::model;
 use crate::queue::ordering_name;
+use crate::rules;
 use crate::style::{self, Paint, Style};
 use crate::unseen::{self, Unseen};
 
@@ -31,6 +35,12 @@ pub struct WhyInput<'a> {
     pub all_visible: bool,
     /// The nodes, when the reader may list them.
     pub nodes: Option<&'a [Node]>,
+    /// The pods the reader may list: with the nodes and leases, the engine
+    /// counts each node's free slots from them.
+    pub pods: &'a [Pod],
+    /// Whether `pods` holds every namespace's pods; when not, a lease
+    /// whose pod is not listed holds what its status says.
+    pub all_pods_visible: bool,
     /// The time ages are measured to.
     pub now: Timestamp,
     /// What the credentials could not list, said after the paragraph of a
@@ -299,8 +309,10 @@ fn waiting(
     }
 }
 
-/// Node fit: the class's nodes with their free slots, and what the pod's
-/// own nodeSelector (and required affinity) leave of them.
+/// Node fit, as the engine decides it: the class's nodes with their free
+/// slots, and what the pod's own nodeSelector, required affinity and
+/// tolerations (against cordons and taints) leave of them. Returns the
+/// sentences and on how many nodes the pod could start now.
 fn fit(
     input: &WhyInput<'_>,
     lease: &GpuLease,
@@ -309,13 +321,16 @@ fn fit(
 ) -> (Vec<String>, usize) {
     let res = &class.spec.resource_name;
     let want = u64::from(lease.spec.slots);
-    let class_nodes: Vec<(&Node, u64)> = nodes
+    let snapshot = rules::snapshot(input.classes, nodes, input.pods, input.leases, input.now);
+    let room = rules::room(&snapshot, input.all_pods_visible);
+    let class_nodes: Vec<(&NodeInfo, u64)> = room
+        .class_nodes(model::class_name(class))
         .iter()
-        .filter(|n| model::allocatable(n, res) > 0)
-        .filter(|n| {
-            model::selector_matches(class.spec.node_selector.as_ref(), &model::node_labels(n))
+        .filter_map(|name| snapshot.nodes.iter().find(|n| n.name == *name))
+        .map(|n| {
+            let free = room.free(res, &n.name).unwrap_or(0).max(0) as u64;
+            (n, free)
         })
-        .map(|n| (n, free_on(n, res, input.leases)))
         .collect();
     let mut out = Vec::new();
     if class_nodes.is_empty() {
@@ -324,11 +339,11 @@ fn fit(
         ));
         return (out, 0);
     }
-    let describe = |list: &[(&Node, u64)]| -> String {
+    let describe = |list: &[(&NodeInfo, u64)]| -> String {
         let parts: Vec<String> = list
             .iter()
             .take(6)
-            .map(|(n, free)| format!("{} {free} free", n.metadata.name.as_deref().unwrap_or("?")))
+            .map(|(n, free)| format!("{} {free} free", n.name))
             .collect();
         let more = if list.len() > 6 {
             format!(", and {} more", list.len() - 6)
@@ -337,9 +352,20 @@ fn fit(
         };
         format!("{}{more}", parts.join(", "))
     };
-    let fitting = class_nodes.iter().filter(|(_, f)| *f >= want).count();
-    // Nodes where the pod itself would fit now (its own selector applied below).
-    let mut room = fitting;
+    let me = rules::pod_info(&snapshot, input.pod);
+    // The engine's own test, with the pod's choice of nodes (nodeSelector,
+    // required affinity) left out, tells the nodes that turn it away
+    // (cordoned, or tainted against it) apart from those it does not choose.
+    let unchoosy = me.as_ref().map(|me| PodInfo {
+        node_selector: Default::default(),
+        required_affinity: None,
+        ..me.clone()
+    });
+    let open = |n: &NodeInfo| unchoosy.as_ref().is_none_or(|p| fit::pod_fits_node(p, n));
+    let fitting = class_nodes
+        .iter()
+        .filter(|(n, f)| *f >= want && open(n))
+        .count();
     out.push(format!(
         "Of the class's {} ({}), {} room for {}.",
         style::count(class_nodes.len() as u64, "node", "nodes"),
@@ -351,59 +377,72 @@ fn fit(
         },
         style::count(want, "slot", "slots"),
     ));
-    let spec = input.pod.spec.as_ref();
-    let own: Vec<(String, String)> = spec
-        .and_then(|s| s.node_selector.as_ref())
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default();
-    if !own.is_empty() {
-        let allowed: Vec<(&Node, u64)> = class_nodes
-            .iter()
-            .copied()
-            .filter(|(n, _)| {
-                let labels = model::node_labels(n);
-                own.iter().all(|(k, v)| labels.get(k) == Some(v))
-            })
-            .collect();
-        room = allowed.iter().filter(|(_, f)| *f >= want).count();
-        let sel: Vec<String> = own.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        if allowed.is_empty() {
+    let turned_away: Vec<String> = class_nodes
+        .iter()
+        .filter(|(n, _)| !open(n))
+        .map(|(n, _)| n.name.clone())
+        .collect();
+    if !turned_away.is_empty() {
+        out.push(format!(
+            "{} {} cordoned or {} a taint it does not tolerate.",
+            style::join_prose(&turned_away),
+            if turned_away.len() == 1 { "is" } else { "are" },
+            if turned_away.len() == 1 {
+                "has"
+            } else {
+                "have"
+            },
+        ));
+    }
+    let Some(me) = me else {
+        return (out, fitting);
+    };
+    // Of those, the nodes its own nodeSelector and affinity choose.
+    let chosen: Vec<(&NodeInfo, u64)> = class_nodes
+        .iter()
+        .copied()
+        .filter(|(n, _)| {
+            let open = NodeInfo {
+                unschedulable: false,
+                taints: Vec::new(),
+                ..(*n).clone()
+            };
+            fit::pod_fits_node(&me, &open)
+        })
+        .collect();
+    let usable: Vec<(&NodeInfo, u64)> = chosen
+        .iter()
+        .copied()
+        .filter(|(n, _)| fit::pod_fits_node(&me, n))
+        .collect();
+    if fit::narrows_nodes(&me) {
+        let mut own: Vec<String> = Vec::new();
+        if !me.node_selector.is_empty() {
+            let sel: Vec<String> = me
+                .node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            own.push(format!("nodeSelector ({})", sel.join(", ")));
+        }
+        if me.required_affinity.is_some() {
+            own.push("required node affinity".to_owned());
+        }
+        let own = own.join(" and ");
+        if chosen.is_empty() {
             out.push(format!(
-                "Its own nodeSelector ({}) allows none of them, so it cannot start until such a node joins the class.",
-                sel.join(", ")
+                "Its own {own} allows none of them, so it cannot start until such a node joins the class."
             ));
         } else {
             out.push(format!(
-                "Its own nodeSelector ({}) allows {} of them ({}).",
-                sel.join(", "),
-                allowed.len(),
-                describe(&allowed)
+                "Its own {own} allows {} of them ({}).",
+                chosen.len(),
+                describe(&chosen)
             ));
         }
     }
-    let required_affinity = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .is_some_and(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .is_some()
-        });
-    if required_affinity {
-        out.push("Its required node affinity narrows the nodes further.".to_owned());
-    }
-    (out, room)
-}
-
-/// Free slots of `res` on `node`: allocatable less what leases placed there hold.
-fn free_on(node: &Node, res: &str, leases: &[GpuLease]) -> u64 {
-    let name = node.metadata.name.as_deref();
-    let held: u64 = leases
-        .iter()
-        .filter(|l| model::phase(l).holds_slots())
-        .filter(|l| l.status.as_ref().and_then(|s| s.node.as_deref()) == name)
-        .map(|l| u64::from(l.spec.slots))
-        .sum();
-    model::allocatable(node, res).saturating_sub(held)
+    let room_now = usable.iter().filter(|(_, f)| *f >= want).count();
+    (out, room_now)
 }
 
 fn plural(role: Role) -> &'static str {
@@ -556,6 +595,8 @@ mod tests {
                 leases: &w.leases,
                 all_visible: all,
                 nodes: with_nodes.then_some(w.nodes.as_slice()),
+                pods: &[],
+                all_pods_visible: false,
                 now: now(),
                 unseen: &[],
             },
@@ -788,6 +829,8 @@ mod tests {
                     leases: &leases,
                     all_visible: false,
                     nodes: None,
+                    pods: &[],
+                    all_pods_visible: false,
                     now: now(),
                     unseen: &unseen,
                 },
