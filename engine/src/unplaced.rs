@@ -66,8 +66,16 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let seconds = self.placement_timeout(t);
-            let deadline = report
-                .since
+            // Kubernetes keeps a condition's lastTransitionTime while its
+            // status stays False, so a pod created gated reports the time
+            // it was created, however long it waited in the queue: the
+            // clock starts at admission at the earliest.
+            let admitted = t
+                .persisted
+                .and_then(|s| s.admitted_at.as_ref())
+                .map(|t| t.0);
+            let since = admitted.map_or(report.since, |a| a.max(report.since));
+            let deadline = since
                 .checked_add(SignedDuration::from_secs(i64::from(seconds)))
                 .unwrap_or(Timestamp::MAX);
             let node = t.node;

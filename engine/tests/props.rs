@@ -510,7 +510,6 @@ impl World {
     /// The scheduler: binds pinned ungated pods to their node, and places
     /// unpinned ungated pods (created without the webhook) where they fit.
     fn bind(&mut self) {
-        let now = self.s.now;
         for i in 0..self.s.pods.len() {
             let p = &self.s.pods[i];
             if p.gated || p.node_name.is_some() || !is_live(p) || p.terminating {
@@ -522,8 +521,10 @@ impl World {
                 .is_some_and(|n| self.alloc(n).is_none());
             if self.unfit.contains(&p.uid) || pinned_away {
                 let p = &mut self.s.pods[i];
+                // Kubernetes keeps the time the pod was created gated.
+                let created = p.created_at;
                 p.unplaced.get_or_insert_with(|| Unplaced {
-                    since: now,
+                    since: created,
                     message: Some("0/1 nodes are available: 1 Insufficient cpu.".into()),
                 });
                 continue;
@@ -1119,7 +1120,12 @@ impl World {
             let timeout = class
                 .and_then(|c| self.s.classes.iter().find(|k| k.name == c))
                 .map_or(60, |c| c.spec.admission.placement_timeout_seconds);
-            let due = report.since + jiff::SignedDuration::from_secs(i64::from(timeout));
+            // The clock starts at admission at the earliest.
+            let admitted = own_lease
+                .and_then(|l| l.status()?.admitted_at.as_ref())
+                .map(|t| t.0);
+            let since = admitted.map_or(report.since, |a| a.max(report.since));
+            let due = since + jiff::SignedDuration::from_secs(i64::from(timeout));
             if own_lease.is_some() && self.s.now >= due {
                 prop_assert!(
                     given.contains(&p.key),

@@ -1685,8 +1685,10 @@ fn an_admitted_pod_the_scheduler_cannot_place_gives_its_slots_back_after_the_tim
     for p in &mut s.pods {
         if p.key == key("big") {
             *p = pinned(p.clone(), "n1");
+            // As Kubernetes reports it: the condition's status has been
+            // False since the pod was created gated.
             p.unplaced = Some(gpupool_engine::Unplaced {
-                since: at(1000),
+                since: at(1),
                 message: Some(why.into()),
             });
         }
