@@ -33,7 +33,6 @@ pub use cached::{CachedLease, CachedMeta};
 pub use classes::{established_default, is_extended_resource, largest_node};
 pub use model::*;
 pub use room::{PodsSeen, Room, room};
-pub use sequence::sequence_of;
 pub use small_map::SmallMap;
 pub use state::Engine;
 pub use status::QUEUE_HEAD;
@@ -42,8 +41,7 @@ pub use status::QUEUE_HEAD;
 ///
 /// Guarantees, for any snapshot: every live pod that requests a class's
 /// resource has exactly one lease (created here, or after its stale lease is
-/// deleted); sequences are assigned once, from the pod's enqueued-at stamp
-/// ([`sequence_of`]), so a recreated lease keeps its place; only
+/// deleted); sequences are assigned once, above every existing one; only
 /// leases whose sequence is persisted are admitted; no admission takes more
 /// slots than a node has free after counting every live pod bound or pinned
 /// there and every lease holding slots; StrictFIFO primaries are admitted in

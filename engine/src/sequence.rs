@@ -1,37 +1,42 @@
-//! FIFO tickets (DESIGN §5.2): a lease's sequence is its pod's
-//! `gpupool.io/enqueued-at` stamp in microseconds since the Unix epoch (its
-//! creationTimestamp when it has no stamp). Leases wait in (sequence,
-//! namespace/name) order, so a pod's place follows its stamp whatever
-//! becomes of its lease: a lease deleted, or lost while the operator was
-//! down, is created again with the same sequence and takes the same place,
-//! never behind pods created after it. A sequence, once persisted, never
-//! changes.
-//!
-//! Only the webhook writes the stamp, and nobody may change it afterwards
-//! (DESIGN §5.10), so a tenant cannot choose a place.
+//! FIFO tickets (DESIGN §5.2): one global counter above every sequence any
+//! lease carries, handed out in (enqueued-at, creationTimestamp,
+//! namespace/name) order. A sequence, once persisted, never changes.
 
 use gpupool_api::LeasePhase;
-use jiff::Timestamp;
 
 use super::pass::Pass;
 
-/// The sequence of a pod enqueued at `stamp`: microseconds since the Unix
-/// epoch (0 for a stamp before it). Below 2^53 until the year 2255, so
-/// every JSON reader reads it exactly.
-pub fn sequence_of(stamp: Timestamp) -> u64 {
-    u64::try_from(stamp.as_microsecond()).unwrap_or(0)
-}
-
 impl Pass<'_> {
-    /// Gives every ticket without a sequence its pod's.
+    /// Gives every ticket without a sequence the next ones, in queue order.
     pub fn assign_sequences(&mut self) {
-        for t in &mut self.tickets {
-            if t.sequence.is_some() || t.phase == LeasePhase::Released {
-                continue;
-            }
-            if let Some(p) = t.pod {
-                t.sequence = Some(sequence_of(p.enqueued_at.unwrap_or(p.created_at)));
-            }
+        let mut pending: Vec<usize> = (0..self.tickets.len())
+            .filter(|&i| {
+                let t = &self.tickets[i];
+                t.sequence.is_none() && t.phase != LeasePhase::Released && t.pod.is_some()
+            })
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        // Above every persisted sequence, the stale leases' included.
+        let highest = self
+            .view
+            .entries
+            .iter()
+            .filter_map(|(_, l, _)| l.and_then(|l| l.status()).and_then(|s| s.sequence))
+            .max()
+            .max(self.view.set_apart_highest)
+            .unwrap_or(0);
+        pending.sort_by(|&a, &b| {
+            let (a, b) = (&self.tickets[a], &self.tickets[b]);
+            let stamp = |t: &super::pass::Ticket<'_>| {
+                t.pod
+                    .map(|p| (p.enqueued_at.unwrap_or(p.created_at), p.created_at))
+            };
+            stamp(a).cmp(&stamp(b)).then_with(|| a.key.cmp(b.key))
+        });
+        for (n, i) in pending.into_iter().enumerate() {
+            self.tickets[i].sequence = Some(highest + 1 + n as u64);
         }
     }
 }

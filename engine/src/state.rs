@@ -39,6 +39,11 @@ impl Entry {
         pass::is_inert(self.pod.as_deref(), self.lease.as_deref())
     }
 
+    /// The sequence the entry's lease carries: new ones go above it.
+    fn sequence(&self) -> Option<u64> {
+        self.lease.as_ref()?.status()?.sequence
+    }
+
     /// The primary the lease's persisted status says it was preempted for.
     fn preempted_for(&self) -> Option<ObjectKey> {
         let named = self.lease.as_ref()?.status()?.preempted_by.as_deref()?;
@@ -116,6 +121,10 @@ pub struct Engine {
     /// back for them, and a victim's grace may be theirs), so they are
     /// neither parked nor set apart.
     named: BTreeMap<ObjectKey, usize>,
+    /// The sequences of the leases a pass does not visit (retired, parked
+    /// or set apart), each with how many carry it: new sequences go above
+    /// every one any lease carries.
+    set_apart_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
     blocked_evictions: BlockedEvictions,
@@ -209,6 +218,7 @@ impl Engine {
             nodes: self.nodes.values().collect(),
             entries: self.entries.values().map(as_entry).collect(),
             retired: Some(&self.retired),
+            set_apart_highest: self.set_apart_sequences.keys().next_back().copied(),
             parked: (self.parked.len() > 0).then_some(&self.parked),
             holders: (self.holders.len() > 0).then_some(&self.holders),
             blocked_evictions: &self.blocked_evictions,
@@ -261,6 +271,9 @@ impl Engine {
             .take_all()
             .chain(self.holders.take_all())
             .collect();
+        for (_, entry) in &set_apart {
+            self.forget_sequence(entry);
+        }
         let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
             .into_iter()
             .chain(set_apart)
@@ -326,10 +339,13 @@ impl Engine {
             }
             return Some(entry);
         }
-        self.parked
+        let entry = self
+            .parked
             .remove(key)
             .or_else(|| self.holders.remove(key))
-            .or_else(|| self.retired.remove(key))
+            .or_else(|| self.retired.remove(key))?;
+        self.forget_sequence(&entry);
+        Some(entry)
     }
 
     /// Keeps `entry` where it belongs (see [`Engine::update`]), its facts
@@ -339,17 +355,19 @@ impl Engine {
             return;
         }
         if entry.is_retired() {
-            self.retired.insert(key, entry);
+            self.retire(key, entry);
             return;
         }
         let pass = classes_only(&self.classes);
         refresh_facts(&pass, &mut entry);
         if !self.named.contains_key(&key) {
             if let Some(place) = parked::place_of(&pass, &entry) {
+                self.count_sequence(&entry);
                 self.parked.insert(key, place, entry);
                 return;
             }
             if let Some(place) = holders::place_of(&pass, &entry) {
+                self.count_sequence(&entry);
                 self.holders.insert(key, place, entry);
                 return;
             }
@@ -372,6 +390,7 @@ impl Engine {
                 .remove(&primary)
                 .or_else(|| self.holders.remove(&primary))
         {
+            self.forget_sequence(&entry);
             self.keep(primary, entry);
         }
     }
@@ -395,6 +414,26 @@ impl Engine {
                 self.unname(named);
             }
             self.keep(primary, entry);
+        }
+    }
+
+    fn retire(&mut self, key: ObjectKey, entry: Entry) {
+        self.count_sequence(&entry);
+        self.retired.insert(key, entry);
+    }
+
+    /// Counts the sequence of an entry a pass will not visit.
+    fn count_sequence(&mut self, entry: &Entry) {
+        if let Some(seq) = entry.sequence() {
+            *self.set_apart_sequences.entry(seq).or_default() += 1;
+        }
+    }
+
+    /// Forgets the sequence of an entry taken out of those a pass does not
+    /// visit.
+    fn forget_sequence(&mut self, entry: &Entry) {
+        if let Some(seq) = entry.sequence() {
+            parked::count_down(&mut self.set_apart_sequences, seq);
         }
     }
 
@@ -580,14 +619,11 @@ mod tests {
         assert!(plan.create_leases.is_empty() && plan.delete_leases.is_empty());
         assert!(plan.all_lease_statuses().next().is_none() && plan.admissions.is_empty());
 
-        // A new pod's sequence is its stamp.
+        // A new pod's sequence goes above the retired lease's.
         engine.upsert_pod(pod("new", 1, 50));
         let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.create_leases.len(), 1);
-        assert_eq!(
-            plan.create_leases[0].status.sequence,
-            Some(crate::sequence_of(at(50)))
-        );
+        assert_eq!(plan.create_leases[0].status.sequence, Some(8));
 
         // Released for a preemption, the lease may still hold slots back
         // for its primary: the pass visits it again.
@@ -615,6 +651,7 @@ mod tests {
         assert!(engine.remove_lease(&key("done")).is_some());
         assert!(engine.remove_pod(&key("done")).is_some());
         assert_eq!(engine.retired_count(), 0);
+        assert!(engine.set_apart_sequences.is_empty());
         assert_eq!(
             engine
                 .pods()
@@ -623,6 +660,28 @@ mod tests {
             ["new"]
         );
         assert_decides_as_a_full_pass(&mut engine);
+    }
+
+    #[test]
+    fn the_highest_sequence_is_kept_while_any_retired_lease_carries_it() {
+        let mut engine = Engine::new();
+        engine.upsert_class(fixtures::class("default"));
+        for (name, seq) in [("a", 5), ("b", 9), ("c", 9)] {
+            let p = finished(name);
+            engine.upsert_lease(lease(&p, "default", released(seq)));
+            engine.upsert_pod(p);
+        }
+        engine.upsert_pod(pod("new", 1, 50));
+        let next = |engine: &mut Engine| {
+            assert_decides_as_a_full_pass(engine).create_leases[0]
+                .status
+                .sequence
+        };
+        assert_eq!(next(&mut engine), Some(10));
+        engine.remove_lease(&key("b"));
+        assert_eq!(next(&mut engine), Some(10), "c still carries 9");
+        engine.remove_lease(&key("c"));
+        assert_eq!(next(&mut engine), Some(6));
     }
 
     #[test]
@@ -846,6 +905,8 @@ mod tests {
             1,
             "the running primary is set apart"
         );
+        let counted: usize = engine.set_apart_sequences.values().sum();
+        assert_eq!(counted, 31, "each set-apart sequence is counted once");
         let pass = through_queue_step(&engine);
         assert_eq!(pass.joined, 0, "the pass visits no entry");
         assert_eq!(

@@ -14,7 +14,7 @@ use gpupool_api::{
 use gpupool_engine::fixtures;
 use gpupool_engine::{
     ClassInfo, EVICTION_RETRY, Engine, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
-    Refusals, RoleLabel, Snapshot, Unplaced, decide,
+    Refusals, Snapshot, Unplaced, decide,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
@@ -478,7 +478,10 @@ impl World {
             Event::LoseLease { pick } => {
                 if !self.s.leases.is_empty() {
                     let i = usize::from(pick) % self.s.leases.len();
-                    self.s.leases.remove(i);
+                    let lost = self.s.leases.remove(i);
+                    // Nothing remembers it: the lease made again is a new
+                    // one, with a sequence of its own.
+                    self.sequences.remove(&lost.spec().pod_uid);
                 }
             }
             Event::ToggleClass { pick } => {
@@ -854,18 +857,19 @@ impl World {
                 d.key
             );
         }
-        // One lease per pod key, and a new lease's sequence is its pod's
-        // stamp, whenever and however often the lease is created: a pod's
-        // place follows its stamp (DESIGN §5.2).
+        // One lease per pod key, and new sequences above every existing one.
+        let highest = self
+            .s
+            .leases
+            .iter()
+            .filter_map(|l| l.status()?.sequence)
+            .max()
+            .unwrap_or(0);
         for n in &plan.create_leases {
             prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
-            let pod = self.s.pods.iter().find(|p| p.key == n.key);
-            let stamp =
-                pod.map(|p| gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)));
-            prop_assert_eq!(
-                n.status.sequence,
-                stamp,
-                "lease {} is not placed by its stamp",
+            prop_assert!(
+                n.status.sequence.is_none_or(|s| s > highest),
+                "{} sequenced below an existing lease",
                 &n.key
             );
         }
@@ -915,35 +919,15 @@ impl World {
             // (its pod is still gated): the earlier one goes first.
             let earlier_waits = lease.is_some_and(|mine| {
                 let seq = persisted.and_then(|s| s.sequence).unwrap_or(0);
-                // Leases wait in (sequence, key) order.
-                let leased_earlier = self.s.leases.iter().any(|l| {
+                self.s.leases.iter().any(|l| {
                     l.spec().class_name == mine.spec().class_name
                         && l.spec().role == Role::Primary
-                        && l.status().is_none_or(|s| {
-                            s.sequence.is_none_or(|x| (x, &l.key) < (seq, &mine.key))
-                        })
+                        && l.status()
+                            .is_none_or(|s| s.sequence.is_none_or(|x| x < seq))
                         && self.s.pods.iter().any(|p| {
                             p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p)
                         })
-                });
-                // A pod whose lease is (re)created in this pass takes its
-                // place by its stamp, perhaps ahead of this one.
-                let unleased_earlier = self.s.pods.iter().any(|p| {
-                    p.gated
-                        && is_live(p)
-                        && p.role == RoleLabel::Valid(Role::Primary)
-                        && p.class_label.as_deref().unwrap_or("default") == mine.spec().class_name
-                        && (
-                            gpupool_engine::sequence_of(p.enqueued_at.unwrap_or(p.created_at)),
-                            &p.key,
-                        ) < (seq, &mine.key)
-                        && !self
-                            .s
-                            .leases
-                            .iter()
-                            .any(|l| l.key == p.key && l.spec().pod_uid == p.uid)
-                });
-                leased_earlier || unleased_earlier
+                })
             });
             if let Some(st) = persisted.filter(|s| {
                 a.role == Role::Primary
