@@ -283,6 +283,14 @@ async fn mark_unschedulable(client: &Client, pod: &Pod, message: &str) {
     }) {
         return;
     }
+    // As kube-scheduler does: the transition time changes only with the
+    // status, so a pod created gated keeps the time it was created, and a
+    // new message keeps the time the scheduler first failed.
+    let since = conditions
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(jiff::Timestamp::now()));
     let mut next: Vec<PodCondition> = conditions
         .into_iter()
         .filter(|c| c.type_ != "PodScheduled")
@@ -292,7 +300,7 @@ async fn mark_unschedulable(client: &Client, pod: &Pod, message: &str) {
         status: "False".into(),
         reason: Some("Unschedulable".into()),
         message: Some(message.to_owned()),
-        last_transition_time: Some(Time(jiff::Timestamp::now())),
+        last_transition_time: Some(since),
         ..Default::default()
     });
     let namespace = pod.namespace().unwrap_or_default();

@@ -1,0 +1,232 @@
+//! Ordinary cluster life (issue rows of "when Kubernetes does not go to
+//! plan"): pods another controller still holds back, admitted pods the
+//! scheduler cannot place, a default class deleted and created again, and
+//! cordoned nodes. Each runs
+//! the real operator and device plugins, on the backend
+//! `GPUPOOL_E2E_BACKEND` names (the simulator unless it says `real`), and
+//! checks what a user sees through the API: leases, pod gates, Events.
+
+mod operator_support;
+
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use operator_support::{NS, PodSpec, Sim, gated, wait_for};
+use serde_json::json;
+
+/// The lease's message, or "" before it has one.
+async fn message(sim: &Sim, name: &str) -> String {
+    sim.lease(name)
+        .await
+        .and_then(|l| l.status?.message)
+        .unwrap_or_default()
+}
+
+async fn sequence(sim: &Sim, name: &str) -> Option<u64> {
+    sim.lease(name).await.and_then(|l| l.status?.sequence)
+}
+
+async fn position(sim: &Sim, name: &str) -> Option<u32> {
+    sim.lease(name).await.and_then(|l| l.status?.position)
+}
+
+async fn create(sim: &Sim, pod: Pod) {
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+}
+
+/// A pod that still carries another controller's scheduling gate takes no
+/// slot and holds no one up, even under StrictFIFO; once that gate is
+/// removed it is admitted in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_held_by_another_gate_takes_no_slot_and_blocks_no_one() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    let mut held = PodSpec::primary("held", 1).build();
+    held.spec
+        .as_mut()
+        .expect("spec")
+        .scheduling_gates
+        .get_or_insert_with(Vec::new)
+        .push(serde_json::from_value(json!({"name": "example.com/quota"})).expect("gate"));
+    create(&sim, held).await;
+    wait_for(
+        "the held pod's lease to name the other gate",
+        30,
+        || async {
+            message(&sim, "held")
+                .await
+                .contains("scheduling gate example.com/quota")
+                .then_some(())
+        },
+    )
+    .await;
+    sim.pod(PodSpec::primary("next", 1)).await;
+    sim.wait_admitted("next", 30).await;
+    let held_pod = sim.get_pod("held").await.expect("held pod");
+    assert!(gated(&held_pod), "the held pod is not admitted");
+    assert_eq!(position(&sim, "held").await, Some(1), "it keeps its place");
+
+    // The other controller lets it go: it is admitted once the slot is free.
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    let gates = json!({"spec": {"schedulingGates": [{"name": "gpupool.io/admission"}]}});
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(&gates))
+        .await
+        .expect("the other controller removes its gate");
+    sim.delete_pod("next").await;
+    sim.wait_admitted("held", 60).await;
+    sim.stop().await;
+}
+
+/// An admitted pod the scheduler cannot place (it asks for far more CPU
+/// than its node has) gives its slots back after the class's
+/// `placementTimeoutSeconds`: it is deleted, its lease is Released, a
+/// Warning Event quotes the scheduler, and the pod behind it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_pod_the_scheduler_cannot_place_gives_its_slots_back() {
+    let sim = Sim::start(1, 2).await;
+    sim.class(
+        "default",
+        json!({"default": true, "admission": {"placementTimeoutSeconds": 5}}),
+    )
+    .await;
+    let mut big = PodSpec::primary("too-big", 2).build();
+    let container = &mut big.spec.as_mut().expect("spec").containers[0];
+    let resources = container.resources.get_or_insert_with(Default::default);
+    resources
+        .requests
+        .get_or_insert_with(Default::default)
+        .insert(
+            "cpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1000".into()),
+        );
+    create(&sim, big).await;
+    sim.wait_admitted("too-big", 30).await;
+    sim.pod(PodSpec::primary("behind", 1)).await;
+    let waiting = wait_for(
+        "the lease to say the scheduler cannot place it",
+        30,
+        || async {
+            let m = message(&sim, "too-big").await;
+            m.contains("the scheduler cannot place it").then_some(m)
+        },
+    )
+    .await;
+    assert!(waiting.contains("Insufficient cpu"), "{waiting}");
+    // The pod is deleted; its lease goes with it (the garbage collector
+    // follows the owner), so the Event is what stays to tell why.
+    wait_for("the unplaceable pod to be deleted", 60, || async {
+        sim.get_pod("too-big").await.is_none().then_some(())
+    })
+    .await;
+    if let Some(lease) = sim.lease("too-big").await {
+        assert_eq!(lease.status.map(|s| s.phase), Some(LeasePhase::Released));
+    }
+    let events = sim.events("too-big").await;
+    assert!(
+        events.iter().any(|(reason, note)| reason == "Unplaceable"
+            && note.contains("could not place the pod on node node-1 for 5s")
+            && note.contains("Insufficient cpu")),
+        "{events:?}"
+    );
+    sim.wait_admitted("behind", 30).await;
+    sim.wait_phase("behind", LeasePhase::Bound, 60).await;
+    sim.stop().await;
+}
+
+/// Deleting the default class leaves running pods alone and turns the
+/// queued ones Rejected, saying so; created again, the class gets them
+/// back in their original order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_class_deleted_and_created_again_keeps_its_queue() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("running", 1)).await;
+    sim.wait_phase("running", LeasePhase::Bound, 60).await;
+    for name in ["first", "second"] {
+        sim.pod(PodSpec::primary(name, 1)).await;
+        wait_for("a sequence", 30, || sequence(&sim, name)).await;
+    }
+    let before = (
+        sequence(&sim, "first").await,
+        sequence(&sim, "second").await,
+    );
+
+    let classes: Api<GpuLeaseClass> = Api::all(sim.client.clone());
+    classes
+        .delete("default", &DeleteParams::default())
+        .await
+        .expect("delete the default class");
+    for name in ["first", "second"] {
+        let lease = sim.wait_phase(name, LeasePhase::Rejected, 30).await;
+        let text = lease.status.and_then(|s| s.message).unwrap_or_default();
+        assert!(
+            text.contains("GpuLeaseClass default does not exist"),
+            "{text}"
+        );
+    }
+    let running = sim.lease("running").await.expect("the running pod's lease");
+    assert_eq!(
+        running.status.map(|s| s.phase),
+        Some(LeasePhase::Bound),
+        "nothing running is released"
+    );
+
+    sim.class("default", json!({"default": true})).await;
+    wait_for("the queue back in its order", 30, || async {
+        (position(&sim, "first").await == Some(1) && position(&sim, "second").await == Some(2))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        (
+            sequence(&sim, "first").await,
+            sequence(&sim, "second").await
+        ),
+        before
+    );
+    sim.delete_pod("running").await;
+    sim.wait_admitted("first", 60).await;
+    assert!(gated(&sim.get_pod("second").await.expect("second")));
+    sim.stop().await;
+}
+
+/// A waiting lease names the cordon that keeps its pod off the class's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lease_names_the_cordon() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    let nodes: Api<Node> = Api::all(sim.client.clone());
+    let node = sim.cluster.node_names()[0].clone();
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("cordon");
+    sim.pod(PodSpec::primary("p", 1)).await;
+    let text = wait_for("the lease to name the cordon", 30, || async {
+        let m = message(&sim, "p").await;
+        m.contains("1 node cordoned").then_some(m)
+    })
+    .await;
+    assert!(
+        text.starts_with("waiting: no node of class default is open to the pod"),
+        "{text}"
+    );
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon");
+    sim.wait_admitted("p", 30).await;
+    sim.stop().await;
+}
