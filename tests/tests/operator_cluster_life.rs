@@ -8,7 +8,7 @@
 
 mod operator_support;
 
-use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
+use gpupool_api::{GpuLeaseClass, LeasePhase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
