@@ -10,8 +10,9 @@
 //!   by checks: `helm install|upgrade` becomes `helm template` with the same
 //!   arguments, `docker build --target T` needs stage `T` in the Dockerfile,
 //!   `bash .ci/SCRIPT` needs the script, `gpupool-sim up` must parse its
-//!   flags (it would start real nodes as root), and every file a command
-//!   names must exist.
+//!   flags (it would start real nodes as root), `cargo test --test T`
+//!   needs the suite `T` (it would run it inside this one), and every file
+//!   a command names must exist.
 //! - `cargo build --workspace --bins` on a line of its own is the first
 //!   half of the test command, done before this test ran; it is not run
 //!   again (cargo would wait for the lock the running tests hold).
@@ -269,6 +270,20 @@ docker() {
   [ "${!#}" = . ] || { echo "docker build must run from the repository root" >&2; return 1; }
 }
 kind() { :; }
+cargo() {
+  case "$1" in
+    build) ;;
+    test)
+      local prev="" a
+      for a in "$@"; do
+        if [ "$prev" = --test ]; then
+          [ -f "tests/tests/$a.rs" ] || { echo "no test suite $a" >&2; return 1; }
+        fi
+        prev="$a"
+      done ;;
+    *) echo "no check for cargo $1" >&2; return 1 ;;
+  esac
+}
 bash() {
   case "$1" in
     .ci/*) [ -f "$1" ] || { echo "no script $1" >&2; return 1; }; echo "/checked/by/$1" ;;
