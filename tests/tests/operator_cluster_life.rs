@@ -194,21 +194,26 @@ async fn the_default_class_deleted_and_created_again_keeps_its_queue() {
     sim.stop().await;
 }
 
+/// Cordons `node` (or lifts the cordon), as `kubectl cordon` does.
+async fn cordon(sim: &Sim, node: &str, on: bool) {
+    let nodes: Api<Node> = Api::all(sim.client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .expect("cordon");
+}
+
 /// A waiting lease names the cordon that keeps its pod off the class's node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_lease_names_the_cordon() {
     let sim = Sim::start(1, 1).await;
     sim.class("default", json!({"default": true})).await;
-    let nodes: Api<Node> = Api::all(sim.client.clone());
     let node = sim.cluster.node_names()[0].clone();
-    nodes
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
-        )
-        .await
-        .expect("cordon");
+    cordon(&sim, &node, true).await;
     sim.pod(PodSpec::primary("p", 1)).await;
     let text = wait_for("the lease to name the cordon", 30, || async {
         let m = message(&sim, "p").await;
@@ -219,14 +224,7 @@ async fn a_waiting_lease_names_the_cordon() {
         text.starts_with("waiting: no node of class default is open to the pod"),
         "{text}"
     );
-    nodes
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
-        )
-        .await
-        .expect("uncordon");
+    cordon(&sim, &node, false).await;
     sim.wait_admitted("p", 30).await;
     sim.stop().await;
 }
