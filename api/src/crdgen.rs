@@ -81,6 +81,14 @@ mod tests {
             ["Class", "Role", "Phase", "Position", "Node", "GPU", "Age"]
         );
         assert_eq!(cols(true), ["Queued", "Message"]);
+        // A device plugin watches the leases of its node by this field.
+        let selectable: Vec<&str> = version
+            .selectable_fields
+            .iter()
+            .flatten()
+            .map(|f| f.json_path.as_str())
+            .collect();
+        assert_eq!(selectable, [format!(".{}", crate::names::FIELD_LEASE_NODE)]);
         assert!(
             version
                 .subresources

@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
     shortname = "gl",
     namespaced,
     status = "GpuLeaseStatus",
+    // Each device plugin watches only the leases admitted to its node
+    // (`fieldSelector=status.node=<node>`).
+    selectable = ".status.node",
     doc = "A pod's place in a GpuLeaseClass queue, and the GPU slots it holds once admitted.",
     printcolumn(name = "Class", type_ = "string", json_path = ".spec.className"),
     printcolumn(name = "Role", type_ = "string", json_path = ".spec.role"),

@@ -47,6 +47,11 @@ pub const FIELD_MANAGER_OPERATOR: &str = "gpupool-operator";
 /// Field manager the device plugin writes with.
 pub const FIELD_MANAGER_DEVICE_PLUGIN: &str = "gpupool-device-plugin";
 
+/// The GpuLease field a list or watch may select by (the CRD's
+/// `selectableFields`): `fieldSelector=status.node=<node>` gives the leases
+/// admitted to one node.
+pub const FIELD_LEASE_NODE: &str = "status.node";
+
 /// Simulated-pod annotation: seconds the pod runs before it Succeeds (simulator only).
 pub const ANNOTATION_SIM_RUN_SECONDS: &str = "sim.gpupool.io/run-seconds";
 
