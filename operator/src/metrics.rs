@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 /// Labels of the per-class, per-role series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -148,7 +149,9 @@ impl Metrics {
 /// not receive the Service's traffic.
 #[derive(Debug, Default)]
 pub struct Health {
-    webhook_serving: AtomicBool,
+    /// A channel rather than a flag, so that the decision loop can wait for
+    /// the webhook without polling.
+    webhook_serving: watch::Sender<bool>,
     synced: AtomicBool,
     leading: AtomicBool,
     first_pass_done: AtomicBool,
@@ -157,12 +160,16 @@ pub struct Health {
 impl Health {
     /// Records that the webhook accepts connections.
     pub fn set_webhook_serving(&self) {
-        self.webhook_serving.store(true, Ordering::SeqCst);
+        self.webhook_serving.send_replace(true);
     }
 
-    /// True once the webhook accepts connections.
-    pub fn webhook_serving(&self) -> bool {
-        self.webhook_serving.load(Ordering::SeqCst)
+    /// Returns once the webhook accepts connections: at once when it
+    /// already does, else as soon as [`Health::set_webhook_serving`] is called.
+    pub async fn webhook_serves(&self) {
+        let mut serving = self.webhook_serving.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this
+        // waits: the only error `wait_for` has cannot happen.
+        let _ = serving.wait_for(|serving| *serving).await;
     }
 
     /// Records that every watch has delivered its first list.
@@ -186,7 +193,7 @@ impl Health {
     /// True when the replica can serve: webhook serving, caches synced, and
     /// if leader, one pass done.
     pub fn is_ready(&self) -> bool {
-        self.webhook_serving.load(Ordering::SeqCst)
+        *self.webhook_serving.borrow()
             && self.synced.load(Ordering::SeqCst)
             && (!self.leading.load(Ordering::SeqCst) || self.first_pass_done.load(Ordering::SeqCst))
     }
@@ -297,6 +304,18 @@ mod tests {
         h.set_leading(false);
         h.set_leading(true);
         assert!(!h.is_ready(), "regaining leadership needs a fresh pass");
+    }
+
+    #[tokio::test]
+    async fn waiting_for_the_webhook_ends_when_it_serves_and_not_before() {
+        let h = Health::default();
+        let mut waiting = std::pin::pin!(h.webhook_serves());
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        h.set_webhook_serving();
+        assert!(futures::poll!(waiting.as_mut()).is_ready());
+        // Once it serves, a wait ends at its first poll.
+        assert!(futures::poll!(std::pin::pin!(h.webhook_serves())).is_ready());
     }
 
     #[test]

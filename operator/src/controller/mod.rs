@@ -96,9 +96,7 @@ pub async fn run(
     // The operator's own lease writes go through its lease webhook on API
     // servers that do not evaluate match conditions; deciding before this
     // replica's webhook serves would only make them fail.
-    while !health.webhook_serving() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    health.webhook_serves().await;
     let sink = events::EventSink::spawn(client.clone(), config.instance.clone(), metrics.clone());
     let progress = progress::ProgressWriter::spawn(
         client.clone(),
