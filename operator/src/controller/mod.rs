@@ -122,17 +122,10 @@ pub async fn run(
         tracing::info!("leading: deciding admissions");
         let mut wake = Instant::now();
         loop {
-            let lost = async {
-                loop {
-                    if leader.changed().await.is_err() || !*leader.borrow() {
-                        return;
-                    }
-                }
-            };
             let mut landed_failed = false;
             tokio::select! {
                 biased;
-                () = lost => break,
+                () = leadership_lost(&mut leader) => break,
                 // A background write's answer is a change like any other:
                 // the objects it was for may be decided again.
                 landed = applier.next_landed() => {
@@ -146,13 +139,7 @@ pub async fn run(
             }
             let outcome = tokio::select! {
                 biased;
-                () = async {
-                    loop {
-                        if leader.changed().await.is_err() || !*leader.borrow() {
-                            return;
-                        }
-                    }
-                } => None,
+                () = leadership_lost(&mut leader) => None,
                 o = pass(&caches, &mut kept, &mut overlay, &mut applier, &metrics, &config) => Some(o),
             };
             let Some(outcome) = outcome else {
@@ -178,6 +165,16 @@ pub async fn run(
         applier.abandon(&mut overlay);
         metrics.leader.set(0);
         health.set_leading(false);
+    }
+}
+
+/// Returns once this replica no longer leads, or leader election has
+/// stopped; pending while it leads.
+async fn leadership_lost(leader: &mut watch::Receiver<bool>) {
+    loop {
+        if leader.changed().await.is_err() || !*leader.borrow() {
+            return;
+        }
     }
 }
 
