@@ -92,6 +92,9 @@ pub struct ResourceDef {
     pub custom: bool,
     /// Whether this version is the one objects are stored in.
     pub storage: bool,
+    /// A custom resource's `selectableFields` of this version, as field
+    /// selector labels (`status.node` for the JSON path `.status.node`).
+    pub selectable_fields: Vec<String>,
     /// A custom resource's declared fields (compiled from `schema` once,
     /// when the CRD is registered) and the root node.
     pub(crate) known_fields: Option<Arc<(KnownFields, usize)>>,
@@ -518,6 +521,7 @@ impl Registry {
                 schema: None,
                 custom: false,
                 storage: true,
+                selectable_fields: Vec::new(),
                 known_fields: None,
             });
         }
@@ -631,6 +635,20 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
     cur.as_str()
 }
 
+/// The field selector labels a CRD version's `selectableFields` declare:
+/// each JSON path without its leading dot, as the real server names them.
+fn selectable_fields(version: &Value) -> Vec<String> {
+    version
+        .get("selectableFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| str_at(f, &["jsonPath"]))
+        .map(|path| path.strip_prefix('.').unwrap_or(path).to_string())
+        .filter(|label| !label.is_empty())
+        .collect()
+}
+
 /// The definitions a CRD object declares (one per served version).
 pub fn defs_from_crd(crd: &Value) -> Result<Vec<ResourceDef>, String> {
     let spec = crd.get("spec").ok_or("spec: Required value")?;
@@ -726,6 +744,7 @@ pub fn defs_from_crd(crd: &Value) -> Result<Vec<ResourceDef>, String> {
                 .cloned(),
             custom: true,
             storage,
+            selectable_fields: selectable_fields(v),
         });
     }
     if !out.iter().any(|d| d.storage)

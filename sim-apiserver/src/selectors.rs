@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use crate::registry::ResourceDef;
+
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LabelRequirement {
@@ -255,8 +257,33 @@ fn supported_fields(group: &str, plural: &str) -> &'static [&'static str] {
 }
 
 impl FieldSelector {
-    /// Parses `a=b,c!=d` and checks each field is selectable on the resource.
+    /// Parses `a=b,c!=d` and checks each field is selectable on the
+    /// built-in resource `group`/`plural` (`metadata.name`,
+    /// `metadata.namespace` and the resource's own fields).
     pub fn parse(s: &str, group: &str, plural: &str) -> Result<Self, String> {
+        Self::parse_with(s, |field| {
+            field == "metadata.name"
+                || field == "metadata.namespace"
+                || supported_fields(group, plural).contains(&field)
+        })
+    }
+
+    /// Parses `a=b,c!=d` for a list or watch of `def`, refusing each field
+    /// the real server refuses there: a custom resource is selectable by
+    /// `metadata.name`, by `metadata.namespace` only when it is namespaced,
+    /// and by the `selectableFields` its CRD declares for this version.
+    pub fn for_resource(s: &str, def: &ResourceDef) -> Result<Self, String> {
+        if !def.custom {
+            return Self::parse(s, &def.group, &def.plural);
+        }
+        Self::parse_with(s, |field| {
+            field == "metadata.name"
+                || (def.namespaced && field == "metadata.namespace")
+                || def.selectable_fields.iter().any(|f| f == field)
+        })
+    }
+
+    fn parse_with(s: &str, allowed: impl Fn(&str) -> bool) -> Result<Self, String> {
         let mut reqs = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let (field, value, negate) = if let Some((f, v)) = term.split_once("!=") {
@@ -271,10 +298,7 @@ impl FieldSelector {
                 ));
             };
             let field = field.trim();
-            let allowed = field == "metadata.name"
-                || field == "metadata.namespace"
-                || supported_fields(group, plural).contains(&field);
-            if !allowed {
+            if !allowed(field) {
                 return Err(format!("field label not supported: {field}"));
             }
             reqs.push(FieldRequirement {
@@ -367,6 +391,46 @@ mod tests {
         assert!(!s.matches(&json!({"spec": {"nodeName": "n2"}})));
         let empty = FieldSelector::parse("spec.nodeName=", "", "pods").expect("ok");
         assert!(empty.matches(&json!({"spec": {}})));
+    }
+
+    fn custom_def(namespaced: bool, selectable: &[&str]) -> ResourceDef {
+        let crd = json!({"spec": {
+            "group": "example.io",
+            "names": {"plural": "widgets", "kind": "Widget"},
+            "scope": if namespaced { "Namespaced" } else { "Cluster" },
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "selectableFields": selectable.iter().map(|p| json!({"jsonPath": p})).collect::<Vec<_>>()}],
+        }});
+        crate::registry::defs_from_crd(&crd)
+            .expect("a valid CRD")
+            .remove(0)
+    }
+
+    #[test]
+    fn a_custom_resource_is_selectable_by_its_crds_fields_only() {
+        let def = custom_def(true, &[".status.node", ".spec.size"]);
+        assert_eq!(def.selectable_fields, ["status.node", "spec.size"]);
+        let s = FieldSelector::for_resource("status.node=n1", &def).expect("declared");
+        assert!(s.matches(&json!({"status": {"node": "n1"}})));
+        assert!(!s.matches(&json!({"status": {"node": "n2"}})));
+        let unset = FieldSelector::for_resource("status.node=", &def).expect("declared");
+        assert!(unset.matches(&json!({"status": {}})), "absent is empty");
+        let s = FieldSelector::for_resource("spec.size!=3,metadata.namespace=a", &def)
+            .expect("declared");
+        assert!(s.matches(&json!({"metadata": {"namespace": "a"}, "spec": {"size": 4}})));
+        assert!(!s.matches(&json!({"metadata": {"namespace": "a"}, "spec": {"size": 3}})));
+        let err = FieldSelector::for_resource("status.phase=Bound", &def).expect_err("undeclared");
+        assert_eq!(err, "field label not supported: status.phase");
+        // Without selectableFields (an older CRD), only metadata.
+        let old = custom_def(true, &[]);
+        let err = FieldSelector::for_resource("status.node=n1", &old).expect_err("undeclared");
+        assert_eq!(err, "field label not supported: status.node");
+        assert!(FieldSelector::for_resource("metadata.name=x", &old).is_ok());
+        // A cluster-scoped custom resource has no namespace to select by.
+        let cluster = custom_def(false, &[]);
+        let err = FieldSelector::for_resource("metadata.namespace=a", &cluster)
+            .expect_err("cluster-scoped");
+        assert_eq!(err, "field label not supported: metadata.namespace");
     }
 
     #[test]

@@ -230,12 +230,8 @@ impl Filter {
     pub fn from_req(def: &ResourceDef, r: &Req) -> Result<Self, ApiError> {
         let labels = LabelSelector::parse(r.q("labelSelector").unwrap_or_default())
             .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
-        let fields = FieldSelector::parse(
-            r.q("fieldSelector").unwrap_or_default(),
-            &def.group,
-            &def.plural,
-        )
-        .map_err(ApiError::bad_request)?;
+        let fields = FieldSelector::for_resource(r.q("fieldSelector").unwrap_or_default(), def)
+            .map_err(ApiError::bad_request)?;
         Ok(Filter { labels, fields })
     }
 
