@@ -27,7 +27,9 @@ use super::index::Index;
 use super::key_hash::{HashMap, HashSet};
 use super::overlay::Overlay;
 use super::translate;
-use crate::engine::{CachedLease, Engine, Eviction, LeaseInfo, ObjectKey};
+use crate::engine::{
+    CachedLease, ClassInfo, Engine, Eviction, LeaseInfo, NodeInfo, ObjectKey, PodInfo,
+};
 
 /// What the engine was last fed for one key.
 struct FedObject<K> {
@@ -158,6 +160,282 @@ fn keys_to_look_at<K>(
     keys
 }
 
+/// What a pass sees of one key: the object the engine's entry is to come
+/// from, with its pass-dependent flag, and (leases only) the object the
+/// cache showed (see [`Fed::feed`]).
+struct Seen<K> {
+    view: Option<(Arc<K>, bool)>,
+    shown: Option<Arc<K>>,
+}
+
+impl<K> Seen<K> {
+    /// `obj` with `flag`, and nothing shown apart from it.
+    fn flagged(obj: Option<Arc<K>>, flag: bool) -> Self {
+        Self {
+            view: obj.map(|obj| (obj, flag)),
+            shown: None,
+        }
+    }
+}
+
+/// One kind of object as a pass feeds it to the engine: where its objects
+/// are cached, what a pass sees of a key, and how an object becomes (or
+/// stops being) an engine entry.
+trait Kind {
+    /// The object as its cache keeps it.
+    type Object;
+    /// The engine's entry for one object.
+    type Entry;
+
+    /// The watch cache of this kind.
+    fn cache(&self) -> &Index<Self::Object>;
+
+    /// The keys of this kind the overlay holds something for.
+    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey>;
+
+    /// What the pass sees of `key`, given what was fed for it last (`fed`).
+    fn see(
+        &self,
+        key: &ObjectKey,
+        fed: &Fed<Self::Object>,
+        overlay: &mut Overlay,
+        at: Instant,
+    ) -> Seen<Self::Object>;
+
+    /// The engine's entry for `obj`, seen under `key`; `None` when it does
+    /// not translate.
+    fn translate(&self, key: &ObjectKey, obj: &Arc<Self::Object>) -> Option<Self::Entry>;
+
+    /// Tells the engine of `change` to its entry for `key`.
+    fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<Self::Entry>);
+}
+
+/// What a pass feeds every kind through: the engine, the overlay laid over
+/// the caches, and the pass's instant.
+struct Feeding<'e, 'o> {
+    engine: &'e mut Engine,
+    overlay: &'o mut Overlay,
+    at: Instant,
+}
+
+impl Feeding<'_, '_> {
+    /// Brings the engine's entries of one kind in line with what the pass
+    /// sees, looking only at the keys [`keys_to_look_at`] names for
+    /// `changes` and `last`.
+    ///
+    /// Guarantee: afterwards, for each of those keys, the engine keeps the
+    /// translation of the object the pass sees, or nothing (see
+    /// [`Fed::feed`]).
+    fn sync<T: Kind>(
+        &mut self,
+        kind: &T,
+        changes: Changes,
+        fed: &mut Fed<T::Object>,
+        last: &mut Vec<ObjectKey>,
+    ) {
+        let overlay_keys = T::overlay_keys(self.overlay).cloned();
+        let keys = keys_to_look_at(changes, kind.cache(), fed, overlay_keys, last);
+        for key in &keys {
+            let Seen { view, shown } = kind.see(key, fed, self.overlay, self.at);
+            fed.feed(
+                key,
+                view,
+                shown,
+                |obj| kind.translate(key, obj),
+                |change| T::apply(self.engine, key, change),
+            );
+        }
+    }
+}
+
+/// Classes, with the controller's newer status writes laid over them.
+struct Classes<'c> {
+    cache: &'c Index<GpuLeaseClass>,
+}
+
+impl Kind for Classes<'_> {
+    type Object = GpuLeaseClass;
+    type Entry = ClassInfo;
+
+    fn cache(&self) -> &Index<GpuLeaseClass> {
+        self.cache
+    }
+
+    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
+        overlay.class_keys()
+    }
+
+    fn see(
+        &self,
+        key: &ObjectKey,
+        _: &Fed<GpuLeaseClass>,
+        overlay: &mut Overlay,
+        at: Instant,
+    ) -> Seen<GpuLeaseClass> {
+        Seen::flagged(overlay.lay_class(key, self.cache.get(key), at), false)
+    }
+
+    fn translate(&self, _: &ObjectKey, class: &Arc<GpuLeaseClass>) -> Option<ClassInfo> {
+        translate::class_info(class)
+    }
+
+    fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<ClassInfo>) {
+        match change {
+            Change::Upsert(class, _) => engine.upsert_class(class),
+            Change::Remove => drop(engine.remove_class(&key.name)),
+        }
+    }
+}
+
+/// Nodes as the cache has them (the controller never writes one),
+/// translated for the classes' resources.
+struct Nodes<'c> {
+    cache: &'c Index<Node>,
+    resources: &'c BTreeSet<String>,
+}
+
+impl Kind for Nodes<'_> {
+    type Object = Node;
+    type Entry = NodeInfo;
+
+    fn cache(&self) -> &Index<Node> {
+        self.cache
+    }
+
+    fn overlay_keys(_: &Overlay) -> impl Iterator<Item = &ObjectKey> {
+        std::iter::empty()
+    }
+
+    fn see(&self, key: &ObjectKey, _: &Fed<Node>, _: &mut Overlay, _: Instant) -> Seen<Node> {
+        Seen::flagged(self.cache.get(key), false)
+    }
+
+    fn translate(&self, _: &ObjectKey, node: &Arc<Node>) -> Option<NodeInfo> {
+        translate::node_info(node, self.resources)
+    }
+
+    fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<NodeInfo>) {
+        match change {
+            Change::Upsert(node, _) => engine.upsert_node(node),
+            Change::Remove => drop(engine.remove_node(&key.name)),
+        }
+    }
+}
+
+/// Leases, with the controller's writes laid over them, held a while after
+/// they vanish while their pods are still cached (see
+/// [`Overlay::lay_lease`]); flagged when missing (to be made again).
+struct Leases<'c> {
+    cache: &'c Index<CachedLease>,
+    pods: &'c Index<CachedPod>,
+}
+
+impl Kind for Leases<'_> {
+    type Object = CachedLease;
+    type Entry = LeaseInfo;
+
+    fn cache(&self) -> &Index<CachedLease> {
+        self.cache
+    }
+
+    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
+        overlay.lease_keys()
+    }
+
+    fn see(
+        &self,
+        key: &ObjectKey,
+        fed: &Fed<CachedLease>,
+        overlay: &mut Overlay,
+        at: Instant,
+    ) -> Seen<CachedLease> {
+        // A lease is named like its pod, in its pod's namespace.
+        let pod_cached = |lease: &CachedLease| {
+            self.pods
+                .get(key)
+                .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
+        };
+        let view = overlay.lay_lease(key, self.cache.get(key), fed.shown(key), pod_cached, at);
+        let missing = overlay.is_missing(key, at);
+        Seen {
+            view: view.laid.map(|lease| (lease, missing)),
+            shown: view.shown,
+        }
+    }
+
+    fn translate(&self, key: &ObjectKey, lease: &Arc<CachedLease>) -> Option<LeaseInfo> {
+        // The engine keeps the lease the pass sees, not a copy, under the
+        // key the index holds.
+        Some(LeaseInfo::new(key.clone(), lease.clone()))
+    }
+
+    fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<LeaseInfo>) {
+        match change {
+            Change::Upsert(mut lease, missing) => {
+                lease.missing = missing;
+                engine.upsert_lease(lease);
+            }
+            Change::Remove => drop(engine.remove_lease(key)),
+        }
+    }
+}
+
+/// Pods, with the controller's writes laid over them; flagged when the
+/// controller has evicted them (terminating, as far as the engine goes).
+struct Pods<'c> {
+    cache: &'c Index<CachedPod>,
+    resources: &'c BTreeSet<String>,
+    unmanaged_namespaces: &'c [String],
+    now: Timestamp,
+}
+
+impl Kind for Pods<'_> {
+    type Object = CachedPod;
+    type Entry = PodInfo;
+
+    fn cache(&self) -> &Index<CachedPod> {
+        self.cache
+    }
+
+    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
+        overlay.pod_keys()
+    }
+
+    fn see(
+        &self,
+        key: &ObjectKey,
+        _: &Fed<CachedPod>,
+        overlay: &mut Overlay,
+        at: Instant,
+    ) -> Seen<CachedPod> {
+        let pod = overlay.lay_pod(key, self.cache.get(key), at);
+        // Asked after laying the pod, which forgets an eviction the pod shows.
+        Seen::flagged(pod, overlay.is_evicted(key))
+    }
+
+    fn translate(&self, _: &ObjectKey, pod: &Arc<CachedPod>) -> Option<PodInfo> {
+        // A pod without a creation time (no API server sends one) keeps
+        // the time it was first seen.
+        let mut info = translate::pod_info(&pod.to_pod(), self.resources, self.now)?;
+        info.unmanaged = self
+            .unmanaged_namespaces
+            .iter()
+            .any(|ns| **ns == *info.key.namespace);
+        Some(info)
+    }
+
+    fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<PodInfo>) {
+        match change {
+            Change::Upsert(mut pod, evicted) => {
+                pod.terminating |= evicted;
+                pod.key = key.clone();
+                engine.upsert_pod(pod);
+            }
+            Change::Remove => drop(engine.remove_pod(key)),
+        }
+    }
+}
+
 /// The overlay keys of each kind when the last pass ended.
 #[derive(Default)]
 struct OverlayKeys {
@@ -226,30 +504,20 @@ impl Kept {
         } = self;
         engine.set_now(now);
         let changes = &caches.changes;
+        let mut feeding = Feeding {
+            engine,
+            overlay,
+            at,
+        };
 
-        let class_keys = keys_to_look_at(
-            changes.classes.take(),
-            &caches.classes,
-            classes,
-            overlay.class_keys().cloned(),
-            &mut last.classes,
-        );
-        for key in &class_keys {
-            let view = overlay.lay_class(key, caches.classes.get(key), at);
-            classes.feed(
-                key,
-                view.map(|c| (c, false)),
-                None,
-                |c| translate::class_info(c),
-                |change| match change {
-                    Change::Upsert(c, _) => engine.upsert_class(c),
-                    Change::Remove => drop(engine.remove_class(&key.name)),
-                },
-            );
-        }
+        let kind = Classes {
+            cache: &caches.classes,
+        };
+        feeding.sync(&kind, changes.classes.take(), classes, &mut last.classes);
 
         let mut node_changes = changes.nodes.take();
-        let wanted: BTreeSet<String> = engine
+        let wanted: BTreeSet<String> = feeding
+            .engine
             .classes()
             .values()
             .map(|c| c.spec.resource_name.clone())
@@ -260,105 +528,34 @@ impl Kept {
             // extended resource they ask for (see `translate::pod_info`),
             // so they stay as they are: a deleted class's pods stay in the
             // engine, which keeps their leases' places.
-            nodes.clear(|key| drop(engine.remove_node(&key.name)));
+            nodes.clear(|key| drop(feeding.engine.remove_node(&key.name)));
             node_changes = Changes::Everything;
             *resources = wanted;
         }
+        let kind = Nodes {
+            cache: &caches.nodes,
+            resources,
+        };
+        // The overlay holds no node: no key is left over from the last pass.
+        feeding.sync(&kind, node_changes, nodes, &mut Vec::new());
 
-        let node_keys = keys_to_look_at(
-            node_changes,
-            &caches.nodes,
-            nodes,
-            std::iter::empty(),
-            &mut Vec::new(),
-        );
-        for key in &node_keys {
-            nodes.feed(
-                key,
-                caches.nodes.get(key).map(|n| (n, false)),
-                None,
-                |n| translate::node_info(n, resources),
-                |change| match change {
-                    Change::Upsert(n, _) => engine.upsert_node(n),
-                    Change::Remove => drop(engine.remove_node(&key.name)),
-                },
-            );
-        }
+        let kind = Leases {
+            cache: &caches.leases,
+            pods: &caches.pods,
+        };
+        feeding.sync(&kind, changes.leases.take(), leases, &mut last.leases);
 
-        let lease_keys = keys_to_look_at(
-            changes.leases.take(),
-            &caches.leases,
-            leases,
-            overlay.lease_keys().cloned(),
-            &mut last.leases,
-        );
-        for key in &lease_keys {
-            // A lease is named like its pod, in its pod's namespace.
-            let pod_cached = |lease: &CachedLease| {
-                caches
-                    .pods
-                    .get(key)
-                    .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
-            };
-            let view = overlay.lay_lease(
-                key,
-                caches.leases.get(key),
-                leases.shown(key),
-                pod_cached,
-                at,
-            );
-            let missing = overlay.is_missing(key, at);
-            leases.feed(
-                key,
-                view.laid.map(|l| (l, missing)),
-                view.shown,
-                // The engine keeps the lease the pass sees, not a copy, under
-                // the key the index holds.
-                |lease| Some(LeaseInfo::new(key.clone(), lease.clone())),
-                |change| match change {
-                    Change::Upsert(mut l, missing) => {
-                        l.missing = missing;
-                        engine.upsert_lease(l);
-                    }
-                    Change::Remove => drop(engine.remove_lease(key)),
-                },
-            );
-        }
+        let kind = Pods {
+            cache: &caches.pods,
+            resources,
+            unmanaged_namespaces,
+            now,
+        };
+        feeding.sync(&kind, changes.pods.take(), pods, &mut last.pods);
 
-        let pod_keys = keys_to_look_at(
-            changes.pods.take(),
-            &caches.pods,
-            pods,
-            overlay.pod_keys().cloned(),
-            &mut last.pods,
-        );
-        for key in &pod_keys {
-            let view = overlay.lay_pod(key, caches.pods.get(key), at);
-            let evicted = overlay.is_evicted(key);
-            pods.feed(
-                key,
-                view.map(|p| (p, evicted)),
-                None,
-                // A pod without a creation time (no API server sends one)
-                // keeps the time it was first seen.
-                |p| {
-                    let mut info = translate::pod_info(&p.to_pod(), resources, now)?;
-                    info.unmanaged = unmanaged_namespaces
-                        .iter()
-                        .any(|ns| **ns == *info.key.namespace);
-                    Some(info)
-                },
-                |change| match change {
-                    Change::Upsert(mut p, evicted) => {
-                        p.terminating |= evicted;
-                        p.key = key.clone();
-                        engine.upsert_pod(p);
-                    }
-                    Change::Remove => drop(engine.remove_pod(key)),
-                },
-            );
-        }
-
+        let Feeding {
+            engine, overlay, ..
+        } = feeding;
         last.classes.extend(overlay.class_keys().cloned());
         last.leases.extend(overlay.lease_keys().cloned());
         last.pods.extend(overlay.pod_keys().cloned());
