@@ -458,37 +458,97 @@ impl Applier {
         let mut outcome = ApplyOutcome::default();
         let mut errors = Vec::new();
 
-        // 1. Stale leases go first: a new lease of the same name may follow.
-        // Specs that disagree with their pods are put right before any
-        // status of theirs is written.
-        let mut first: Vec<Chain> = plan
-            .delete_leases
+        let cleared = self
+            .delete_stale_and_fix_specs(&plan.delete_leases, plan.lease_specs, input)
+            .await;
+        record(cleared, overlay, &mut errors, &mut outcome);
+
+        // Everything but the admissions goes to the background, one chain
+        // per object.
+        let mut statuses = plan.lease_statuses;
+        self.create_leases(plan.create_leases, &mut statuses, overlay);
+        let moved_on = self.take_over_progress(&statuses, input);
+        self.offer_progress(plan.lease_progress, input);
+        let admissions: BTreeMap<ObjectKey, Admission> = plan
+            .admissions
+            .into_iter()
+            .map(|a| (a.key.clone(), a))
+            .collect();
+        let (admission_statuses, statuses) = statuses
+            .into_iter()
+            .partition(|(key, _)| admissions.contains_key(key));
+        self.write_statuses(statuses, &moved_on, input, overlay);
+        let admissions = self.prepare_admissions(admissions, admission_statuses, &moved_on, input);
+        self.evict(plan.evictions, input, overlay);
+        self.give_back(plan.give_backs, input, overlay);
+        self.write_classes(
+            &plan.queue_depths,
+            plan.class_writes,
+            &plan.class_statuses,
+            overlay,
+        );
+
+        // The pass waits for its admissions only, so a freed slot is taken
+        // without waiting for any unrelated write.
+        let admitted = self.admit(admissions, input).await;
+        record(admitted, overlay, &mut errors, &mut outcome);
+
+        self.report(&errors);
+        outcome.failed = !errors.is_empty();
+        outcome
+    }
+
+    /// Deletes the stale leases and rewrites the specs that disagree with
+    /// their pods, and waits for the answers. Stale leases go first because
+    /// a new lease of the same name may follow; specs are put right before
+    /// any status of theirs is written.
+    async fn delete_stale_and_fix_specs(
+        &self,
+        stale: &[StaleLease],
+        specs: BTreeMap<ObjectKey, GpuLeaseSpec>,
+        input: &PassInput<'_>,
+    ) -> Vec<Finished> {
+        let mut chains: Vec<Chain> = stale
             .iter()
             .filter(|s| !self.busy(&s.key))
             .filter_map(|s| self.writer.delete_chain(s, input))
             .collect();
-        first.extend(
-            plan.lease_specs
+        chains.extend(
+            specs
                 .into_iter()
                 .filter(|(key, _)| !self.busy(key))
                 .map(|(key, spec)| self.writer.spec_chain(key, spec)),
         );
-        record(collect(first).await, overlay, &mut errors, &mut outcome);
+        collect(chains).await
+    }
 
-        // 2. Everything but the admissions goes to the background, one chain
-        // per object.
-        let mut statuses = plan.lease_statuses;
-        for new in plan.create_leases {
+    /// Starts the lease creates in the background (each writes its lease's
+    /// status right after the create); their statuses are taken out of
+    /// `statuses`, as the create writes them.
+    fn create_leases(
+        &mut self,
+        creates: Vec<NewLease>,
+        statuses: &mut BTreeMap<ObjectKey, GpuLeaseStatus>,
+        overlay: &mut Overlay,
+    ) {
+        for new in creates {
             statuses.remove(&new.key);
             if !self.busy(&new.key) {
                 self.spawn_create(new, overlay);
             }
         }
-        // Position and message updates never hold up this pass: the budgeted
-        // writer takes them, front of the queue first. A lease whose status is
-        // written in full here needs no progress write of its own, and is
-        // written over the progress writer's own last write of it.
-        let mut moved_on: HashMap<ObjectKey, Arc<CachedLease>> = HashMap::new();
+    }
+
+    /// Takes the leases whose status this pass writes in full away from
+    /// the progress writer, which then makes no write of its own for them;
+    /// returns those it has written since the pass read them, as it left
+    /// them, for the full write to go over.
+    fn take_over_progress(
+        &self,
+        statuses: &BTreeMap<ObjectKey, GpuLeaseStatus>,
+        input: &PassInput<'_>,
+    ) -> HashMap<ObjectKey, Arc<CachedLease>> {
+        let mut moved_on = HashMap::new();
         for key in statuses.keys() {
             let moved = input
                 .lease(key)
@@ -497,7 +557,13 @@ impl Applier {
                 moved_on.insert(key.clone(), Arc::new(lease));
             }
         }
-        for (key, status) in plan.lease_progress {
+        moved_on
+    }
+
+    /// Hands the position and message updates to the budgeted progress
+    /// writer, front of the queue first: they never hold up a pass.
+    fn offer_progress(&self, progress: BTreeMap<ObjectKey, GpuLeaseStatus>, input: &PassInput<'_>) {
+        for (key, status) in progress {
             if self.busy(&key) {
                 continue;
             }
@@ -511,113 +577,89 @@ impl Applier {
             };
             self.progress.offer(key, priority, wanted);
         }
-        let admissions: BTreeMap<ObjectKey, Admission> = plan
-            .admissions
-            .into_iter()
-            .map(|a| (a.key.clone(), a))
-            .collect();
-        // Each admission's lease status is written first, and its pod
-        // ungated only afterwards (step 3); `UngateOrder` keeps the pods of
-        // a role in queue order. An admission of an object still being
-        // written waits for the next pass, and counts as a failed lease
-        // write: no later pod of its role is ungated before it.
-        let mut admitted: Vec<Admitted> = Vec::new();
-        // What each admission's lease write writes, and over which lease.
-        let mut admitted_statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<CachedLease>)> =
-            HashMap::new();
-        for a in admissions.values().filter(|a| self.busy(&a.key)) {
-            let sequence = statuses
-                .get(&a.key)
-                .or_else(|| input.lease(&a.key).and_then(|l| l.status.as_ref()))
-                .and_then(|s| s.sequence);
-            admitted.push(Admitted {
-                key: a.key.clone(),
-                role: a.role,
-                sequence,
-                lease: LeaseWrite::Failed,
-            });
-        }
+    }
+
+    /// Starts the background writes of lease statuses (those of leases
+    /// not being admitted) that change something.
+    fn write_statuses(
+        &mut self,
+        statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
+        moved_on: &HashMap<ObjectKey, Arc<CachedLease>>,
+        input: &PassInput<'_>,
+        overlay: &mut Overlay,
+    ) {
         for (key, status) in statuses {
             if self.busy(&key) {
                 continue;
             }
-            if let Some(a) = admissions.get(&key) {
-                if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
-                    admitted.push(Admitted {
-                        key: key.clone(),
-                        role: a.role,
-                        sequence: status.sequence,
-                        lease: LeaseWrite::Writing,
-                    });
-                    admitted_statuses.insert(key, (status, lease));
-                }
-                continue;
-            }
-            if let Some(lease) = status_to_write(input, &moved_on, &key, &status) {
-                // The device plugin's GPUs stay as they are: the write
-                // leaves them alone.
-                let mut assumed = CachedLease::clone(&lease);
-                let (gpus, gpu_indexes) = assumed
-                    .status
-                    .take()
-                    .map(|s| (s.gpus, s.gpu_indexes))
-                    .unwrap_or_default();
-                assumed.status = Some(GpuLeaseStatus {
-                    gpus,
-                    gpu_indexes,
-                    ..status.clone()
-                });
-                let k = key.clone();
-                self.spawn(
-                    vec![key],
-                    move |w| w.status_chain(k, status, lease),
-                    Some(Arc::new(assumed)),
-                    overlay,
-                );
+            if let Some(lease) = status_to_write(input, moved_on, &key, &status) {
+                self.spawn_status(key, status, lease, overlay);
             }
         }
-        // Admissions whose lease already says what the pass decided (one
-        // whose pod never got its patch) need no lease write.
-        for a in admissions.values() {
-            if !self.busy(&a.key) && !admitted_statuses.contains_key(&a.key) {
-                let sequence = input
-                    .lease(&a.key)
-                    .and_then(|l| l.status.as_ref())
-                    .and_then(|s| s.sequence);
-                admitted.push(Admitted {
-                    key: a.key.clone(),
-                    role: a.role,
-                    sequence,
-                    lease: LeaseWrite::Written,
-                });
-            }
-        }
+    }
+
+    /// Writes `status` over `lease` in the background; until the answer
+    /// lands, the overlay assumes the lease with that status.
+    fn spawn_status(
+        &mut self,
+        key: ObjectKey,
+        status: GpuLeaseStatus,
+        lease: Arc<CachedLease>,
+        overlay: &mut Overlay,
+    ) {
+        // The device plugin's GPUs stay as they are: the write leaves them
+        // alone.
+        let mut assumed = CachedLease::clone(&lease);
+        let (gpus, gpu_indexes) = assumed
+            .status
+            .take()
+            .map(|s| (s.gpus, s.gpu_indexes))
+            .unwrap_or_default();
+        assumed.status = Some(GpuLeaseStatus {
+            gpus,
+            gpu_indexes,
+            ..status.clone()
+        });
+        let k = key.clone();
+        self.spawn(
+            vec![key],
+            move |w| w.status_chain(k, status, lease),
+            Some(Arc::new(assumed)),
+            overlay,
+        );
+    }
+
+    /// Starts the evictions in the background. A refused eviction waits
+    /// out its retry time (the engine asked for a pass then) rather than
+    /// being asked for again at once.
+    fn evict(&mut self, evictions: Vec<Eviction>, input: &PassInput<'_>, overlay: &mut Overlay) {
         let now = jiff::Timestamp::now();
-        for e in plan.evictions {
-            // A refused eviction waits out its retry time (the engine asked
-            // for a pass then) rather than being asked for again at once.
+        for e in evictions {
             if self.busy(&e.key) || e.not_before.is_some_and(|at| at > now) {
                 continue;
             }
             let key = e.key.clone();
-            let class = input
-                .lease(&e.key)
-                .map(|l| l.spec.class_name.clone())
-                .unwrap_or_default();
+            let class = class_of(input, &e.key);
             self.spawn(vec![key], move |w| w.evict_chain(e, class), None, overlay);
         }
-        // A pod whose lease status is still being written (the pass that
-        // released it) is deleted by a later pass: the engine asks again
-        // every pass while the pod lives.
-        for g in plan.give_backs {
+    }
+
+    /// Starts deleting the admitted pods the scheduler cannot place, in the
+    /// background. A pod whose lease status is still being written (the
+    /// pass that released it) is deleted by a later pass: the engine asks
+    /// again every pass while the pod lives.
+    fn give_back(
+        &mut self,
+        give_backs: Vec<GiveBack>,
+        input: &PassInput<'_>,
+        overlay: &mut Overlay,
+    ) {
+        for g in give_backs {
             if self.busy(&g.key) {
                 continue;
             }
             let key = g.key.clone();
-            let class = input
-                .lease(&g.key)
-                .map(|l| l.spec.class_name.clone())
-                .unwrap_or_default();
+            let class = class_of(input, &g.key);
             self.spawn(
                 vec![key],
                 move |w| w.give_back_chain(g, class),
@@ -625,17 +667,26 @@ impl Applier {
                 overlay,
             );
         }
-        // The queue depths feed their gauges on every pass; a class status
-        // is written when the plan says it is due.
-        for (class, depth) in &plan.queue_depths {
+    }
+
+    /// Sets the queue-depth gauges, as every pass does, and starts the
+    /// class status writes the plan says are due, in the background.
+    fn write_classes(
+        &mut self,
+        depths: &BTreeMap<String, QueueDepth>,
+        writes: Vec<ClassWrite>,
+        statuses: &BTreeMap<String, GpuLeaseClassStatus>,
+        overlay: &mut Overlay,
+    ) {
+        for (class, depth) in depths {
             self.writer.record_queue_depth(class, *depth);
         }
-        for w in plan.class_writes {
+        for w in writes {
             let key = class_key(&w.class);
             if self.busy(&key) {
                 continue;
             }
-            if let Some(status) = plan.class_statuses.get(&w.class) {
+            if let Some(status) = statuses.get(&w.class) {
                 let mut status = status.clone();
                 status.updated_at = Some(Time(w.updated_at));
                 self.spawn(
@@ -646,18 +697,71 @@ impl Applier {
                 );
             }
         }
+    }
 
-        // 3. The admissions: each admitted lease's status, then its pod's
-        // ungate. The pass waits for them only, so a freed slot is taken
-        // without waiting for any unrelated write.
-        let results = self
-            .admit(admissions, admitted_statuses, admitted, input)
-            .await;
-        record(results, overlay, &mut errors, &mut outcome);
-
-        self.report(&errors);
-        outcome.failed = !errors.is_empty();
-        outcome
+    /// The pass's admissions, each with where its lease write stands.
+    /// Each admission's lease status is written first, and its pod ungated
+    /// only afterwards ([`Applier::admit`]). An admission of an object
+    /// still being written waits for the next pass, and counts as a failed
+    /// lease write: no later pod of its role is ungated before it. One whose
+    /// lease already says what the pass decided (its pod never got its
+    /// patch) needs no lease write.
+    fn prepare_admissions(
+        &self,
+        by_key: BTreeMap<ObjectKey, Admission>,
+        statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
+        moved_on: &HashMap<ObjectKey, Arc<CachedLease>>,
+        input: &PassInput<'_>,
+    ) -> Admissions {
+        let mut order: Vec<Admitted> = Vec::new();
+        let mut lease_writes = HashMap::new();
+        let sequence_of = |key: &ObjectKey| {
+            input
+                .lease(key)
+                .and_then(|l| l.status.as_ref())
+                .and_then(|s| s.sequence)
+        };
+        for a in by_key.values().filter(|a| self.busy(&a.key)) {
+            let sequence = match statuses.get(&a.key) {
+                Some(status) => status.sequence,
+                None => sequence_of(&a.key),
+            };
+            order.push(Admitted {
+                key: a.key.clone(),
+                role: a.role,
+                sequence,
+                lease: LeaseWrite::Failed,
+            });
+        }
+        for (key, status) in statuses {
+            let Some(a) = by_key.get(&key).filter(|a| !self.busy(&a.key)) else {
+                continue;
+            };
+            if let Some(lease) = status_to_write(input, moved_on, &key, &status) {
+                order.push(Admitted {
+                    key: key.clone(),
+                    role: a.role,
+                    sequence: status.sequence,
+                    lease: LeaseWrite::Writing,
+                });
+                lease_writes.insert(key, (status, lease));
+            }
+        }
+        for a in by_key.values() {
+            if !self.busy(&a.key) && !lease_writes.contains_key(&a.key) {
+                order.push(Admitted {
+                    key: a.key.clone(),
+                    role: a.role,
+                    sequence: sequence_of(&a.key),
+                    lease: LeaseWrite::Written,
+                });
+            }
+        }
+        Admissions {
+            by_key,
+            order,
+            lease_writes,
+        }
     }
 
     /// Writes the admissions' lease statuses and ungates their pods, at
@@ -670,13 +774,12 @@ impl Applier {
     /// is tried again at once with the same status, so the pods behind it
     /// are not held back a whole pass, and its admittedAt stays the one
     /// decided together with theirs.
-    async fn admit(
-        &self,
-        mut admissions: BTreeMap<ObjectKey, Admission>,
-        statuses: HashMap<ObjectKey, (GpuLeaseStatus, Arc<CachedLease>)>,
-        admitted: Vec<Admitted>,
-        input: &PassInput<'_>,
-    ) -> Vec<Finished> {
+    async fn admit(&self, admissions: Admissions, input: &PassInput<'_>) -> Vec<Finished> {
+        let Admissions {
+            by_key: mut admissions,
+            order: admitted,
+            lease_writes: statuses,
+        } = admissions;
         let mut writes: Vec<&Admitted> = admitted
             .iter()
             .filter(|a| a.lease == LeaseWrite::Writing)
@@ -734,6 +837,26 @@ impl Applier {
         }
         results
     }
+}
+
+/// A pass's admissions as [`Applier::admit`] writes them.
+struct Admissions {
+    /// The admissions, by pod.
+    by_key: BTreeMap<ObjectKey, Admission>,
+    /// Each admission's place in the ungate order, and where its lease
+    /// write stands as the pass starts writing them.
+    order: Vec<Admitted>,
+    /// What each admission's lease write writes, and over which lease.
+    lease_writes: HashMap<ObjectKey, (GpuLeaseStatus, Arc<CachedLease>)>,
+}
+
+/// The class of the lease `key`, as the metrics label it (empty when the
+/// lease is not known).
+fn class_of(input: &PassInput<'_>, key: &ObjectKey) -> String {
+    input
+        .lease(key)
+        .map(|l| l.spec.class_name.clone())
+        .unwrap_or_default()
 }
 
 /// Runs `chain` under the write timeout; its outcome comes back with `tag`.
