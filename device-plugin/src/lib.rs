@@ -10,6 +10,7 @@ pub mod app;
 pub mod cdi;
 pub mod cli;
 pub mod discovery;
+pub mod lease_watch;
 pub mod metrics;
 pub mod registration;
 pub mod reporter;

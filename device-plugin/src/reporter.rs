@@ -10,6 +10,15 @@
 //! nor is called every round. The GpuLease API not being served yet (the
 //! CRDs not installed) is a state, not a failure: it is logged once, costs
 //! no backoff, and the first round after the CRDs appear reports.
+//!
+//! Which leases need their GPUs written is decided by [`plan_lease_reports`]
+//! from the leases admitted to this node as a watch holds them
+//! ([`crate::lease_watch`]): every round, each pod's lease whose GPUs,
+//! `gpuIndexes` or `boundAt` differ from what PodResources says is patched,
+//! so a lease deleted and created again (a new UID, an empty status) gets
+//! its GPUs back within a round. Until the watch has listed, or where the
+//! API server refuses it, each lease is read with a GET instead, and a
+//! lease already reported is read again only every [`REASSERT_INTERVAL`].
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,6 +36,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease_watch::{LeaseWatch, WatchState};
 use crate::metrics::Metrics;
 use crate::proto::podresources::v1::ListPodResourcesRequest;
 use crate::proto::podresources::v1::ListPodResourcesResponse;
@@ -39,7 +49,8 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// Longest time between report rounds while something fails.
 pub const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often reported state is written again even if nothing changed here,
-/// in case someone else overwrote it.
+/// in case someone else overwrote it: the node annotation, and the leases
+/// while they are read one by one (a watched lease is compared every round).
 pub const REASSERT_INTERVAL: Duration = Duration::from_secs(300);
 /// Longest a single PodResources or API call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,6 +107,135 @@ pub fn pods_holding(
         .collect();
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     pods
+}
+
+/// The leases the reporter can see this round.
+pub enum LeaseView<'a> {
+    /// The leases admitted to `node`, as the watch holds them, looked up
+    /// by namespace and name.
+    Watched {
+        /// This node.
+        node: &'a str,
+        /// The watched lease `namespace/name`, if the node has it.
+        lookup: &'a (dyn Fn(&str, &str) -> Option<Arc<GpuLease>> + Sync),
+    },
+    /// No watch to decide from (not listed yet, refused, or no node name):
+    /// each lease is read with a GET.
+    Unwatched,
+}
+
+/// What to do about one pod's lease this round.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseAction<'p> {
+    /// Patch the watched lease with the pod's GPUs.
+    Patch {
+        /// The pod.
+        pod: &'p PodGpus,
+        /// The lease's UID, as watched.
+        uid: String,
+        /// The lease's resourceVersion, as watched.
+        resource_version: Option<String>,
+        /// The lease's `boundAt`, kept once set.
+        bound_at: Option<Time>,
+    },
+    /// Read the lease and patch it if it lacks the pod's GPUs.
+    Check(&'p PodGpus),
+    /// The node has no lease for the pod yet (not created, or not yet
+    /// admitted to this node); asked again next round.
+    Wait(&'p PodGpus),
+}
+
+/// A lease's `namespace/name`.
+type LeaseKey = (String, String);
+
+fn key_of(pod: &PodGpus) -> LeaseKey {
+    (pod.namespace.clone(), pod.name.clone())
+}
+
+/// What the reporter remembers of its lease reports between rounds.
+#[derive(Debug, Default)]
+pub struct Reported {
+    /// Read one by one: the GPUs each lease was last seen or made to hold.
+    /// Forgotten every [`REASSERT_INTERVAL`], so each is read again.
+    checked: HashMap<LeaseKey, Vec<LeaseGpu>>,
+    /// Watched: the lease version (UID, resourceVersion) each patch was
+    /// made against. While the watch still shows that very version, the
+    /// patch is on its way and is not sent again.
+    patched: HashMap<LeaseKey, (String, Option<String>)>,
+}
+
+impl Reported {
+    /// Records that `pod`'s lease, read with a GET, holds its GPUs.
+    pub fn checked(&mut self, pod: &PodGpus) {
+        self.checked.insert(key_of(pod), pod.gpus.clone());
+    }
+
+    /// Records a patch made against the watched lease version.
+    pub fn patched(&mut self, pod: &PodGpus, uid: String, resource_version: Option<String>) {
+        self.patched.insert(key_of(pod), (uid, resource_version));
+    }
+
+    /// Forgets what was read one by one, so each lease is read again.
+    pub fn reassert(&mut self) {
+        self.checked.clear();
+    }
+
+    /// Forgets the leases of pods that no longer hold GPUs here.
+    pub fn retain(&mut self, pods: &[PodGpus]) {
+        let held =
+            |(ns, name): &LeaseKey| pods.iter().any(|p| &p.namespace == ns && &p.name == name);
+        self.checked.retain(|k, _| held(k));
+        self.patched.retain(|k, _| held(k));
+    }
+}
+
+/// True when `lease`'s status already says what PodResources says of `pod`.
+fn lease_current(lease: &GpuLease, pod: &PodGpus) -> bool {
+    lease.status.as_ref().is_some_and(|s| {
+        s.gpus == pod.gpus
+            && s.gpu_indexes == gpupool_api::gpu_indexes(&pod.gpus)
+            && s.bound_at.is_some()
+    })
+}
+
+/// Decides, for each pod holding GPUs here, what its lease needs this
+/// round. Watched, a lease is patched when its GPUs, `gpuIndexes` or
+/// `boundAt` differ from PodResources (a lease created again has none),
+/// unless the watch still shows the very version (UID and
+/// resourceVersion) the last patch was made against; only a lease whose
+/// `status.node` is `node` is ever patched. Unwatched, a lease is read
+/// unless it was seen holding the same GPUs since the last reassertion.
+pub fn plan_lease_reports<'p>(
+    pods: &'p [PodGpus],
+    view: &LeaseView<'_>,
+    reported: &Reported,
+) -> Vec<LeaseAction<'p>> {
+    pods.iter()
+        .filter_map(|pod| match view {
+            LeaseView::Unwatched => (reported.checked.get(&key_of(pod)) != Some(&pod.gpus))
+                .then_some(LeaseAction::Check(pod)),
+            LeaseView::Watched { node, lookup } => {
+                let Some(lease) = lookup(&pod.namespace, &pod.name)
+                    .filter(|l| l.status.as_ref().and_then(|s| s.node.as_deref()) == Some(*node))
+                else {
+                    return Some(LeaseAction::Wait(pod));
+                };
+                if lease_current(&lease, pod) {
+                    return None;
+                }
+                let uid = lease.metadata.uid.clone().unwrap_or_default();
+                let resource_version = lease.metadata.resource_version.clone();
+                let in_flight = reported.patched.get(&key_of(pod))
+                    == Some(&(uid.clone(), resource_version.clone()));
+                (!in_flight).then(|| LeaseAction::Patch {
+                    pod,
+                    uid,
+                    resource_version,
+                    bound_at: lease.status.as_ref().and_then(|s| s.bound_at.clone()),
+                })
+            }
+        })
+        .collect()
 }
 
 /// Why one report failed.
@@ -247,8 +387,9 @@ impl Reporter {
             .map_err(|_| ReportError::PodResources(format!("no answer within {CALL_TIMEOUT:?}")))?
     }
 
-    /// Writes `pod`'s GPUs to its lease, or says why it could not yet.
-    async fn report_lease(
+    /// Reads `pod`'s lease and writes its GPUs there unless it holds them,
+    /// or says why it could not yet.
+    async fn check_lease(
         &self,
         client: &kube::Client,
         pod: &PodGpus,
@@ -260,13 +401,24 @@ impl Reporter {
             Err(e) if api_not_served(&e) => return Ok(LeaseReport::ApiNotServed),
             Err(e) => return Err(e),
         };
-        let status = lease.status.unwrap_or_default();
-        let indexes = gpupool_api::gpu_indexes(&pod.gpus);
-        if status.gpus == pod.gpus && status.gpu_indexes == indexes && status.bound_at.is_some() {
+        if lease_current(&lease, pod) {
             return Ok(LeaseReport::Reported);
         }
+        let bound_at = lease.status.and_then(|s| s.bound_at);
+        self.patch_lease(client, pod, bound_at).await
+    }
+
+    /// Writes `pod`'s GPUs, their indexes and `boundAt` to its lease.
+    async fn patch_lease(
+        &self,
+        client: &kube::Client,
+        pod: &PodGpus,
+        bound_at: Option<Time>,
+    ) -> Result<LeaseReport, ReportError> {
+        let api: Api<GpuLease> = Api::namespaced(client.clone(), &pod.namespace);
+        let indexes = gpupool_api::gpu_indexes(&pod.gpus);
         // boundAt is when the GPUs were first seen bound; keep it once set.
-        let bound_at = status.bound_at.unwrap_or(Time(jiff::Timestamp::now()));
+        let bound_at = bound_at.unwrap_or(Time(jiff::Timestamp::now()));
         let patch = json!({
             "status": { "gpus": pod.gpus, "gpuIndexes": indexes, "boundAt": bound_at }
         });
@@ -274,7 +426,14 @@ impl Reporter {
             field_manager: Some(FIELD_MANAGER_DEVICE_PLUGIN.to_owned()),
             ..PatchParams::default()
         };
-        timed(api.patch_status(&pod.name, &params, &Patch::Merge(&patch))).await?;
+        match timed(api.patch_status(&pod.name, &params, &Patch::Merge(&patch))).await {
+            Ok(_) => {}
+            // Deleted since it was seen: the next one is reported when seen.
+            Err(ReportError::Api(kube::Error::Api(status))) if status.is_not_found() => {
+                return Ok(LeaseReport::NoLease);
+            }
+            Err(e) => return Err(e),
+        }
         self.metrics.lease_reported();
         tracing::info!(lease = %format!("{}/{}", pod.namespace, pod.name), gpus = indexes.as_deref().unwrap_or_default(), "reported GPUs to lease");
         Ok(LeaseReport::Reported)
@@ -306,14 +465,17 @@ impl Reporter {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut client: Option<kube::Client> = None;
         let mut node_written: Option<NodeReport> = None;
-        let mut leases_written: HashMap<(String, String), Vec<LeaseGpu>> = HashMap::new();
+        let mut reported = Reported::default();
+        let mut lease_watch: Option<LeaseWatch> = None;
         let mut first_round = true;
         let mut api = ApiBackoff::default();
         let mut lease_api_missing = false;
         let mut reasserted = tokio::time::Instant::now();
         let mut failing = Failing::default();
         if self.node_name.is_none() {
-            tracing::warn!("no --node-name (NODE_NAME): the node's GPU annotation is not written");
+            tracing::warn!(
+                "no --node-name (NODE_NAME): the node's GPU annotation is not written, and leases are read one by one instead of watched"
+            );
         }
         loop {
             let delay = if first_round {
@@ -334,7 +496,7 @@ impl Reporter {
             let table = self.table.borrow_and_update().clone();
             if reasserted.elapsed() >= REASSERT_INTERVAL {
                 node_written = None;
-                leases_written.clear();
+                reported.reassert();
                 reasserted = tokio::time::Instant::now();
             }
             // API calls wait out their backoff; PodResources is read anyway.
@@ -352,6 +514,13 @@ impl Reporter {
                         api_failed = true;
                     }
                 }
+            }
+            if let (Some(c), Some(node), None) = (&client, &self.node_name, &lease_watch) {
+                lease_watch = Some(LeaseWatch::spawn(
+                    c.clone(),
+                    node.clone(),
+                    shutdown.child_token(),
+                ));
             }
             let client = client.as_ref().filter(|_| api_due && !api_failed);
 
@@ -384,18 +553,45 @@ impl Reporter {
                 Ok(response) => {
                     self.succeed(&mut failing, "podresources");
                     let pods = pods_holding(&response, &self.resource_name, &table);
-                    leases_written.retain(|(ns, name), _| {
-                        pods.iter().any(|p| &p.namespace == ns && &p.name == name)
-                    });
-                    for pod in &pods {
+                    reported.retain(&pods);
+                    let watched = lease_watch
+                        .as_ref()
+                        .filter(|w| w.state() == WatchState::Watching);
+                    let lookup = |ns: &str, name: &str| watched.and_then(|w| w.get(ns, name));
+                    let view = match (watched, &self.node_name) {
+                        (Some(_), Some(node)) => LeaseView::Watched {
+                            node,
+                            lookup: &lookup,
+                        },
+                        _ => LeaseView::Unwatched,
+                    };
+                    for action in plan_lease_reports(&pods, &view, &reported) {
                         let Some(client) = client.filter(|_| !api_failed) else {
                             break;
                         };
-                        let key = (pod.namespace.clone(), pod.name.clone());
-                        if leases_written.get(&key) == Some(&pod.gpus) {
-                            continue;
-                        }
-                        match self.report_lease(client, pod).await {
+                        let (pod, result) = match action {
+                            LeaseAction::Wait(pod) => {
+                                tracing::debug!(
+                                    lease = %format!("{}/{}", pod.namespace, pod.name),
+                                    "no GpuLease admitted to this node for this pod yet; retrying next round"
+                                );
+                                continue;
+                            }
+                            LeaseAction::Check(pod) => (pod, self.check_lease(client, pod).await),
+                            LeaseAction::Patch {
+                                pod,
+                                uid,
+                                resource_version,
+                                bound_at,
+                            } => {
+                                let result = self.patch_lease(client, pod, bound_at).await;
+                                if matches!(result, Ok(LeaseReport::Reported)) {
+                                    reported.patched(pod, uid, resource_version);
+                                }
+                                (pod, result)
+                            }
+                        };
+                        match result {
                             Ok(LeaseReport::Reported) => {
                                 self.succeed(&mut failing, "lease");
                                 if std::mem::take(&mut lease_api_missing) {
@@ -403,7 +599,7 @@ impl Reporter {
                                         "the GpuLease API is served now; reporting leases"
                                     );
                                 }
-                                leases_written.insert(key, pod.gpus.clone());
+                                reported.checked(pod);
                             }
                             Ok(LeaseReport::NoLease) => {
                                 lease_api_missing = false;
@@ -515,6 +711,197 @@ mod tests {
                 ..Default::default()
             }],
         }
+    }
+
+    fn pod_gpus(name: &str, indexes: &[u32]) -> PodGpus {
+        PodGpus {
+            namespace: "ml".to_owned(),
+            name: name.to_owned(),
+            gpus: indexes
+                .iter()
+                .map(|i| LeaseGpu {
+                    index: *i,
+                    uuid: format!("GPU-{i}"),
+                    product: Some("H100".to_owned()),
+                })
+                .collect(),
+        }
+    }
+
+    /// A watched lease of `pod` with that UID and resourceVersion, on
+    /// `node`, whose status holds `gpus` (and `boundAt` when `bound`).
+    fn lease(
+        pod: &PodGpus,
+        uid: &str,
+        rv: &str,
+        node: Option<&str>,
+        gpus: &[LeaseGpu],
+        bound: bool,
+    ) -> Arc<GpuLease> {
+        let lease: GpuLease = serde_json::from_value(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": uid, "resourceVersion": rv},
+            "spec": {"className": "default", "podName": pod.name, "podUID": "p-1", "role": "primary", "slots": 1},
+            "status": {
+                "phase": if bound { "Bound" } else { "Admitted" },
+                "node": node,
+                "gpus": gpus,
+                "gpuIndexes": gpupool_api::gpu_indexes(gpus),
+                "boundAt": bound.then_some("2026-01-02T03:04:05Z"),
+            },
+        }))
+        .expect("a lease");
+        Arc::new(lease)
+    }
+
+    /// The plan on `node-1` with the watch holding `leases`.
+    fn plan_watched<'p>(
+        pods: &'p [PodGpus],
+        leases: &[Arc<GpuLease>],
+        reported: &Reported,
+    ) -> Vec<LeaseAction<'p>> {
+        let lookup = |ns: &str, name: &str| {
+            leases
+                .iter()
+                .find(|l| {
+                    l.metadata.namespace.as_deref() == Some(ns)
+                        && l.metadata.name.as_deref() == Some(name)
+                })
+                .cloned()
+        };
+        let view = LeaseView::Watched {
+            node: "node-1",
+            lookup: &lookup,
+        };
+        plan_lease_reports(pods, &view, reported)
+    }
+
+    fn patched_uids(actions: &[LeaseAction<'_>]) -> Vec<(String, String)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                LeaseAction::Patch { pod, uid, .. } => Some((pod.name.clone(), uid.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_watched_lease_is_patched_while_its_status_differs_from_podresources() {
+        let pods = [pod_gpus("a", &[0, 2])];
+        let gpus = pods[0].gpus.clone();
+        let reported = Reported::default();
+        let current = lease(&pods[0], "u1", "5", Some("node-1"), &gpus, true);
+        assert_eq!(plan_watched(&pods, &[current], &reported), []);
+
+        // Admitted, nothing written yet.
+        let empty = lease(&pods[0], "u1", "5", Some("node-1"), &[], false);
+        let plan = plan_watched(&pods, &[empty], &reported);
+        assert_eq!(
+            plan,
+            [LeaseAction::Patch {
+                pod: &pods[0],
+                uid: "u1".to_owned(),
+                resource_version: Some("5".to_owned()),
+                bound_at: None,
+            }]
+        );
+        // GPUs but no boundAt.
+        let unbound = lease(&pods[0], "u1", "6", Some("node-1"), &gpus, false);
+        assert_eq!(
+            patched_uids(&plan_watched(&pods, &[unbound], &reported)),
+            [("a".to_owned(), "u1".to_owned())]
+        );
+        // Other GPUs: patched, and the first boundAt is kept.
+        let other = lease(&pods[0], "u1", "7", Some("node-1"), &gpus[..1], true);
+        match plan_watched(&pods, &[other], &reported).as_slice() {
+            [LeaseAction::Patch { bound_at, .. }] => assert_eq!(
+                bound_at.as_ref().map(|t| t.0.to_string()),
+                Some("2026-01-02T03:04:05Z".to_owned())
+            ),
+            plan => panic!("{plan:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lease_created_again_with_a_new_uid_is_patched_in_the_next_round() {
+        let pods = [pod_gpus("a", &[1])];
+        let gpus = pods[0].gpus.clone();
+        let mut reported = Reported::default();
+        // The first lease is patched from version 5 ...
+        let first = lease(&pods[0], "u1", "5", Some("node-1"), &[], false);
+        assert_eq!(
+            patched_uids(&plan_watched(&pods, &[first.clone()], &reported)),
+            [("a".to_owned(), "u1".to_owned())]
+        );
+        reported.patched(&pods[0], "u1".to_owned(), Some("5".to_owned()));
+        reported.checked(&pods[0]);
+        // ... and not again while the watch still shows version 5,
+        assert_eq!(plan_watched(&pods, &[first], &reported), []);
+        // nor once it shows the patch.
+        let written = lease(&pods[0], "u1", "6", Some("node-1"), &gpus, true);
+        assert_eq!(plan_watched(&pods, &[written], &reported), []);
+        // Deleted, and created again by the operator: a new UID, no GPUs.
+        assert_eq!(
+            plan_watched(&pods, &[], &reported),
+            [LeaseAction::Wait(&pods[0])]
+        );
+        let again = lease(&pods[0], "u2", "9", Some("node-1"), &[], false);
+        assert_eq!(
+            patched_uids(&plan_watched(&pods, &[again], &reported)),
+            [("a".to_owned(), "u2".to_owned())]
+        );
+        // The same lease whose GPUs someone else removed after the patch.
+        let overwritten = lease(&pods[0], "u1", "8", Some("node-1"), &[], true);
+        assert_eq!(
+            patched_uids(&plan_watched(&pods, &[overwritten], &reported)),
+            [("a".to_owned(), "u1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn only_leases_admitted_to_this_node_are_patched() {
+        let pods = [pod_gpus("a", &[0]), pod_gpus("b", &[2])];
+        let leases = [
+            lease(&pods[0], "u1", "5", Some("node-2"), &[], false),
+            lease(&pods[1], "u2", "5", None, &[], false),
+        ];
+        assert_eq!(
+            plan_watched(&pods, &leases, &Reported::default()),
+            [LeaseAction::Wait(&pods[0]), LeaseAction::Wait(&pods[1])]
+        );
+    }
+
+    #[test]
+    fn unwatched_each_lease_is_read_until_seen_and_again_after_reassertion() {
+        let mut pods = vec![pod_gpus("a", &[0]), pod_gpus("b", &[2])];
+        let mut reported = Reported::default();
+        let plan = |pods: &[PodGpus], reported: &Reported| -> Vec<String> {
+            plan_lease_reports(pods, &LeaseView::Unwatched, reported)
+                .iter()
+                .map(|a| match a {
+                    LeaseAction::Check(pod) => pod.name.clone(),
+                    other => panic!("unwatched, every action is a read: {other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(plan(&pods, &reported), ["a", "b"]);
+        reported.checked(&pods[0]);
+        assert_eq!(plan(&pods, &reported), ["b"]);
+        // Other GPUs for the same pod: read again.
+        pods[0].gpus = pod_gpus("a", &[4]).gpus;
+        assert_eq!(plan(&pods, &reported), ["a", "b"]);
+        reported.checked(&pods[0]);
+        reported.checked(&pods[1]);
+        assert_eq!(plan(&pods, &reported), Vec::<String>::new());
+        // A lease deleted and created again is found only by reasserting.
+        reported.reassert();
+        assert_eq!(plan(&pods, &reported), ["a", "b"]);
+        // A pod gone from PodResources is forgotten.
+        reported.checked(&pods[0]);
+        reported.patched(&pods[0], "u1".to_owned(), None);
+        reported.retain(&pods[1..]);
+        assert!(reported.checked.is_empty() && reported.patched.is_empty());
     }
 
     #[test]
