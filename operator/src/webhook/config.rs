@@ -179,7 +179,9 @@ impl WebhookEndpoint {
 /// Everything [`super::start`] needs.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
-    /// Address the HTTPS server binds (`0.0.0.0:<--webhook-port>`).
+    /// Address the HTTPS server binds
+    /// (`<--webhook-bind-address>:<--webhook-port>`; [`WebhookConfig::new`]
+    /// sets `0.0.0.0:<port>`).
     pub listen: SocketAddr,
     /// The operator's own namespace: holds the certificate Secret and is
     /// excluded from the webhooks, as is `kube-system`.

@@ -4,20 +4,34 @@
 //! them with a message naming the problem, and a validating webhook that lets
 //! only the operator remove that gate. Every replica serves it, leader or not.
 //!
-//! # Wiring it into `main`
+//! # Wiring it into the process
+//!
+//! [`crate::app::run`] starts it on every replica, as follows:
 //!
 //! ```text
 //! let webhook_metrics = webhook::WebhookMetrics::register(&mut registry); // before Arc::new(registry)
-//! let config = WebhookConfig::new(args.webhook_port, &namespace, endpoint, args.gate_owner);
+//! let mut webhook_config = webhook::WebhookConfig::new(
+//!     config.webhook_port,
+//!     config.namespace.clone(),
+//!     config.webhook_endpoint.clone(),
+//!     config.gate_owners.clone(),
+//! );
+//! webhook_config.owner_cluster_role = config.webhook_owner_cluster_role.clone();
+//! webhook_config.listen = SocketAddr::new(config.webhook_bind_address, config.webhook_port);
+//! webhook_config.set_device_plugin_users(config.device_plugin_users.clone());
+//! let unmanaged_namespaces = webhook_config.excluded_namespaces(); // the controller never queues their pods
 //! tasks.spawn(async move {
-//!     let webhook = webhook::start(config, client, caches, webhook_metrics).await?; // fatal: exit 1
-//!     // the webhook answers from here on (readiness)
-//!     webhook.serve(shutdown).await
+//!     let running = webhook::start(webhook_config, client, caches, webhook_metrics).await?; // fatal: exit 1
+//!     health.set_webhook_serving(); // readiness; the decision loop's first pass waits for it
+//!     running.serve(std::future::pending()).await?; // for the process's lifetime
+//!     Ok(())
 //! });
 //! ```
 //!
-//! Flags `main` exposes (each with an env var):
-//! - `--webhook-port` (9443): [`WebhookConfig::listen`] is `0.0.0.0:<port>`.
+//! The flags behind it ([`crate::config::Args`], each also read from an
+//! environment variable):
+//! - `--webhook-port` (9443) and `--webhook-bind-address` (0.0.0.0):
+//!   [`WebhookConfig::listen`] is `<bind-address>:<port>`.
 //! - `--webhook-service NS/NAME[:PORT]` (port 443 by default), parsed by
 //!   [`ServiceRef`]'s `FromStr`, or `--webhook-url https://HOST[:PORT][/PATH]`,
 //!   parsed by [`WebhookUrl`]'s `FromStr`; exactly one of them
@@ -25,12 +39,17 @@
 //! - `--gate-owner USER` (repeatable / comma-separated): usernames allowed to
 //!   remove the gate. Default: `system:serviceaccount:<namespace>:gpupool-operator`.
 //!   In the simulator, pass the username the operator's token maps to.
+//! - `--device-plugin-user USER` (repeatable / comma-separated): the device
+//!   plugins' usernames ([`WebhookConfig::set_device_plugin_users`]).
+//!   Default: `system:serviceaccount:<namespace>:gpupool-device-plugin`.
+//! - `--webhook-owner-cluster-role`: [`WebhookConfig::owner_cluster_role`].
 //! - `--namespace`: the operator's namespace (certificate Secret, exclusions).
 //!
 //! [`start`] gets the serving certificate from Secret `gpupool-webhook-tls`
-//! (creating or renewing it), waits for the operator's caches (shared with the controller) to fill, binds the
-//! port, and only then writes the webhook configurations named `gpupool`, so
-//! the API server never calls a webhook that is not listening yet.
+//! (creating or renewing it), waits for the operator's caches (shared with
+//! the controller) to fill, binds the port, and only then writes the
+//! webhook configurations named `gpupool`, so the API server never calls a
+//! webhook that is not listening yet.
 //! [`RunningWebhook::serve`] serves until shutdown, re-checking the Secret
 //! and the configurations every [`WebhookConfig::refresh_interval`]. The
 //! HTTPS server itself runs on a runtime of its own
