@@ -61,23 +61,23 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// Service (NAMESPACE/NAME[:PORT]) the API server calls the webhook through, in a cluster.
+    /// Service (`NAMESPACE/NAME[:PORT]`) the API server calls the webhook through, in a cluster.
     #[arg(long, env = "GPUPOOL_WEBHOOK_SERVICE", conflicts_with = "webhook_url")]
     pub webhook_service: Option<String>,
 
-    /// URL the API server calls the webhook at, outside a cluster (https://HOST[:PORT][/PATH]).
+    /// URL the API server calls the webhook at, outside a cluster (`https://HOST[:PORT][/PATH]`).
     #[arg(long, env = "GPUPOOL_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
 
     /// Users allowed to remove the scheduling gate (repeatable or comma-separated).
-    /// Default: the service account system:serviceaccount:<namespace>:gpupool-operator.
+    /// Default: the service account `system:serviceaccount:<namespace>:gpupool-operator`.
     #[arg(long, env = "GPUPOOL_GATE_OWNERS", value_delimiter = ',')]
     pub gate_owner: Vec<String>,
 
     /// Users the device plugins run as (repeatable or comma-separated): they
     /// may only record which GPUs a pod got (`status.gpus`, `gpuIndexes`
     /// and `boundAt`) on leases of their own node. Default: the service account
-    /// system:serviceaccount:<namespace>:gpupool-device-plugin.
+    /// `system:serviceaccount:<namespace>:gpupool-device-plugin`.
     #[arg(long, env = "GPUPOOL_DEVICE_PLUGIN_USERS", value_delimiter = ',')]
     pub device_plugin_user: Vec<String>,
 

@@ -81,7 +81,8 @@ const KNOWN: [&str; 28] = [
 
 pub use crate::engine::translate::{POD_SCHEDULED, REASON_UNSCHEDULABLE};
 
-/// A string as a kept pod holds it: one of [`KNOWN`], borrowed, or its own.
+/// A string as a kept pod holds it: borrowed when it is one of the strings
+/// nearly every kept pod carries (keys, roles, phases and the like), else its own.
 pub type KeptStr = Cow<'static, str>;
 
 /// `s`, borrowed from [`KNOWN`] when it is one of those.

@@ -1,7 +1,7 @@
 //! The engine's state kept across passes, fed only what changed.
 //!
-//! Each watch records the keys its events touched ([`ChangeLog`]); a pass
-//! looks at those keys, and at the keys the controller's own writes are
+//! Each watch records the keys its events touched
+//! ([`ChangeLog`](super::changes::ChangeLog)); a pass looks at those keys, and at the keys the controller's own writes are
 //! laid over ([`Overlay`]), and at nothing else. For each key it asks the
 //! cache and the overlay what the pass sees, and hands the engine a new
 //! translation only when that is another object (a watch cache hands out

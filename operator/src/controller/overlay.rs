@@ -258,10 +258,10 @@ impl Overlay {
     /// collector deletes a lease after its pod, and the lease watch may
     /// report it first, so a departing pod is never taken for a new one
     /// without a lease. It is held until the pod leaves the cache, the
-    /// cache shows the lease again, or [`VANISHED_TTL`] passes; a lease
-    /// deleted while its pod lives is recreated from it (see
-    /// [`Overlay::is_missing`]), keeping its sequence. A write in flight
-    /// is laid over whatever is left.
+    /// cache shows the lease again, or `VANISHED_TTL` (a minute) passes; a
+    /// lease deleted while its pod lives is recreated from it (see
+    /// [`Overlay::is_missing`]), keeping its sequence. A write in flight is
+    /// laid over whatever is left.
     pub fn lay_lease(
         &mut self,
         key: &ObjectKey,
