@@ -40,6 +40,9 @@ pub(crate) struct QuietHolders {
     pub usage: BTreeMap<String, BTreeMap<String, u64>>,
     /// Per class name, how many there are.
     pub per_class: BTreeMap<String, usize>,
+    /// Per class name, their sequences, each with how many carry it: new
+    /// sequences of the class's primaries go above the highest.
+    sequences: BTreeMap<String, BTreeMap<u64, usize>>,
 }
 
 impl QuietHolders {
@@ -52,6 +55,12 @@ impl QuietHolders {
             }
         }
         *self.per_class.entry(place.class.clone()).or_default() += 1;
+        *self
+            .sequences
+            .entry(place.class.clone())
+            .or_default()
+            .entry(place.sequence)
+            .or_default() += 1;
         self.by_node
             .entry(place.node.clone())
             .or_default()
@@ -80,6 +89,12 @@ impl QuietHolders {
                 self.usage.remove(&place.node);
             }
         }
+        if let Some(sequences) = self.sequences.get_mut(&place.class) {
+            count_down(sequences, place.sequence);
+            if sequences.is_empty() {
+                self.sequences.remove(&place.class);
+            }
+        }
         count_down(&mut self.per_class, place.class);
         Some(entry)
     }
@@ -89,6 +104,7 @@ impl QuietHolders {
         self.places.clear();
         self.usage.clear();
         self.per_class.clear();
+        self.sequences.clear();
         std::mem::take(&mut self.by_node)
             .into_values()
             .flatten()
@@ -108,6 +124,13 @@ impl QuietHolders {
         self.places
             .keys()
             .filter_map(|key| Some((key, self.get(key)?)))
+    }
+
+    /// Per class name, the highest sequence of its quiet primaries.
+    pub fn highest_sequences(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.sequences
+            .iter()
+            .filter_map(|(class, s)| Some((class.as_str(), *s.keys().next_back()?)))
     }
 
     /// How many there are.

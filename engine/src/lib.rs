@@ -41,7 +41,9 @@ pub use status::QUEUE_HEAD;
 ///
 /// Guarantees, for any snapshot: every live pod that requests a class's
 /// resource has exactly one lease (created here, or after its stale lease is
-/// deleted); sequences are assigned once, above every existing one; only
+/// deleted); sequences are assigned once, from the pods' stamps, above
+/// every lease of the same class and role that holds slots and unlike any
+/// other lease's (DESIGN §5.2); only
 /// leases whose sequence is persisted are admitted; no admission takes more
 /// slots than a node has free after counting every live pod bound or pinned
 /// there and every lease holding slots; StrictFIFO primaries are admitted in

@@ -722,9 +722,9 @@ pub(crate) struct View<'a> {
     /// Entries the kept state set apart as retired (see
     /// [`crate::Engine`]): no ticket is built for them.
     pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
-    /// The highest sequence a lease the pass does not visit (retired,
-    /// parked or set apart) carries.
-    pub set_apart_highest: Option<u64>,
+    /// The sequences of the leases the pass does not visit (retired,
+    /// parked or set apart), each with how many carry it.
+    pub set_apart_sequences: Option<&'a BTreeMap<u64, usize>>,
     /// The kept state's parked leases, when the pass walks them in their
     /// FIFOs rather than as entries (see [`crate::parked`]).
     pub parked: Option<&'a Parked>,
@@ -745,7 +745,7 @@ impl<'a> View<'a> {
             nodes: Vec::new(),
             entries: Vec::new(),
             retired: None,
-            set_apart_highest: None,
+            set_apart_sequences: None,
             parked: None,
             holders: None,
             blocked_evictions: &NO_EVICTIONS,
@@ -765,7 +765,7 @@ impl<'a> View<'a> {
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             entries: pair_by_key(&pods, &leases),
             retired: None,
-            set_apart_highest: None,
+            set_apart_sequences: None,
             parked: None,
             holders: None,
             blocked_evictions: &snapshot.blocked_evictions,

@@ -1,13 +1,32 @@
-//! FIFO tickets (DESIGN §5.2): one global counter above every sequence any
-//! lease carries, handed out in (enqueued-at, creationTimestamp,
-//! namespace/name) order. A sequence, once persisted, never changes.
+//! FIFO tickets (DESIGN §5.2): a lease's sequence comes from its pod's
+//! enqueued-at stamp, so a pod's place follows its stamp whenever its lease
+//! is made, and a lease made again after it was lost (deleted while the
+//! operator was down, say) goes back ahead of every pod stamped after it.
+//!
+//! The rule, for a lease without a persisted sequence: start from the
+//! stamp in microseconds since the Unix epoch (creationTimestamp when the
+//! pod carries no stamp); move above the highest sequence of any lease of
+//! the same class and role that holds slots, so nothing is admitted out of
+//! sequence order; then take the first number no lease carries, Released
+//! ones included. New leases of one pass are numbered in (stamp,
+//! creationTimestamp, namespace/name) order. A sequence, once persisted,
+//! never changes.
 
-use gpupool_api::LeasePhase;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::pass::Pass;
+use gpupool_api::{LeasePhase, Role};
+use jiff::Timestamp;
 
-impl Pass<'_> {
-    /// Gives every ticket without a sequence the next ones, in queue order.
+use super::pass::{Pass, View};
+
+/// The first number of a pod's sequence: its stamp in microseconds since
+/// the Unix epoch, at least 1.
+pub(crate) fn stamp_sequence(stamp: Timestamp) -> u64 {
+    u64::try_from(stamp.as_microsecond()).unwrap_or(0).max(1)
+}
+
+impl<'a> Pass<'a> {
+    /// Gives every ticket without a sequence one, by the rule above.
     pub fn assign_sequences(&mut self) {
         let mut pending: Vec<usize> = (0..self.tickets.len())
             .filter(|&i| {
@@ -18,15 +37,6 @@ impl Pass<'_> {
         if pending.is_empty() {
             return;
         }
-        // Above every persisted sequence, the stale leases' included.
-        let highest = self
-            .view
-            .entries
-            .iter()
-            .filter_map(|(_, l, _)| l.and_then(|l| l.status()).and_then(|s| s.sequence))
-            .max()
-            .max(self.view.set_apart_highest)
-            .unwrap_or(0);
         pending.sort_by(|&a, &b| {
             let (a, b) = (&self.tickets[a], &self.tickets[b]);
             let stamp = |t: &super::pass::Ticket<'_>| {
@@ -35,8 +45,74 @@ impl Pass<'_> {
             };
             stamp(a).cmp(&stamp(b)).then_with(|| a.key.cmp(b.key))
         });
-        for (n, i) in pending.into_iter().enumerate() {
-            self.tickets[i].sequence = Some(highest + 1 + n as u64);
+        let floors = self.admitted_floors();
+        let mut taken = Taken::of(&self.view);
+        for i in pending {
+            let t = &self.tickets[i];
+            let Some(pod) = t.pod else { continue };
+            let mut sequence = stamp_sequence(pod.enqueued_at.unwrap_or(pod.created_at));
+            if let Some(&floor) = floors.get(&(t.class_name, t.role)) {
+                sequence = sequence.max(floor.saturating_add(1));
+            }
+            let sequence = taken.first_free_from(sequence);
+            self.tickets[i].sequence = Some(sequence);
         }
+    }
+
+    /// Per class and role, the highest sequence of a lease that holds
+    /// slots: visited tickets, and the kept engine's quiet primaries.
+    fn admitted_floors(&self) -> BTreeMap<(&'a str, Role), u64> {
+        let mut floors: BTreeMap<(&'a str, Role), u64> = BTreeMap::new();
+        let mut raise = |key: (&'a str, Role), sequence: u64| {
+            let floor = floors.entry(key).or_default();
+            *floor = (*floor).max(sequence);
+        };
+        for t in &self.tickets {
+            if let (true, Some(sequence)) = (t.phase.holds_slots(), t.sequence) {
+                raise((t.class_name, t.role), sequence);
+            }
+        }
+        if let Some(holders) = self.view.holders {
+            for (class, highest) in holders.highest_sequences() {
+                raise((class, Role::Primary), highest);
+            }
+        }
+        floors
+    }
+}
+
+/// Every sequence a lease carries: those the pass visits and those the
+/// kept engine set apart.
+struct Taken<'p> {
+    visited: BTreeSet<u64>,
+    set_apart: Option<&'p BTreeMap<u64, usize>>,
+}
+
+impl<'p> Taken<'p> {
+    fn of(view: &View<'p>) -> Self {
+        let visited = view
+            .entries
+            .iter()
+            .filter_map(|(_, l, _)| l.and_then(|l| l.status()).and_then(|s| s.sequence))
+            .collect();
+        Self {
+            visited,
+            set_apart: view.set_apart_sequences,
+        }
+    }
+
+    fn contains(&self, sequence: u64) -> bool {
+        self.visited.contains(&sequence)
+            || self.set_apart.is_some_and(|s| s.contains_key(&sequence))
+    }
+
+    /// The first number from `sequence` on that no lease carries, now
+    /// taken.
+    fn first_free_from(&mut self, mut sequence: u64) -> u64 {
+        while self.contains(sequence) {
+            sequence = sequence.saturating_add(1);
+        }
+        self.visited.insert(sequence);
+        sequence
     }
 }

@@ -39,7 +39,7 @@ impl Entry {
         pass::is_inert(self.pod.as_deref(), self.lease.as_deref())
     }
 
-    /// The sequence the entry's lease carries: new ones go above it.
+    /// The sequence the entry's lease carries: no new lease takes it.
     fn sequence(&self) -> Option<u64> {
         self.lease.as_ref()?.status()?.sequence
     }
@@ -122,8 +122,8 @@ pub struct Engine {
     /// neither parked nor set apart.
     named: BTreeMap<ObjectKey, usize>,
     /// The sequences of the leases a pass does not visit (retired, parked
-    /// or set apart), each with how many carry it: new sequences go above
-    /// every one any lease carries.
+    /// or set apart), each with how many carry it: no new lease takes a
+    /// number any lease carries.
     set_apart_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
@@ -218,7 +218,7 @@ impl Engine {
             nodes: self.nodes.values().collect(),
             entries: self.entries.values().map(as_entry).collect(),
             retired: Some(&self.retired),
-            set_apart_highest: self.set_apart_sequences.keys().next_back().copied(),
+            set_apart_sequences: Some(&self.set_apart_sequences),
             parked: (self.parked.len() > 0).then_some(&self.parked),
             holders: (self.holders.len() > 0).then_some(&self.holders),
             blocked_evictions: &self.blocked_evictions,
@@ -619,11 +619,14 @@ mod tests {
         assert!(plan.create_leases.is_empty() && plan.delete_leases.is_empty());
         assert!(plan.all_lease_statuses().next().is_none() && plan.admissions.is_empty());
 
-        // A new pod's sequence goes above the retired lease's.
+        // A new pod's sequence is its stamp, in microseconds.
         engine.upsert_pod(pod("new", 1, 50));
         let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.create_leases.len(), 1);
-        assert_eq!(plan.create_leases[0].status.sequence, Some(8));
+        assert_eq!(
+            plan.create_leases[0].status.sequence,
+            Some(crate::sequence::stamp_sequence(at(50)))
+        );
 
         // Released for a preemption, the lease may still hold slots back
         // for its primary: the pass visits it again.
@@ -663,10 +666,11 @@ mod tests {
     }
 
     #[test]
-    fn the_highest_sequence_is_kept_while_any_retired_lease_carries_it() {
+    fn a_sequence_stays_taken_while_any_retired_lease_carries_it() {
         let mut engine = Engine::new();
         engine.upsert_class(fixtures::class("default"));
-        for (name, seq) in [("a", 5), ("b", 9), ("c", 9)] {
+        let stamp = crate::sequence::stamp_sequence(at(50));
+        for (name, seq) in [("a", stamp), ("b", stamp + 1), ("c", stamp + 1)] {
             let p = finished(name);
             engine.upsert_lease(lease(&p, "default", released(seq)));
             engine.upsert_pod(p);
@@ -677,11 +681,13 @@ mod tests {
                 .status
                 .sequence
         };
-        assert_eq!(next(&mut engine), Some(10));
+        assert_eq!(next(&mut engine), Some(stamp + 2));
         engine.remove_lease(&key("b"));
-        assert_eq!(next(&mut engine), Some(10), "c still carries 9");
+        assert_eq!(next(&mut engine), Some(stamp + 2), "c still carries it");
         engine.remove_lease(&key("c"));
-        assert_eq!(next(&mut engine), Some(6));
+        assert_eq!(next(&mut engine), Some(stamp + 1));
+        engine.remove_lease(&key("a"));
+        assert_eq!(next(&mut engine), Some(stamp));
     }
 
     #[test]

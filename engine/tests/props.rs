@@ -857,22 +857,9 @@ impl World {
                 d.key
             );
         }
-        // One lease per pod key, and new sequences above every existing one.
-        let highest = self
-            .s
-            .leases
-            .iter()
-            .filter_map(|l| l.status()?.sequence)
-            .max()
-            .unwrap_or(0);
-        for n in &plan.create_leases {
-            prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
-            prop_assert!(
-                n.status.sequence.is_none_or(|s| s > highest),
-                "{} sequenced below an existing lease",
-                &n.key
-            );
-        }
+        // One lease per pod key; new sequences follow the pods' stamps
+        // (DESIGN §5.2).
+        self.check_new_sequences(plan)?;
         // Slots held per node as the engine counts them: placed pods, plus
         // leases that hold slots for a pod not placed yet.
         let mut usage = self.usage();
@@ -1080,6 +1067,107 @@ impl World {
     /// pod carrying another controller's gate is never admitted; and
     /// nothing is released while its pod may still run, whatever becomes
     /// of its class (DESIGN §5.3, §5.6).
+    /// New sequences, by the rule of DESIGN §5.2: at least the pod's stamp
+    /// in microseconds; above every lease of the same class and role whose
+    /// pod runs (nothing is admitted out of sequence order); never a number
+    /// a lease carries; and ahead of every waiting lease of a pod stamped
+    /// later, unless an admitted lease or numbers already taken push it
+    /// past that one.
+    fn check_new_sequences(&self, plan: &Plan) -> Result<(), TestCaseError> {
+        let stamp_of = |key: &ObjectKey| {
+            self.s.pods.iter().find(|p| &p.key == key).map(|p| {
+                (
+                    p.enqueued_at.unwrap_or(p.created_at),
+                    p.created_at,
+                    p.key.clone(),
+                )
+            })
+        };
+        let micros = |t: jiff::Timestamp| u64::try_from(t.as_microsecond()).unwrap_or(0).max(1);
+        let mut taken: BTreeSet<u64> = self
+            .s
+            .leases
+            .iter()
+            .filter_map(|l| l.status()?.sequence)
+            .collect();
+        let taken_count = taken.len() + plan.create_leases.len();
+        for n in &plan.create_leases {
+            prop_assert!(!self.s.leases.iter().any(|l| l.key == n.key));
+            let Some(seq) = n.status.sequence else {
+                continue;
+            };
+            prop_assert!(
+                taken.insert(seq),
+                "{} got sequence {seq}, already taken",
+                n.key
+            );
+            let Some(stamp) = stamp_of(&n.key) else {
+                continue;
+            };
+            let base = micros(stamp.0);
+            prop_assert!(
+                seq >= base,
+                "{} sequenced {seq}, below its stamp {base}",
+                n.key
+            );
+            let same_queue = |l: &&LeaseInfo| {
+                l.spec().class_name == n.spec.class_name && l.spec().role == n.spec.role
+            };
+            let holding = |l: &&LeaseInfo| l.status().is_some_and(|s| s.phase.holds_slots());
+            let runs = |l: &&LeaseInfo| {
+                self.s
+                    .pods
+                    .iter()
+                    .any(|p| p.key == l.key && p.uid == l.spec().pod_uid && !p.gated && is_live(p))
+            };
+            let running = self
+                .s
+                .leases
+                .iter()
+                .filter(same_queue)
+                .filter(holding)
+                .filter(runs);
+            if let Some(above) = running.max_by_key(|l| l.status().and_then(|s| s.sequence)) {
+                prop_assert!(
+                    above
+                        .status()
+                        .and_then(|s| s.sequence)
+                        .is_none_or(|a| seq > a),
+                    "{} sequenced {seq}, below running {:?} of its class and role ({:?}; pod {:?})",
+                    n.key,
+                    above,
+                    n,
+                    self.s.pods.iter().find(|p| p.key == above.key)
+                );
+            }
+            let floor = self
+                .s
+                .leases
+                .iter()
+                .filter(same_queue)
+                .filter(holding)
+                .filter_map(|l| l.status()?.sequence)
+                .max()
+                .map_or(base, |f| base.max(f + 1));
+            let waits_behind = self.s.leases.iter().filter(same_queue).find(|l| {
+                let Some(theirs) = l.status().filter(|s| s.phase == LeasePhase::Queued) else {
+                    return false;
+                };
+                theirs
+                    .sequence
+                    .is_some_and(|s| s < seq && s > floor + taken_count as u64)
+                    && stamp_of(&l.key).is_some_and(|t| t > stamp)
+            });
+            prop_assert!(
+                waits_behind.is_none(),
+                "{} (sequence {seq}) queued behind {:?}, stamped later",
+                n.key,
+                waits_behind.map(|l| &l.key)
+            );
+        }
+        Ok(())
+    }
+
     fn check_unrunnable_pods(&self, plan: &Plan) -> Result<(), TestCaseError> {
         let given: BTreeSet<&ObjectKey> = plan.give_backs.iter().map(|g| &g.key).collect();
         for p in &self.s.pods {

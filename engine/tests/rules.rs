@@ -134,7 +134,7 @@ fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
     assert_eq!(new.spec.class_name, "default");
     assert_eq!(new.spec.slots, 1);
     assert_eq!(new.status.phase, LeasePhase::Queued);
-    assert_eq!(new.status.sequence, Some(1));
+    assert_eq!(new.status.sequence, Some(micros(1)), "its stamp");
     assert!(
         plan.admissions.is_empty(),
         "not admitted before the sequence is persisted"
@@ -146,9 +146,16 @@ fn every_managed_pod_gets_one_lease_named_like_it_and_unmanaged_pods_none() {
     assert_eq!(plan.admissions[0].node, "n1");
 }
 
+/// A sequence as DESIGN §5.2 starts it: the stamp at `at(sec)`, in
+/// microseconds since the Unix epoch.
+fn micros(sec: i64) -> u64 {
+    u64::try_from(at(sec).as_microsecond()).expect("after the epoch")
+}
+
 #[test]
-fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing() {
+fn sequences_follow_enqueue_stamp_then_creation_then_name_in_free_numbers() {
     let mut s = world(vec![node("n1", 0)], vec![]);
+    // A Released lease still carries the number "first"'s stamp gives.
     s.leases.push(LeaseInfo::from_parts(
         ObjectKey::new("old", "gone"),
         GpuLeaseSpec {
@@ -160,7 +167,7 @@ fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing()
         },
         Some(GpuLeaseStatus {
             phase: LeasePhase::Released,
-            sequence: Some(41),
+            sequence: Some(micros(0)),
             ..GpuLeaseStatus::default()
         }),
     ));
@@ -182,11 +189,11 @@ fn sequences_follow_enqueue_stamp_then_creation_then_name_above_every_existing()
         .iter()
         .map(|n| (n.key.name.to_string(), n.status.sequence.expect("sequence")))
         .collect();
-    assert_eq!(seq["first"], 42);
-    assert_eq!(seq["c-no-stamp"], 43, "no stamp sorts by creationTimestamp");
-    assert_eq!(seq["z-same"], 44, "same stamp: older creation first");
-    assert_eq!(seq["a"], 45, "then by name");
-    assert_eq!(seq["b"], 46);
+    assert_eq!(seq["first"], micros(0) + 1, "the next number no lease has");
+    assert_eq!(seq["c-no-stamp"], micros(2), "no stamp: creationTimestamp");
+    assert_eq!(seq["z-same"], micros(3), "same stamp: older creation first");
+    assert_eq!(seq["a"], micros(3) + 1, "then by name");
+    assert_eq!(seq["b"], micros(3) + 2);
     apply(&mut s, &plan);
     s.now = at(5000);
     let again = settle(&mut s);
@@ -642,9 +649,10 @@ fn a_replaced_pod_gets_its_stale_lease_deleted_before_a_new_one() {
     assert_eq!(plan.create_leases[0].pod_uid, "uid-p-2");
     assert_eq!(
         plan.create_leases[0].status.sequence,
-        Some(3),
-        "above q's 2"
+        Some(micros(50)),
+        "behind q, stamped earlier"
     );
+    assert!(lease(&s, "q").sequence < Some(micros(50)));
 }
 
 #[test]
@@ -932,6 +940,53 @@ fn a_deleted_lease_is_recreated_with_its_place_and_state() {
         plan.all_lease_statuses()
             .all(|(k, _)| k != &key("a") && k != &key("c"))
     );
+}
+
+#[test]
+fn a_lease_lost_with_nothing_remembering_it_comes_back_in_its_stamps_place() {
+    // "early" carries another controller's gate, so "late", stamped after
+    // it, runs first; "w1" and "w2" wait behind.
+    let mut early = pod("early", 1, 1);
+    early.other_gate = Some("example.com/quota".into());
+    let mut s = world(
+        vec![node("n1", 1)],
+        vec![early, pod("w1", 1, 2), pod("late", 1, 0), pod("w2", 1, 3)],
+    );
+    s.pods[2].enqueued_at = Some(at(1) + jiff::SignedDuration::from_millis(500));
+    settle(&mut s);
+    assert!(phase(&s, "late").holds_slots(), "late runs");
+    assert_eq!(lease(&s, "w1").position, Some(2), "behind early");
+
+    // The operator was down while w1's and early's leases were deleted:
+    // nothing remembers their numbers (the lease is simply gone).
+    s.leases
+        .retain(|l| l.key != key("w1") && l.key != key("early"));
+    s.pods[0].other_gate = None;
+    let plan = decide(&s);
+    let recreated: BTreeMap<String, u64> = plan
+        .create_leases
+        .iter()
+        .map(|n| (n.key.name.to_string(), n.status.sequence.expect("sequence")))
+        .collect();
+    assert_eq!(recreated["w1"], micros(2), "w1's stamp gives its old place");
+    let late = lease(&s, "late").sequence.expect("late's sequence");
+    assert!(
+        recreated["early"] > late,
+        "early goes above late, which runs: nothing is admitted out of order"
+    );
+    assert!(
+        recreated["early"] < recreated["w1"],
+        "and still ahead of w1"
+    );
+    apply(&mut s, &plan);
+    settle(&mut s);
+    assert_eq!(lease(&s, "early").position, Some(1));
+    assert_eq!(lease(&s, "w1").position, Some(2));
+    assert_eq!(lease(&s, "w2").position, Some(3));
+    finish(&mut s, "late");
+    settle(&mut s);
+    assert!(phase(&s, "early").holds_slots(), "early is admitted first");
+    assert_eq!(phase(&s, "w1"), LeasePhase::Queued);
 }
 
 #[test]
