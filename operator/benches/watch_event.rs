@@ -10,11 +10,9 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpupool_api::GpuLease;
-use gpupool_operator::controller::cached_pod::{
-    CachedPod, CachedPodSpec, CachedPodStatus, WatchedPod,
-};
-use gpupool_operator::controller::watched::WatchedLease;
 use gpupool_operator::engine::CachedLease;
+use gpupool_operator::index::cached_pod::{CachedPod, CachedPodSpec, CachedPodStatus, WatchedPod};
+use gpupool_operator::index::watched::WatchedLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -15,8 +15,8 @@ use criterion::{Criterion, criterion_group};
 use gpupool_api::{
     GpuLeaseClass, GpuLeaseClassSpec, GpuLeaseSpec, GpuLeaseStatus, LeasePhase, Role,
 };
-use gpupool_operator::controller::index::{Index, tallied_index};
 use gpupool_operator::engine::{CachedLease, ClassInfo, PodInfo};
+use gpupool_operator::index::store::{Index, tallied_index};
 use gpupool_operator::webhook::certs;
 use gpupool_operator::webhook::review::{
     ClusterView, Identities, StaticView, Users, WebhookKind, queue_key, queue_tally_key,

@@ -10,7 +10,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
 use crate::config::Config;
-use crate::controller::{self, Caches, ControllerError, LoopConfig};
+use crate::controller::{self, ControllerError, LoopConfig};
+use crate::index::Caches;
 use crate::leader::Leadership;
 use crate::metrics::{self, Health, Metrics, ServeError};
 use crate::webhook::{self, WebhookError};

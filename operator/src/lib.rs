@@ -6,6 +6,7 @@ pub mod config;
 pub mod controller;
 /// The pure admission engine, its own crate so it cannot reach a client or a clock.
 pub use gpupool_engine as engine;
+pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod webhook;

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpupool_operator::controller::Caches;
+use gpupool_operator::index::Caches;
 use gpupool_operator::metrics::Metrics;
 use gpupool_operator::webhook::certs::{self, SECRET_NAME, TlsBundle};
 use gpupool_operator::webhook::configurations::{

@@ -45,18 +45,18 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::PassInput;
-use super::cached_pod::{CachedPod, WatchedPod};
 use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
 use super::overlay::Overlay;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
-use super::watched::WatchedLease;
 use crate::engine::{
     Admission, CachedLease, ClassWrite, Eviction, GiveBack, NewLease, ObjectKey, Plan, QueueDepth,
     StaleLease,
 };
+use crate::index::cached_pod::{CachedPod, WatchedPod};
+use crate::index::watched::WatchedLease;
 use crate::metrics::{ClassLabel, ClassRole, Metrics};
 
 /// API writes in flight at once within a pass.
@@ -1887,7 +1887,7 @@ mod tests {
         client: Client,
         pods: Api<k8s_openapi::api::core::v1::Pod>,
         leases: Api<GpuLease>,
-        caches: super::super::Caches,
+        caches: crate::index::Caches,
         plan: Plan,
     }
 
@@ -1939,7 +1939,7 @@ mod tests {
                 });
             }
             let mut registry = prometheus_client::registry::Registry::default();
-            let caches = super::super::Caches::start(
+            let caches = crate::index::Caches::start(
                 &client,
                 Arc::new(tokio::sync::Notify::new()),
                 &Metrics::register(&mut registry),
@@ -2309,11 +2309,11 @@ mod tests {
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "ns");
         let uid = create_pinned(&pods, "a").await;
         let mut applier = applier_for(client);
-        let (pods_r, _pods) = super::super::index::index();
-        let (nodes_r, _nodes) = super::super::index::index();
-        let (classes_r, _classes) = super::super::index::index();
-        let (leases_r, _leases) = super::super::index::index();
-        let caches = super::super::Caches::of_stores(pods_r, nodes_r, classes_r, leases_r);
+        let (pods_r, _pods) = crate::index::store::index();
+        let (nodes_r, _nodes) = crate::index::store::index();
+        let (classes_r, _classes) = crate::index::store::index();
+        let (leases_r, _leases) = crate::index::store::index();
+        let caches = crate::index::Caches::of_stores(pods_r, nodes_r, classes_r, leases_r);
         let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
         let plan = Plan {
             give_backs: vec![give_back("a", &uid)],

@@ -1,8 +1,9 @@
 //! The engine's state kept across passes, fed only what changed.
 //!
 //! Each watch records the keys its events touched
-//! ([`ChangeLog`](super::changes::ChangeLog)); a pass looks at those keys, and at the keys the controller's own writes are
-//! laid over ([`Overlay`]), and at nothing else. For each key it asks the
+//! ([`ChangeLog`](crate::index::changes::ChangeLog)); a pass looks at those
+//! keys, and at the keys the controller's own writes are laid over
+//! ([`Overlay`]), and at nothing else. For each key it asks the
 //! cache and the overlay what the pass sees, and hands the engine a new
 //! translation only when that is another object (a watch cache hands out
 //! the same `Arc` for an object until an event replaces it, and the overlay
@@ -20,16 +21,16 @@ use gpupool_api::GpuLeaseClass;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use super::cached_pod::CachedPod;
-use super::caches::Caches;
-use super::changes::Changes;
-use super::index::Index;
-use super::key_hash::{HashMap, HashSet};
 use super::overlay::Overlay;
-use super::translate;
 use crate::engine::{
     CachedLease, ClassInfo, Engine, Eviction, LeaseInfo, NodeInfo, ObjectKey, PodInfo,
 };
+use crate::index::cached_pod::CachedPod;
+use crate::index::caches::Caches;
+use crate::index::changes::Changes;
+use crate::index::key_hash::{HashMap, HashSet};
+use crate::index::store::Index;
+use crate::index::translate;
 
 /// What the engine was last fed for one key.
 struct FedObject<K> {
@@ -599,17 +600,17 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    use crate::controller::identity::Identity;
+    use crate::index::identity::Identity;
     use gpupool_api::LeasePhase;
     use kube::runtime::watcher;
     use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
-    use crate::controller::caches::CacheChanges;
-    use crate::controller::identity::parts_of;
-    use crate::controller::index::{IndexWriter, index};
     use crate::engine::Plan;
+    use crate::index::caches::CacheChanges;
+    use crate::index::identity::parts_of;
+    use crate::index::store::{IndexWriter, index};
 
     /// A sequence to persist for a lease, from a stamp: any increasing
     /// number serves.
@@ -749,7 +750,7 @@ mod tests {
 
         fn event<K: Identity + Clone>(
             writer: &mut IndexWriter<K>,
-            log: &super::super::changes::ChangeLog,
+            log: &crate::index::changes::ChangeLog,
             event: watcher::Event<K>,
         ) {
             let held = writer.apply(&event);

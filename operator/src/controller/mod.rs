@@ -10,23 +10,15 @@
 //! flight.
 
 pub mod apply;
-pub mod cached_pod;
-pub mod caches;
-pub mod changes;
 pub mod error;
 pub mod events;
-pub mod identity;
-pub mod index;
 pub mod kept;
-pub mod key_hash;
 pub mod overlay;
 pub mod patch;
 pub mod progress;
 #[cfg(test)]
 mod test_api;
-pub mod translate;
 mod ungate;
-pub mod watched;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,10 +27,10 @@ use jiff::Timestamp;
 use kube::Client;
 use tokio::sync::{Notify, watch};
 
+use crate::index::Caches;
 use crate::metrics::{Health, Metrics};
 
 pub use apply::Applier;
-pub use caches::Caches;
 pub use error::Error;
 pub use kept::{Kept, PassInput};
 

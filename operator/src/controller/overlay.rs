@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use gpupool_api::GpuLeaseClass;
 
-use super::cached_pod::CachedPod;
-use super::identity::{Identity, parts_of};
-use super::key_hash::HashMap;
 use crate::engine::{CachedLease, ObjectKey};
+use crate::index::cached_pod::CachedPod;
+use crate::index::identity::{Identity, parts_of};
+use crate::index::key_hash::HashMap;
 
 /// How long a lease the controller created may be missing from the cache
 /// before the overlay forgets it (it was deleted before the watch showed it).

@@ -6,8 +6,8 @@ use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
-use super::translate::gate_index;
 use crate::engine::CachedLease;
+use crate::index::translate::gate_index;
 
 /// The status fields the device plugin owns (the GPUs and the column that
 /// lists their indexes): the operator never writes them, so a stale cache

@@ -38,8 +38,8 @@ use tokio::sync::Notify;
 
 use super::apply::patch_params;
 use super::patch;
-use super::watched::WatchedLease;
 use crate::engine::{CachedLease, CachedMeta, ObjectKey};
+use crate::index::watched::WatchedLease;
 
 /// Writes at most this many at once, so a slow API server cannot pile up
 /// requests.

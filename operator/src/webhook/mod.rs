@@ -76,8 +76,8 @@ pub use config::{ConfigError, ServiceRef, WebhookConfig, WebhookEndpoint, Webhoo
 pub use review::{Identities, Users};
 pub use server::WebhookMetrics;
 
-use crate::controller::Caches;
-use crate::controller::caches::NotSynced;
+use crate::index::Caches;
+use crate::index::caches::NotSynced;
 use certs::{CertError, CertProblem, TlsBundle};
 use configurations::ConfigurationError;
 use server::{CertResolver, Handler};

@@ -17,8 +17,8 @@ use gpupool_api::names::{
 use gpupool_api::pod::{self, PodError};
 use gpupool_api::{GpuLeaseClass, LeasePhase, Role};
 
-use crate::controller::translate;
 use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, PodInfo, established_default};
+use crate::index::translate;
 
 pub use super::guard::{Identities, validate_class, validate_lease};
 use super::near_miss;

@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::controller::{Caches, index};
+use crate::index::{Caches, store};
 
 fn now() -> Timestamp {
     Timestamp::from_microsecond(1_700_000_000_123_456).expect("valid time")
@@ -1010,11 +1010,11 @@ fn review_body_rejects_malformed_input() {
 /// the count the same rule gives over the leases themselves.
 #[test]
 fn the_queued_count_is_the_tally_of_the_lease_cache() {
-    let (leases, mut writer) = index::tallied_index(queue_tally_key);
+    let (leases, mut writer) = store::tallied_index(queue_tally_key);
     let caches = Caches::of_stores(
-        index::index().0,
-        index::index().0,
-        index::index().0,
+        store::index().0,
+        store::index().0,
+        store::index().0,
         leases.clone(),
     );
     let events = [

@@ -2,8 +2,8 @@
 //!
 //! A pass brings the engine up to date by looking only at the keys a watch
 //! event touched (and at the keys of the controller's own writes, see
-//! [`super::overlay`]), so its cost follows what changed, not how many pods
-//! and leases the caches hold. A watch that lists again (a restart, or a
+//! [`crate::controller::overlay`]), so its cost follows what changed, not
+//! how many pods and leases the caches hold. A watch that lists again (a restart, or a
 //! resourceVersion too old) may have missed deletions, so it asks for one
 //! full look instead.
 
@@ -60,7 +60,7 @@ impl Default for ChangeLog {
 impl ChangeLog {
     /// Records one watch event, after the cache has applied it. `held` is
     /// the key the cache keeps the object under (see
-    /// [`IndexWriter::apply`](super::index::IndexWriter::apply)): the log
+    /// [`IndexWriter::apply`](super::store::IndexWriter::apply)): the log
     /// shares it rather than building one, which at 10,000 pods created at
     /// once is two allocations per pending key.
     pub fn record<K: Identity>(&self, event: &watcher::Event<K>, held: Option<&ObjectKey>) {

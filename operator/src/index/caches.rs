@@ -21,7 +21,7 @@ use tokio::sync::{Notify, watch};
 use super::cached_pod::{CachedPod, WatchedPod};
 use super::changes::ChangeLog;
 use super::identity::Identity;
-use super::index::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
+use super::store::{Index, IndexWriter, TallyRule, WriterGone, index, tallied_index};
 use super::translate;
 use super::watched::WatchedLease;
 use crate::engine::{self, CachedLease, ClassInfo, NodeInfo, ObjectKey, PodInfo};

@@ -1,4 +1,4 @@
-//! What the controller reads of a cached object's identity, whatever form
+//! What the operator reads of a cached object's identity, whatever form
 //! its cache keeps it in: the kinds kept whole read it from their
 //! `ObjectMeta`, pods and leases from the [`CachedMeta`] they keep instead
 //! (see [`super::cached_pod`] and [`gpupool_engine::CachedLease`]).

@@ -1,4 +1,4 @@
-//! The maps the controller keys by object: the overlay's writes, the
+//! The maps the operator keys by object: the overlay's writes, the
 //! engine's fed objects and the watches' change logs.
 //!
 //! foldhash is seeded at random per process, so a tenant who picks pod

@@ -222,7 +222,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controller::identity::Identity;
+    use crate::index::identity::Identity;
 
     /// Metadata as a real API server sends it for an object several
     /// writers touched.

@@ -494,8 +494,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::controller::identity::Identity;
-    use crate::controller::translate;
+    use crate::index::identity::Identity;
+    use crate::index::translate;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::Resource;
     use serde_json::json;
