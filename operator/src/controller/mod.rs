@@ -1,13 +1,13 @@
-//! The controller: caches, decision passes and applying their plans.
+//! The controller: decision passes over the index, and applying their plans.
 //!
 //! One pass at a time decides every class (DESIGN §5.9): it snapshots the
-//! watch caches with the controller's own unconfirmed and in-flight writes
-//! laid over them ([`overlay`]), asks the engine for a plan, and applies it.
-//! A pass waits for its admissions only; its other writes land in the
-//! background, and each answer wakes the loop like a watch event. Changes
-//! that arrive during a pass are coalesced into one following pass. Only
-//! the leader passes; losing leadership aborts the pass and every write in
-//! flight.
+//! watch caches ([`crate::index`]) with the controller's own unconfirmed
+//! and in-flight writes laid over them ([`overlay`]), asks the engine for a
+//! plan, and applies it. A pass waits for its admissions only; its other
+//! writes land in the background, and each answer wakes the loop like a
+//! watch event. Changes that arrive during a pass are coalesced into one
+//! following pass. Only the leader passes; losing leadership aborts the
+//! pass and every write in flight.
 
 pub mod apply;
 pub mod error;
