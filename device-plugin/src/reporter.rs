@@ -831,7 +831,11 @@ mod tests {
         // The first lease is patched from version 5 ...
         let first = lease(&pods[0], "u1", "5", Some("node-1"), &[], false);
         assert_eq!(
-            patched_uids(&plan_watched(&pods, &[first.clone()], &reported)),
+            patched_uids(&plan_watched(
+                &pods,
+                std::slice::from_ref(&first),
+                &reported
+            )),
             [("a".to_owned(), "u1".to_owned())]
         );
         reported.patched(&pods[0], "u1".to_owned(), Some("5".to_owned()));
