@@ -1,14 +1,14 @@
 //! Ordinary cluster life (issue rows of "when Kubernetes does not go to
 //! plan"): pods another controller still holds back, admitted pods the
-//! scheduler cannot place, a default class deleted and created again, and
-//! cordoned nodes. Each runs
+//! scheduler cannot place, a default class deleted and created again,
+//! cordoned nodes, and a lease lost while the operator was down. Each runs
 //! the real operator and device plugins, on the backend
 //! `GPUPOOL_E2E_BACKEND` names (the simulator unless it says `real`), and
 //! checks what a user sees through the API: leases, pod gates, Events.
 
 mod operator_support;
 
-use gpupool_api::{GpuLeaseClass, LeasePhase};
+use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -226,5 +226,61 @@ async fn a_waiting_lease_names_the_cordon() {
     );
     cordon(&sim, &node, false).await;
     sim.wait_admitted("p", 30).await;
+    sim.stop().await;
+}
+
+/// A queued pod's lease deleted while the operator is down comes back, once
+/// it runs again, with its stamp's place: ahead of the pods stamped after
+/// it, not behind them (DESIGN §5.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_while_the_operator_is_down_comes_back_in_its_place() {
+    let mut sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    sim.pod(PodSpec::primary("running", 1)).await;
+    sim.wait_phase("running", LeasePhase::Bound, 60).await;
+    for name in ["first", "second", "third"] {
+        sim.pod(PodSpec::primary(name, 1)).await;
+        wait_for("a sequence", 30, || sequence(&sim, name)).await;
+    }
+    wait_for("first at the head", 30, || async {
+        (position(&sim, "first").await == Some(1)).then_some(())
+    })
+    .await;
+    let before = sequence(&sim, "first").await;
+
+    sim.cluster
+        .kill_operator()
+        .await
+        .expect("stop the operator");
+    let leases: Api<GpuLease> = Api::namespaced(sim.client.clone(), NS);
+    leases
+        .delete("first", &DeleteParams::default())
+        .await
+        .expect("delete first's lease");
+    wait_for("the lease gone", 30, || async {
+        sim.lease("first").await.is_none().then_some(())
+    })
+    .await;
+    sim.cluster
+        .start_operator()
+        .await
+        .expect("start the operator");
+
+    wait_for("first's lease made again", 60, || sequence(&sim, "first")).await;
+    assert_eq!(
+        sequence(&sim, "first").await,
+        before,
+        "the stamp gives the lease its old number"
+    );
+    wait_for("the queue in its order", 30, || async {
+        (position(&sim, "first").await == Some(1)
+            && position(&sim, "second").await == Some(2)
+            && position(&sim, "third").await == Some(3))
+        .then_some(())
+    })
+    .await;
+    sim.delete_pod("running").await;
+    sim.wait_admitted("first", 60).await;
+    assert!(gated(&sim.get_pod("second").await.expect("second")));
     sim.stop().await;
 }
