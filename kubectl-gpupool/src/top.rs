@@ -101,6 +101,13 @@ pub struct NodeView {
     pub gpus: Vec<GpuView>,
     /// Holders the device plugin has not placed on a GPU yet (just admitted).
     pub unplaced: Vec<Holder>,
+    /// Slots a holder takes beyond the GPUs reported for it, one entry per
+    /// slot: the kubelet's PodResources names only the devices of running
+    /// containers, so the GPU an ended init container took (and its pod
+    /// keeps) is held without a name. Those slots are not free, whatever
+    /// the GPU rows say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreported: Vec<Holder>,
     /// Why the GPU list is missing, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -329,17 +336,23 @@ fn node_view(
         })
         .collect();
     let mut unplaced = Vec::new();
+    let mut unreported = Vec::new();
     for l in here {
         let reported = l.status.as_ref().map(|s| s.gpus.as_slice()).unwrap_or(&[]);
-        let mut placed = false;
+        let mut placed = 0u64;
         for g in reported {
             if let Some(view) = gpu_views.iter_mut().find(|v| v.index == g.index) {
                 view.holders.push(Holder::of(l));
-                placed = true;
+                placed += 1;
             }
         }
-        if !placed {
+        if placed == 0 {
             unplaced.push(Holder::of(l));
+        } else if per_gpu == 1 {
+            // One session per GPU: every slot is a GPU of its own.
+            for _ in placed..u64::from(l.spec.slots) {
+                unreported.push(Holder::of(l));
+            }
         }
     }
     for g in &mut gpu_views {
@@ -353,6 +366,7 @@ fn node_view(
         free,
         gpus: gpu_views,
         unplaced,
+        unreported,
         note,
     })
 }
@@ -541,13 +555,23 @@ fn node_table(n: &NodeView, now: Timestamp) -> Table {
             );
         }
     }
-    for h in &n.unplaced {
+    let unnamed = n
+        .unplaced
+        .iter()
+        .map(|h| (h, "GPU not reported yet"))
+        .chain(n.unreported.iter().map(|h| {
+            (
+                h,
+                "a GPU the kubelet does not name (an ended init container's)",
+            )
+        }));
+    for (h, why) in unnamed {
         let mut row = vec![Cell::from("?"), Cell::from(""), Cell::from("")];
         let mut cells = holder_cells(h, now);
         if let Some(note) = cells.last_mut()
             && note.text.is_empty()
         {
-            *note = Cell::from("GPU not reported yet");
+            *note = Cell::from(why);
         }
         row.extend(cells);
         t.push(row);
@@ -754,6 +778,36 @@ NODE node-2: 2 GPUs, 2 slots, 0 free
         assert!(legend(&view).is_none());
         let empty = render(&build(&[], &[], &[]), now(), Style::PLAIN);
         assert!(empty.contains("no node has GPU slots"), "{empty}");
+    }
+
+    #[test]
+    fn slots_beyond_the_reported_gpus_are_held_not_free() {
+        // An init container took 2 GPUs and ended; the app container runs
+        // on GPU 0, and PodResources names only that one.
+        let mut l = holding(
+            "ml",
+            "init",
+            Role::Primary,
+            LeasePhase::Bound,
+            "node-1",
+            &[0],
+            1,
+        );
+        l.spec.slots = 2;
+        let classes = [class("default", 3, 1, 0)];
+        let view = build(&classes, &[node("node-1", 3, 1, &[])], &[l]);
+        let n = &view.nodes[0];
+        assert_eq!(n.free, 1, "the engine counts both slots");
+        assert_eq!(n.unreported.len(), 1);
+        let text = render(&view, now(), Style::PLAIN);
+        assert!(
+            text.contains("a GPU the kubelet does not name (an ended init container's)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("NODE node-1: 3 GPUs, 3 slots, 1 free\n"),
+            "{text}"
+        );
     }
 
     #[test]
