@@ -113,6 +113,72 @@ enum Eligible {
     Own(Vec<u32>),
 }
 
+/// What a run over one FIFO carries from lease to lease.
+struct FifoRun<'a> {
+    c: usize,
+    role: Role,
+    strict: bool,
+    placement: Placement,
+    /// Helpers wait while primaries of the class do (no `admitWhileQueued`).
+    held_back: bool,
+    waiting_primaries: u32,
+    res: usize,
+    class_nodes: usize,
+    /// The FIFO's leases left queued, in order.
+    queued: Vec<Waiter>,
+    /// Parked leases passed over in bulk, beyond the one entry of `queued`
+    /// that stands for them: they are behind the others.
+    skipped: u32,
+    /// How many of the queued leases wait (are not impossible).
+    waiting: u32,
+    /// The first lease that waits with nothing closing the FIFO ahead of
+    /// it: under StrictFIFO, everyone behind it waits for it.
+    blocked: Option<usize>,
+    /// Free slots of the class, computed again only after an admission.
+    class_free: Option<u64>,
+    /// Parked leases of this FIFO whose position or message moved.
+    moved: usize,
+    /// The entry of `parked_skipped` that counts this FIFO's quiet parked
+    /// leases behind the class status's head.
+    counted: Option<usize>,
+    scratch: String,
+    /// The primaries slots are held for, with their place in the FIFO.
+    reserved_in_order: Vec<(usize, (Option<u64>, &'a ObjectKey))>,
+}
+
+impl<'a> FifoRun<'a> {
+    /// How many leases of the FIFO stand ahead of the next one.
+    fn ahead(&self) -> u32 {
+        self.queued.len() as u32 + self.skipped
+    }
+
+    /// Under StrictFIFO, the lease that blocks everyone behind it.
+    fn strict_head(&self) -> Option<usize> {
+        self.blocked.filter(|_| self.strict)
+    }
+
+    /// Leaves ticket `t` queued at the next position, with `message`;
+    /// `waits`: it may fit some day, so it holds helpers back.
+    fn queue(&mut self, tickets: &mut [Ticket<'a>], t: usize, waits: bool, message: Message<'a>) {
+        let ticket = &mut tickets[t];
+        ticket.waits = waits;
+        ticket.phase = LeasePhase::Queued;
+        ticket.position = Some(self.ahead() + 1);
+        ticket.message = message;
+        self.queued.push(Waiter::Ticket(t));
+    }
+}
+
+/// `list` less the nodes `closed` marks, when it marks any of them.
+fn open_to(list: &[u32], closed: &[bool]) -> Option<Vec<u32>> {
+    (!closed.is_empty() && list.iter().any(|&n| closed[n as usize])).then(|| {
+        list.iter()
+            .copied()
+            .filter(|&n| !closed[n as usize])
+            .collect()
+    })
+}
+
 /// Where a pod would go: the fullest node that fits (Pack) or the emptiest
 /// (Spread), ties by node name.
 pub(crate) fn place(
@@ -319,284 +385,328 @@ impl<'a> Pass<'a> {
         waiting_primaries: u32,
         closed: &[bool],
     ) -> (Vec<Waiter>, u32) {
-        let spec = &self.classes.list[c].info.spec;
-        let strict = spec.admission.ordering == Ordering::StrictFIFO;
-        let placement = spec.admission.placement;
-        let held_back =
-            role == Role::Helper && waiting_primaries > 0 && !spec.helpers.admit_while_queued;
-        let res = self.classes.list[c].res;
-        let class_nodes = self.classes.list[c].nodes.len();
-        let mut queued = Vec::new();
-        // Parked leases passed over in bulk, beyond the one entry of
-        // `queued` that stands for them: they are behind the others.
-        let mut skipped = 0u32;
-        let mut waiting = 0u32;
-        let mut blocked: Option<usize> = None;
-        // Free slots of the class, recomputed only after an admission.
-        let mut class_free: Option<u64> = None;
-        // Parked leases of this FIFO whose position or message moved.
-        let mut moved = 0usize;
-        // The entry of `queued` that counts this FIFO's quiet parked leases
-        // behind the class status's head (an index into `parked_skipped`).
-        let mut counted: Option<usize> = None;
-        let mut scratch = String::new();
+        let mut run = self.start_run(c, role, &order, waiting_primaries);
+        while let Some(next) = order.next() {
+            let t = match next {
+                Next::Ticket(t) => t,
+                Next::Parked(place, lease) => {
+                    match self.visit_parked(&mut run, &mut order, (place, lease)) {
+                        Some(t) => t,
+                        None => continue,
+                    }
+                }
+            };
+            self.decide_ticket(&mut run, t, closed);
+        }
+        (run.queued, run.waiting)
+    }
+
+    /// What a run over class `c`'s FIFO of `role` starts from.
+    fn start_run(
+        &self,
+        c: usize,
+        role: Role,
+        order: &Merge<'a>,
+        waiting_primaries: u32,
+    ) -> FifoRun<'a> {
+        let class = &self.classes.list[c];
+        let spec = &class.info.spec;
         // Where in this FIFO (by sequence and key, its order) the primaries
         // that slots are held for stand: few, so found once per run rather
         // than per ticket. They are tickets: a primary a victim names is
         // never parked.
-        let reserved_in_order: Vec<(usize, (Option<u64>, &'a ObjectKey))> =
-            if role == Role::Primary && !self.reservations.is_empty() {
-                order
-                    .tickets
-                    .iter()
-                    .filter(|(_, _, t)| self.reservations.contains_key(t))
-                    .map(|&(sequence, key, t)| (t, (sequence, key)))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-        while let Some(next) = order.next() {
-            let ahead = queued.len() as u32 + skipped;
-            let t = match next {
-                Next::Ticket(t) => t,
-                Next::Parked(place, lease) => {
-                    let head = blocked.filter(|_| strict);
-                    let outcome = self.decide_parked(
-                        (c, role),
-                        (place, lease),
-                        ahead,
-                        held_back.then_some(waiting_primaries),
-                        head,
-                        &mut class_free,
-                        &mut scratch,
-                    );
-                    match outcome {
-                        // Not closed ahead of it: decided as a ticket.
-                        None => match self.materialize(&lease.entry) {
-                            Some(t) => t,
-                            None => {
-                                debug_assert!(false, "a parked lease always has a ticket");
-                                continue;
-                            }
-                        },
-                        Some(outcome) => {
-                            waiting += u32::from(outcome.waits);
-                            moved += usize::from(outcome.moved);
-                            // Behind the class status's head, a lease that
-                            // needs no write and whose message the engine
-                            // already remembers is only counted.
-                            let quiet = !outcome.moved
-                                && outcome.settled.is_none()
-                                && ahead as usize >= QUEUE_HEAD;
-                            if !quiet {
-                                queued.push(Waiter::Parked(self.parked_out.len()));
-                                self.parked_out.push(outcome);
-                            } else if let Some(run) = counted.map(|i| &mut self.parked_skipped[i]) {
-                                run.count += 1;
-                                skipped += 1;
-                                if outcome.waits {
-                                    run.waiting += 1;
-                                    run.fewest_waiting_slots = Some(
-                                        run.fewest_waiting_slots
-                                            .map_or(outcome.slots, |f| f.min(outcome.slots)),
-                                    );
-                                }
-                            } else {
-                                counted = Some(self.parked_skipped.len());
-                                queued.push(Waiter::Skipped(self.parked_skipped.len()));
-                                self.parked_skipped.push(SkippedRun {
-                                    class: c,
-                                    role,
-                                    count: 1,
-                                    waiting: u32::from(outcome.waits),
-                                    fewest_waiting_slots: outcome.waits.then_some(outcome.slots),
-                                });
-                            }
-                            // Under a progress limit, once more leases of
-                            // this FIFO moved than the limit lets through,
-                            // the ones behind them are neither written nor
-                            // needed to tell that the limit cut the
-                            // progress: what is left of the FIFO is counted,
-                            // not visited, when its outcome is the same for
-                            // every lease (the class status lists the head).
-                            let closed = held_back || head.is_some();
-                            let bulk = self.view.progress_limit.is_some_and(|l| moved > l)
-                                && ahead as usize + 1 >= QUEUE_HEAD
-                                && (closed || self.classes.list[c].plain_nodes.is_empty());
-                            if bulk
-                                && let Some(rest) = order.rest()
-                                && let Some(run) = self.skip_parked(c, role, &rest, closed)
-                            {
-                                skipped += run.count - 1;
-                                waiting += run.waiting;
-                                queued.push(Waiter::Skipped(self.parked_skipped.len()));
-                                self.parked_skipped.push(run);
-                                order.skip_rest();
-                            }
-                            continue;
-                        }
-                    }
-                }
-            };
-            if let Some(gate) = self.tickets[t].pod.and_then(|p| p.other_gate.as_deref()) {
-                // Another controller holds the pod back: it takes no slot
-                // and blocks no one until gpupool's gate is its only one.
-                let ticket = &mut self.tickets[t];
-                ticket.waits = false;
-                ticket.phase = LeasePhase::Queued;
-                ticket.position = Some(ahead + 1);
-                ticket.message = Message::OtherGate(gate);
-                queued.push(Waiter::Ticket(t));
-                continue;
-            }
-            let slots = self.tickets[t].slots;
-            let eligible = self.eligible(c, t);
-            let class = &self.classes.list[c];
-            let (list, largest): (&[u32], u32) = match &eligible {
-                Eligible::Plain => (&class.plain_nodes, class.largest_plain),
-                Eligible::Own(v) => (
-                    v,
-                    v.iter()
-                        .map(|&n| self.nodes.alloc(res, n))
-                        .max()
-                        .unwrap_or(0),
-                ),
-            };
-            // Nodes another class's waiting primaries could use are not
-            // offered to helpers; the rest of the list is.
-            let open: Option<Vec<u32>> =
-                (!closed.is_empty() && list.iter().any(|&n| closed[n as usize])).then(|| {
-                    list.iter()
-                        .copied()
-                        .filter(|&n| !closed[n as usize])
-                        .collect()
-                });
-            let impossible = class.nodes.is_empty() || list.is_empty() || largest < slots;
-            if impossible && let Some(held) = self.reservations.remove(&t) {
-                // It can never fit: what its victims freed goes back to everyone.
-                for (node, amount) in held {
-                    self.nodes.give_back(res, node, amount);
-                }
-            }
-            let class = &self.classes.list[c];
-            let message = if class.nodes.is_empty() {
-                // Impossible ones can never fit by waiting, so they hold no one up.
-                Message::NoClassNode(c)
-            } else if list.is_empty() {
-                Message::NoPodNode {
-                    class: c,
-                    class_nodes,
-                    guards: self.guards_against(c, t),
-                }
-            } else if largest < slots {
-                Message::TooLarge { slots, largest }
-            } else if held_back {
-                waiting += 1;
-                Message::PrimariesWaiting {
-                    primaries: waiting_primaries,
-                    class: c,
-                }
-            } else if let (true, Some(head)) = (strict, blocked) {
-                waiting += 1;
-                Message::Behind {
-                    role,
-                    ahead,
-                    head: self.tickets[head].key,
-                    head_slots: self.tickets[head].slots,
-                    free: *class_free.get_or_insert_with(|| self.nodes.free_on(res, &class.nodes)),
-                    nodes: class_nodes,
-                }
-            } else if !self.tickets[t].seq_persisted {
-                // Its sequence is not stored yet (a new lease, or one being
-                // recreated with its old place): it cannot be admitted in this
-                // pass, and under StrictFIFO no one behind it may pass it.
-                waiting += 1;
-                blocked = blocked.or(Some(t));
-                Message::NewlyQueued
-            } else {
-                // Owned: the reservations behind it may change below. Empty
-                // (no allocation) for all but the primaries preempted for.
-                let reserved = self.reservations.get(&t).cloned().unwrap_or_default();
-                for &(node, amount) in &reserved {
-                    self.nodes.give_back(res, node, amount);
-                }
-                let offered = open.as_deref().unwrap_or(list);
-                let mut node = place(&self.nodes, offered, res, slots, placement);
-                let here = (self.tickets[t].sequence, self.tickets[t].key);
-                if node.is_none() && !reserved_in_order.is_empty() {
-                    node = place_over_reservations_behind(
-                        &mut self.nodes,
-                        &mut self.reservations,
-                        |b| reserved_in_order.iter().any(|&(r, at)| r == b && at > here),
-                        res,
-                        |nodes| place(nodes, offered, res, slots, placement),
-                    );
-                }
-                if let Some(node) = node {
-                    admit(
-                        &mut self.nodes,
-                        &mut self.tickets,
-                        &mut self.plan,
-                        t,
-                        res,
-                        node,
-                    );
-                    self.reservations.remove(&t);
-                    class_free = None;
-                    continue;
-                }
-                for &(node, amount) in &reserved {
-                    self.nodes.take(res, node, amount);
-                }
-                waiting += 1;
-                let free = *class_free.get_or_insert_with(|| self.nodes.free_on(res, &class.nodes));
-                let first = blocked.is_none();
-                blocked = blocked.or(Some(t));
-                let own = match &eligible {
-                    Eligible::Own(own) if own.len() < class.plain_nodes.len() => {
-                        Some((own.len(), self.nodes.free_on(res, own)))
-                    }
-                    _ => None,
-                };
-                if role == Role::Primary && first {
-                    // Only the first primary that does not fit may preempt
-                    // helpers, so evictions serve the queue's order.
-                    let list = list.to_vec();
-                    let mut message = self.preempt_for(c, t, &list, free);
-                    if let Message::NoVictims {
-                        own: o, guards: g, ..
-                    } = &mut message
-                    {
-                        *o = own;
-                        *g = self.guards_against(c, t);
-                    }
-                    message
-                } else if let Some(open) = &open
-                    && role == Role::Helper
-                {
-                    Message::KeptForPrimaries {
-                        nodes: list.len() - open.len(),
-                    }
-                } else {
-                    Message::NoFit {
-                        role,
-                        ahead,
-                        slots,
-                        free,
-                        nodes: class_nodes,
-                        own,
-                        guards: self.guards_against(c, t),
-                    }
-                }
-            };
-            let ticket = &mut self.tickets[t];
-            ticket.waits = !impossible;
-            ticket.phase = LeasePhase::Queued;
-            ticket.position = Some(ahead + 1);
-            ticket.message = message;
-            queued.push(Waiter::Ticket(t));
+        let reserved_in_order = if role == Role::Primary && !self.reservations.is_empty() {
+            order
+                .tickets
+                .iter()
+                .filter(|(_, _, t)| self.reservations.contains_key(t))
+                .map(|&(sequence, key, t)| (t, (sequence, key)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        FifoRun {
+            c,
+            role,
+            strict: spec.admission.ordering == Ordering::StrictFIFO,
+            placement: spec.admission.placement,
+            held_back: role == Role::Helper
+                && waiting_primaries > 0
+                && !spec.helpers.admit_while_queued,
+            waiting_primaries,
+            res: class.res,
+            class_nodes: class.nodes.len(),
+            queued: Vec::new(),
+            skipped: 0,
+            waiting: 0,
+            blocked: None,
+            class_free: None,
+            moved: 0,
+            counted: None,
+            scratch: String::new(),
+            reserved_in_order,
         }
-        (queued, waiting)
+    }
+
+    /// Decides a parked lease where the FIFO's state fixes its outcome, and
+    /// records it; otherwise returns its ticket, to be decided as any
+    /// visited lease is.
+    fn visit_parked(
+        &mut self,
+        run: &mut FifoRun<'a>,
+        order: &mut Merge<'a>,
+        (place, lease): (&'a (u64, ObjectKey), &'a Lease),
+    ) -> Option<usize> {
+        let ahead = run.ahead();
+        let head = run.strict_head();
+        let outcome = self.decide_parked(
+            (run.c, run.role),
+            (place, lease),
+            ahead,
+            run.held_back.then_some(run.waiting_primaries),
+            head,
+            &mut run.class_free,
+            &mut run.scratch,
+        );
+        let Some(outcome) = outcome else {
+            // Not closed ahead of it: decided as a ticket.
+            let t = self.materialize(&lease.entry);
+            debug_assert!(t.is_some(), "a parked lease always has a ticket");
+            return t;
+        };
+        run.waiting += u32::from(outcome.waits);
+        run.moved += usize::from(outcome.moved);
+        self.record_parked(run, outcome, ahead);
+        // Under a progress limit, once more leases of this FIFO moved than
+        // the limit lets through, the ones behind them are neither written
+        // nor needed to tell that the limit cut the progress: what is left
+        // of the FIFO is counted, not visited, when its outcome is the same
+        // for every lease (the class status lists the head).
+        let closed = run.held_back || head.is_some();
+        let bulk = self.view.progress_limit.is_some_and(|l| run.moved > l)
+            && ahead as usize + 1 >= QUEUE_HEAD
+            && (closed || self.classes.list[run.c].plain_nodes.is_empty());
+        if bulk
+            && let Some(rest) = order.rest()
+            && let Some(skipped) = self.skip_parked(run.c, run.role, &rest, closed)
+        {
+            run.skipped += skipped.count - 1;
+            run.waiting += skipped.waiting;
+            run.queued.push(Waiter::Skipped(self.parked_skipped.len()));
+            self.parked_skipped.push(skipped);
+            order.skip_rest();
+        }
+        None
+    }
+
+    /// Keeps a parked lease's outcome for the statuses: in full, or, behind
+    /// the class status's head for a lease that needs no write and whose
+    /// message the engine already remembers, only counted.
+    fn record_parked(&mut self, run: &mut FifoRun<'a>, outcome: ParkedOutcome<'a>, ahead: u32) {
+        let quiet = !outcome.moved && outcome.settled.is_none() && ahead as usize >= QUEUE_HEAD;
+        if !quiet {
+            run.queued.push(Waiter::Parked(self.parked_out.len()));
+            self.parked_out.push(outcome);
+        } else if let Some(counted) = run.counted.map(|i| &mut self.parked_skipped[i]) {
+            counted.count += 1;
+            run.skipped += 1;
+            if outcome.waits {
+                counted.waiting += 1;
+                counted.fewest_waiting_slots = Some(
+                    counted
+                        .fewest_waiting_slots
+                        .map_or(outcome.slots, |f| f.min(outcome.slots)),
+                );
+            }
+        } else {
+            run.counted = Some(self.parked_skipped.len());
+            run.queued.push(Waiter::Skipped(self.parked_skipped.len()));
+            self.parked_skipped.push(SkippedRun {
+                class: run.c,
+                role: run.role,
+                count: 1,
+                waiting: u32::from(outcome.waits),
+                fewest_waiting_slots: outcome.waits.then_some(outcome.slots),
+            });
+        }
+    }
+
+    /// Admits ticket `t` where the rules let it, or leaves it queued with
+    /// the reason it waits. `closed` marks the nodes another class's
+    /// waiting primaries could use, which helpers are not offered.
+    fn decide_ticket(&mut self, run: &mut FifoRun<'a>, t: usize, closed: &[bool]) {
+        let ahead = run.ahead();
+        if let Some(gate) = self.tickets[t].pod.and_then(|p| p.other_gate.as_deref()) {
+            // Another controller holds the pod back: it takes no slot and
+            // blocks no one until gpupool's gate is its only one.
+            run.queue(&mut self.tickets, t, false, Message::OtherGate(gate));
+            return;
+        }
+        let (c, res, slots) = (run.c, run.res, self.tickets[t].slots);
+        let eligible = self.eligible(c, t);
+        let class = &self.classes.list[c];
+        let (list, largest): (&[u32], u32) = match &eligible {
+            Eligible::Plain => (&class.plain_nodes, class.largest_plain),
+            Eligible::Own(v) => (
+                v,
+                v.iter()
+                    .map(|&n| self.nodes.alloc(res, n))
+                    .max()
+                    .unwrap_or(0),
+            ),
+        };
+        let impossible = class.nodes.is_empty() || list.is_empty() || largest < slots;
+        if impossible && let Some(held) = self.reservations.remove(&t) {
+            // It can never fit: what its victims freed goes back to everyone.
+            for (node, amount) in held {
+                self.nodes.give_back(res, node, amount);
+            }
+        }
+        let class = &self.classes.list[c];
+        let message = if class.nodes.is_empty() {
+            // Impossible ones can never fit by waiting, so they hold no one up.
+            Message::NoClassNode(c)
+        } else if list.is_empty() {
+            Message::NoPodNode {
+                class: c,
+                class_nodes: run.class_nodes,
+                guards: self.guards_against(c, t),
+            }
+        } else if largest < slots {
+            Message::TooLarge { slots, largest }
+        } else if run.held_back {
+            run.waiting += 1;
+            Message::PrimariesWaiting {
+                primaries: run.waiting_primaries,
+                class: c,
+            }
+        } else if let Some(head) = run.strict_head() {
+            run.waiting += 1;
+            Message::Behind {
+                role: run.role,
+                ahead,
+                head: self.tickets[head].key,
+                head_slots: self.tickets[head].slots,
+                free: *run
+                    .class_free
+                    .get_or_insert_with(|| self.nodes.free_on(res, &class.nodes)),
+                nodes: run.class_nodes,
+            }
+        } else if !self.tickets[t].seq_persisted {
+            // Its sequence is not stored yet (a new lease, or one being
+            // recreated with its old place): it cannot be admitted in this
+            // pass, and under StrictFIFO no one behind it may pass it.
+            run.waiting += 1;
+            run.blocked = run.blocked.or(Some(t));
+            Message::NewlyQueued
+        } else {
+            match self.admit_or_wait(run, t, &eligible, closed) {
+                Some(message) => message,
+                None => return,
+            }
+        };
+        run.queue(&mut self.tickets, t, !impossible, message);
+    }
+
+    /// Places ticket `t` (its sequence persisted, nothing ahead closing
+    /// the FIFO) on one of its `eligible` nodes that `closed` leaves it, if
+    /// one fits, over the slots held for primaries behind it if need be;
+    /// `None` once admitted. Otherwise it blocks the FIFO behind it, and the
+    /// first primary that waits so may preempt helpers: the reason it waits
+    /// is returned.
+    fn admit_or_wait(
+        &mut self,
+        run: &mut FifoRun<'a>,
+        t: usize,
+        eligible: &Eligible,
+        closed: &[bool],
+    ) -> Option<Message<'a>> {
+        let (c, res, slots) = (run.c, run.res, self.tickets[t].slots);
+        let class = &self.classes.list[c];
+        let list: &[u32] = match eligible {
+            Eligible::Plain => &class.plain_nodes,
+            Eligible::Own(v) => v,
+        };
+        let open = open_to(list, closed);
+        let open = open.as_deref();
+        // Owned: the reservations behind it may change below. Empty (no
+        // allocation) for all but the primaries preempted for.
+        let reserved = self.reservations.get(&t).cloned().unwrap_or_default();
+        for &(node, amount) in &reserved {
+            self.nodes.give_back(res, node, amount);
+        }
+        let offered = open.unwrap_or(list);
+        let placement = run.placement;
+        let mut node = place(&self.nodes, offered, res, slots, placement);
+        let here = (self.tickets[t].sequence, self.tickets[t].key);
+        if node.is_none() && !run.reserved_in_order.is_empty() {
+            let reserved_in_order = &run.reserved_in_order;
+            node = place_over_reservations_behind(
+                &mut self.nodes,
+                &mut self.reservations,
+                |b| reserved_in_order.iter().any(|&(r, at)| r == b && at > here),
+                res,
+                |nodes| place(nodes, offered, res, slots, placement),
+            );
+        }
+        if let Some(node) = node {
+            admit(
+                &mut self.nodes,
+                &mut self.tickets,
+                &mut self.plan,
+                t,
+                res,
+                node,
+            );
+            self.reservations.remove(&t);
+            run.class_free = None;
+            return None;
+        }
+        for &(node, amount) in &reserved {
+            self.nodes.take(res, node, amount);
+        }
+        run.waiting += 1;
+        let class = &self.classes.list[c];
+        let free = *run
+            .class_free
+            .get_or_insert_with(|| self.nodes.free_on(res, &class.nodes));
+        let first = run.blocked.is_none();
+        run.blocked = run.blocked.or(Some(t));
+        let own = match eligible {
+            Eligible::Own(own) if own.len() < class.plain_nodes.len() => {
+                Some((own.len(), self.nodes.free_on(res, own)))
+            }
+            _ => None,
+        };
+        let list_len = list.len();
+        Some(if run.role == Role::Primary && first {
+            // Only the first primary that does not fit may preempt
+            // helpers, so evictions serve the queue's order.
+            let list = list.to_vec();
+            let mut message = self.preempt_for(c, t, &list, free);
+            if let Message::NoVictims {
+                own: o, guards: g, ..
+            } = &mut message
+            {
+                *o = own;
+                *g = self.guards_against(c, t);
+            }
+            message
+        } else if let (Some(open), Role::Helper) = (open, run.role) {
+            Message::KeptForPrimaries {
+                nodes: list_len - open.len(),
+            }
+        } else {
+            Message::NoFit {
+                role: run.role,
+                ahead: run.ahead(),
+                slots,
+                free,
+                nodes: run.class_nodes,
+                own,
+                guards: self.guards_against(c, t),
+            }
+        })
     }
 
     /// What keeps ticket `t`'s pod off class `c`'s guarded nodes: cordons,
