@@ -16,7 +16,7 @@ use gpupool_sim::cluster::kubelet::pods::allocated_env;
 use gpupool_sim::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
 use gpupool_sim::cluster::{ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -259,7 +259,8 @@ async fn health_kubelet_restart_and_pod_resources() {
     );
     wait_allocatable(&client, "node-1", 2).await;
 
-    // A hand-made lease for a running pod gets the GPUs PodResources reports.
+    // A hand-made lease for a running pod, admitted to the node, gets the
+    // GPUs PodResources reports.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pod = pods
         .create(
@@ -286,6 +287,18 @@ async fn health_kubelet_restart_and_pod_resources() {
         .create(&PostParams::default(), &lease)
         .await
         .expect("create lease");
+    // Admitted to this node, as the operator writes it: the plugin reports
+    // GPUs to the leases of its own node only.
+    leases
+        .patch_status(
+            "leased",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "status": {"phase": "Admitted", "node": "node-1"}
+            })),
+        )
+        .await
+        .expect("admit the lease to node-1");
     let with_gpus = wait_for(
         WAIT,
         || async { leases.get_opt("leased").await.ok().flatten() },

@@ -861,7 +861,7 @@ fn check_device_plugin(m: &Manifests, version: &str, want_args: &[&str], kubelet
     let have = grants(m.cluster_role(name).rules.as_deref().unwrap_or_default());
     let want = expected_grants(&[
         ("", "nodes", &["get", "patch"], &[]),
-        ("gpupool.io", "gpuleases", &["get", "list"], &[]),
+        ("gpupool.io", "gpuleases", &["get", "list", "watch"], &[]),
         ("gpupool.io", "gpuleases/status", &["patch"], &[]),
     ]);
     assert_eq!(have, want, "device plugin ClusterRole");
