@@ -146,10 +146,6 @@ impl Message<'_> {
     }
 
     fn write(&self, classes: &Classes<'_>, out: &mut String) -> fmt::Result {
-        let role_noun = |r: Role| match r {
-            Role::Primary => ("primary", "primaries"),
-            Role::Helper => ("helper", "helpers"),
-        };
         match self {
             Message::Unchanged => Ok(()),
             Message::Released(Release::Deleted) => out.write_str("released: pod deleted"),
@@ -188,19 +184,7 @@ impl Message<'_> {
                 out,
                 "rejected: GpuLeaseClass {name} does not exist; the lease queues once it is created"
             ),
-            Message::InvalidClass(c) => {
-                let class = &classes.list[*c];
-                let problem = class
-                    .problem
-                    .as_ref()
-                    .map(|p| p.message.as_str())
-                    .unwrap_or("");
-                write!(
-                    out,
-                    "rejected: class {} is invalid: {problem}; the lease queues once it is fixed",
-                    class.name()
-                )
-            }
+            Message::InvalidClass(c) => write_invalid_class(out, classes, c),
             Message::BadRole(value) => write!(
                 out,
                 "rejected: label gpupool.io/role must be \"primary\" or \"helper\", not {value:?}"
@@ -214,36 +198,8 @@ impl Message<'_> {
                 node,
                 why,
                 deadline,
-            } => {
-                match node {
-                    Some(node) => write!(
-                        out,
-                        "admitted to node {node}, but the scheduler cannot place it"
-                    )?,
-                    None => out.write_str("admitted, but the scheduler cannot place it")?,
-                }
-                if let Some(why) = why {
-                    out.write_str(": ")?;
-                    push_head(out, why);
-                }
-                write!(
-                    out,
-                    "; it gives its slots back at {deadline} unless it is placed by then"
-                )
-            }
-            Message::GaveBack { node, why, seconds } => {
-                out.write_str("released: the scheduler could not place the pod")?;
-                if let Some(node) = node {
-                    write!(out, " on node {node}")?;
-                }
-                write!(out, " for {seconds}s")?;
-                if let Some(why) = why {
-                    out.write_str(" (")?;
-                    push_head(out, why);
-                    out.write_str(")")?;
-                }
-                out.write_str("; it was deleted to give its slots back")
-            }
+            } => write_unplaceable(out, *node, *why, deadline),
+            Message::GaveBack { node, why, seconds } => write_gave_back(out, *node, *why, seconds),
             Message::NoClassNode(c) => write!(
                 out,
                 "waiting: no node matches class {} yet",
@@ -253,26 +209,7 @@ impl Message<'_> {
                 class,
                 class_nodes,
                 guards,
-            } => {
-                let name = classes.list[*class].name();
-                let guarded = (guards.cordoned + guards.tainted) as usize;
-                if guarded == *class_nodes {
-                    // Cordons and taints alone keep the pod off.
-                    write!(out, "waiting: no node of class {name} is open to the pod")?;
-                } else if *class_nodes == 1 {
-                    write!(
-                        out,
-                        "waiting: the one node of class {name} does not fit the pod's nodeSelector, affinity and tolerations"
-                    )?;
-                } else {
-                    write!(
-                        out,
-                        "waiting: none of the {class_nodes} nodes of class {name} fits the pod's nodeSelector, affinity and tolerations"
-                    )?;
-                }
-                push_guards(out, guards, " (", ")");
-                Ok(())
-            }
+            } => write_no_pod_node(out, classes, class, class_nodes, guards),
             Message::TooLarge { slots, largest } => {
                 out.push_str("waiting: needs ");
                 count(out, u64::from(*slots), "slot", "slots");
@@ -287,22 +224,7 @@ impl Message<'_> {
                 head_slots,
                 free,
                 nodes,
-            } => {
-                out.push_str("waiting: ");
-                let (one, many) = role_noun(*role);
-                count(out, u64::from(*ahead), one, many);
-                out.push_str(" ahead (head ");
-                out.push_str(&head.namespace);
-                out.push('/');
-                out.push_str(&head.name);
-                out.push_str(" needs ");
-                count(out, u64::from(*head_slots), "slot", "slots");
-                out.push_str("), ");
-                count(out, *free, "free slot", "free slots");
-                out.push_str(" on ");
-                count(out, *nodes as u64, "matching node", "matching nodes");
-                Ok(())
-            }
+            } => write_behind(out, role, ahead, head, head_slots, free, nodes),
             Message::NoFit {
                 role,
                 ahead,
@@ -311,26 +233,7 @@ impl Message<'_> {
                 nodes,
                 own,
                 guards,
-            } => {
-                out.push_str("waiting: ");
-                let (one, many) = role_noun(*role);
-                count(out, u64::from(*ahead), one, many);
-                out.push_str(" ahead; needs ");
-                count(out, u64::from(*slots), "slot", "slots");
-                match own {
-                    None => out.push_str(" on one node, "),
-                    Some((own_nodes, own_free)) => {
-                        own_nodes_phrase(out, *own_nodes);
-                        push_u64(out, *own_free);
-                        out.push_str(" free there); ");
-                    }
-                }
-                count(out, *free, "free slot", "free slots");
-                out.push_str(" on ");
-                count(out, *nodes as u64, "matching node", "matching nodes");
-                push_guards(out, guards, "; ", "");
-                Ok(())
-            }
+            } => write_no_fit(out, role, ahead, slots, free, nodes, own, guards),
             Message::PrimariesWaiting { primaries, class } => {
                 out.push_str("waiting: ");
                 count(out, u64::from(*primaries), "primary", "primaries");
@@ -350,53 +253,211 @@ impl Message<'_> {
                     if *nodes == 1 { "is" } else { "are" }
                 )
             }
-            Message::VictimsTerminating(victims) => {
-                let one = victims.len() == 1;
-                out.write_str(if one {
-                    "waiting for helper "
-                } else {
-                    "waiting for helpers "
-                })?;
-                for (i, v) in victims.iter().enumerate() {
-                    if i > 0 {
-                        out.write_str(", ")?;
-                    }
-                    write!(out, "{v}")?;
-                }
-                out.write_str(" to terminate")
-            }
+            Message::VictimsTerminating(victims) => write_victims_terminating(out, victims),
             Message::NoVictims {
                 slots,
                 free,
                 young,
                 own,
                 guards,
-            } => {
-                out.push_str("waiting: needs ");
-                count(out, u64::from(*slots), "slot", "slots");
-                match own {
-                    None => {
-                        out.push_str(" on one node, ");
-                        count(out, *free, "free slot", "free slots");
-                    }
-                    Some((own_nodes, own_free)) => {
-                        own_nodes_phrase(out, *own_nodes);
-                        push_u64(out, *own_free);
-                        out.push_str(" free there, ");
-                        push_u64(out, *free);
-                        out.push_str(" on the class's nodes)");
-                    }
-                }
-                out.push_str("; no helper can be preempted to make room");
-                if *young > 0 {
-                    out.push_str(" (");
-                    count(out, u64::from(*young), "helper is", "helpers are");
-                    out.push_str(" younger than minRuntimeSeconds)");
-                }
-                push_guards(out, guards, "; ", "");
-                Ok(())
-            }
+            } => write_no_victims(out, slots, free, young, own, guards),
         }
+    }
+}
+
+fn write_unplaceable(
+    out: &mut String,
+    node: Option<&str>,
+    why: Option<&str>,
+    deadline: &jiff::Timestamp,
+) -> fmt::Result {
+    match node {
+        Some(node) => write!(
+            out,
+            "admitted to node {node}, but the scheduler cannot place it"
+        )?,
+        None => out.write_str("admitted, but the scheduler cannot place it")?,
+    }
+    if let Some(why) = why {
+        out.write_str(": ")?;
+        push_head(out, why);
+    }
+    write!(
+        out,
+        "; it gives its slots back at {deadline} unless it is placed by then"
+    )
+}
+
+fn write_gave_back(
+    out: &mut String,
+    node: Option<&str>,
+    why: Option<&str>,
+    seconds: &u32,
+) -> fmt::Result {
+    out.write_str("released: the scheduler could not place the pod")?;
+    if let Some(node) = node {
+        write!(out, " on node {node}")?;
+    }
+    write!(out, " for {seconds}s")?;
+    if let Some(why) = why {
+        out.write_str(" (")?;
+        push_head(out, why);
+        out.write_str(")")?;
+    }
+    out.write_str("; it was deleted to give its slots back")
+}
+
+fn write_no_pod_node(
+    out: &mut String,
+    classes: &Classes<'_>,
+    class: &usize,
+    class_nodes: &usize,
+    guards: &Guards<'_>,
+) -> fmt::Result {
+    let name = classes.list[*class].name();
+    let guarded = (guards.cordoned + guards.tainted) as usize;
+    if guarded == *class_nodes {
+        // Cordons and taints alone keep the pod off.
+        write!(out, "waiting: no node of class {name} is open to the pod")?;
+    } else if *class_nodes == 1 {
+        write!(
+            out,
+            "waiting: the one node of class {name} does not fit the pod's nodeSelector, affinity and tolerations"
+        )?;
+    } else {
+        write!(
+            out,
+            "waiting: none of the {class_nodes} nodes of class {name} fits the pod's nodeSelector, affinity and tolerations"
+        )?;
+    }
+    push_guards(out, guards, " (", ")");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_no_fit(
+    out: &mut String,
+    role: &Role,
+    ahead: &u32,
+    slots: &u32,
+    free: &u64,
+    nodes: &usize,
+    own: &Option<(usize, u64)>,
+    guards: &Guards<'_>,
+) -> fmt::Result {
+    out.push_str("waiting: ");
+    let (one, many) = role_noun(*role);
+    count(out, u64::from(*ahead), one, many);
+    out.push_str(" ahead; needs ");
+    count(out, u64::from(*slots), "slot", "slots");
+    match own {
+        None => out.push_str(" on one node, "),
+        Some((own_nodes, own_free)) => {
+            own_nodes_phrase(out, *own_nodes);
+            push_u64(out, *own_free);
+            out.push_str(" free there); ");
+        }
+    }
+    count(out, *free, "free slot", "free slots");
+    out.push_str(" on ");
+    count(out, *nodes as u64, "matching node", "matching nodes");
+    push_guards(out, guards, "; ", "");
+    Ok(())
+}
+
+fn write_victims_terminating(out: &mut String, victims: &[&ObjectKey]) -> fmt::Result {
+    let one = victims.len() == 1;
+    out.write_str(if one {
+        "waiting for helper "
+    } else {
+        "waiting for helpers "
+    })?;
+    for (i, v) in victims.iter().enumerate() {
+        if i > 0 {
+            out.write_str(", ")?;
+        }
+        write!(out, "{v}")?;
+    }
+    out.write_str(" to terminate")
+}
+
+fn write_no_victims(
+    out: &mut String,
+    slots: &u32,
+    free: &u64,
+    young: &u32,
+    own: &Option<(usize, u64)>,
+    guards: &Guards<'_>,
+) -> fmt::Result {
+    out.push_str("waiting: needs ");
+    count(out, u64::from(*slots), "slot", "slots");
+    match own {
+        None => {
+            out.push_str(" on one node, ");
+            count(out, *free, "free slot", "free slots");
+        }
+        Some((own_nodes, own_free)) => {
+            own_nodes_phrase(out, *own_nodes);
+            push_u64(out, *own_free);
+            out.push_str(" free there, ");
+            push_u64(out, *free);
+            out.push_str(" on the class's nodes)");
+        }
+    }
+    out.push_str("; no helper can be preempted to make room");
+    if *young > 0 {
+        out.push_str(" (");
+        count(out, u64::from(*young), "helper is", "helpers are");
+        out.push_str(" younger than minRuntimeSeconds)");
+    }
+    push_guards(out, guards, "; ", "");
+    Ok(())
+}
+
+fn write_behind(
+    out: &mut String,
+    role: &Role,
+    ahead: &u32,
+    head: &ObjectKey,
+    head_slots: &u32,
+    free: &u64,
+    nodes: &usize,
+) -> fmt::Result {
+    out.push_str("waiting: ");
+    let (one, many) = role_noun(*role);
+    count(out, u64::from(*ahead), one, many);
+    out.push_str(" ahead (head ");
+    out.push_str(&head.namespace);
+    out.push('/');
+    out.push_str(&head.name);
+    out.push_str(" needs ");
+    count(out, u64::from(*head_slots), "slot", "slots");
+    out.push_str("), ");
+    count(out, *free, "free slot", "free slots");
+    out.push_str(" on ");
+    count(out, *nodes as u64, "matching node", "matching nodes");
+    Ok(())
+}
+
+fn write_invalid_class(out: &mut String, classes: &Classes<'_>, c: &usize) -> fmt::Result {
+    let class = &classes.list[*c];
+    let problem = class
+        .problem
+        .as_ref()
+        .map(|p| p.message.as_str())
+        .unwrap_or("");
+    write!(
+        out,
+        "rejected: class {} is invalid: {problem}; the lease queues once it is fixed",
+        class.name()
+    )
+}
+
+/// A role's noun, singular and plural.
+fn role_noun(role: Role) -> (&'static str, &'static str) {
+    match role {
+        Role::Primary => ("primary", "primaries"),
+        Role::Helper => ("helper", "helpers"),
     }
 }
 
