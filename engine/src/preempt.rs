@@ -6,12 +6,32 @@
 
 use std::collections::BTreeMap;
 
-use gpupool_api::{LeasePhase, Preemption, Role};
+use gpupool_api::{HelperSpec, LeasePhase, Preemption, Role};
 use jiff::{SignedDuration, Timestamp};
 
 use super::message::Message;
 use super::model::{EVICTION_RETRY, Eviction};
 use super::pass::{Pass, PreemptedBy, Ticket};
+
+/// The helpers preemption may count on or evict, by node index.
+#[derive(Default)]
+struct HelpersByNode {
+    /// Being evicted already: the slots they hold and which they are.
+    terminating: BTreeMap<u32, (u64, Vec<usize>)>,
+    /// Running or admitted, and not terminating: candidates.
+    evictable: BTreeMap<u32, Vec<usize>>,
+}
+
+/// Why a primary waits when no helper can make room for it.
+fn no_room<'a>(slots: u32, free: u64, young: u32) -> Message<'a> {
+    Message::NoVictims {
+        slots,
+        free,
+        young,
+        own: None,
+        guards: Default::default(),
+    }
+}
 
 impl<'a> Pass<'a> {
     /// Links preempted helpers to the waiting primaries they make room for
@@ -66,33 +86,32 @@ impl<'a> Pass<'a> {
     /// `eligible`) and returns the message `p` waits with.
     pub fn preempt_for(&mut self, c: usize, p: usize, eligible: &[u32], free: u64) -> Message<'a> {
         let class = &self.classes.list[c];
-        let spec = &class.info.spec.helpers;
         let res = class.res;
         let slots = self.tickets[p].slots;
-        let no_room = |young| Message::NoVictims {
-            slots,
-            free,
-            young,
-            own: None,
-            guards: Default::default(),
-        };
-        if spec.preemption == Preemption::Never {
-            return no_room(0);
+        if class.info.spec.helpers.preemption == Preemption::Never {
+            return no_room(slots, free, 0);
         }
-        // Victims come from every class that hands out the same resource
-        // (and from helpers whose class is gone): a helper never keeps a slot
-        // a waiting primary could use, whatever its class label says. Each
-        // victim keeps its own class's protection and grace period; a helper
-        // whose class is gone gets the primary's class's.
-        let helper_spec = |t: &Ticket<'_>| {
-            t.class
-                .map(|h| &self.classes.list[h].info.spec.helpers)
-                .unwrap_or(spec)
+        let helpers = self.helpers_of(res, p);
+        let (best, young) = self.fewest_victims(c, p, eligible, &helpers);
+        let Some((node, chosen)) = best else {
+            return no_room(slots, free, young);
         };
-        // Helpers being evicted count toward the need wherever they are:
-        // those for `p`, and those whose primary no longer waits.
-        let mut terminating: BTreeMap<u32, (u64, Vec<usize>)> = BTreeMap::new();
-        let mut evictable: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        self.evict_for(c, p, &chosen);
+        let mut victims: Vec<usize> = helpers
+            .terminating
+            .get(&node)
+            .map(|e| e.1.clone())
+            .unwrap_or_default();
+        victims.extend(chosen);
+        victims.sort_unstable();
+        Message::VictimsTerminating(victims.iter().map(|&v| self.tickets[v].key).collect())
+    }
+
+    /// The helpers of resource `res`, by node: those being evicted for `p`
+    /// or for a primary that no longer waits (they count toward the need
+    /// wherever they are), and those that may be evicted.
+    fn helpers_of(&self, res: usize, p: usize) -> HelpersByNode {
+        let mut helpers = HelpersByNode::default();
         for (i, t) in self.tickets.iter().enumerate() {
             let (Some(node), Some(r)) = (t.node_idx, t.res) else {
                 continue;
@@ -102,7 +121,7 @@ impl<'a> Pass<'a> {
             }
             match t.phase {
                 LeasePhase::Preempting if t.serves.is_none_or(|s| s == p) => {
-                    let e = terminating.entry(node).or_default();
+                    let e = helpers.terminating.entry(node).or_default();
                     e.0 += u64::from(t.slots);
                     e.1.push(i);
                 }
@@ -111,27 +130,36 @@ impl<'a> Pass<'a> {
                 LeasePhase::Admitted | LeasePhase::Bound
                     if !t.redrive && t.pod.is_some_and(|pod| !pod.terminating) =>
                 {
-                    evictable.entry(node).or_default().push(i);
+                    helpers.evictable.entry(node).or_default().push(i);
                 }
                 _ => {}
             }
         }
-        let now = self.now;
-        let admitted_at = |i: usize| {
-            self.tickets[i]
-                .persisted
-                .and_then(|s| s.admitted_at.as_ref())
-                .map(|t| t.0)
-                .unwrap_or(now)
-        };
+        helpers
+    }
+
+    /// Of the `eligible` nodes big enough for primary `p` of class `c`, the
+    /// one where it fits after evicting the fewest slots (then the fewest
+    /// helpers, then the first in the list), with the helpers to evict
+    /// there; and how many helpers were passed over as younger than their
+    /// class's minRuntimeSeconds.
+    fn fewest_victims(
+        &self,
+        c: usize,
+        p: usize,
+        eligible: &[u32],
+        helpers: &HelpersByNode,
+    ) -> (Option<(u32, Vec<usize>)>, u32) {
+        let res = self.classes.list[c].res;
+        let slots = u64::from(self.tickets[p].slots);
         let mut young = 0u32;
         // (new slots evicted, victims, node, chosen victims)
         let mut best: Option<(u64, usize, u32, Vec<usize>)> = None;
         for &node in eligible {
-            if self.nodes.alloc(res, node) < slots {
+            if u64::from(self.nodes.alloc(res, node)) < slots {
                 continue;
             }
-            let pending = terminating.get(&node).map(|e| e.0).unwrap_or(0);
+            let pending = helpers.terminating.get(&node).map(|e| e.0).unwrap_or(0);
             // Slots already held back for `p` on this node are its own.
             let reserved: u64 = self
                 .reservations
@@ -144,27 +172,13 @@ impl<'a> Pass<'a> {
             let mut have = (self.nodes.free(res, node) + reserved as i64).max(0) as u64 + pending;
             let mut chosen = Vec::new();
             let mut evicted = 0u64;
-            if have < u64::from(slots) {
-                let mut helpers = evictable.get(&node).cloned().unwrap_or_default();
-                // Youngest first. Admission times have second resolution, so
-                // helpers admitted in the same second are told apart by their
-                // place in the queue (the later sequence is the younger), and
-                // the pod UID settles what is left so the choice is total.
-                helpers.sort_by(|&a, &b| {
-                    admitted_at(b)
-                        .cmp(&admitted_at(a))
-                        .then_with(|| self.tickets[b].sequence.cmp(&self.tickets[a].sequence))
-                        .then_with(|| {
-                            let uid = |i: usize| self.tickets[i].pod.map(|p| p.uid.as_str());
-                            uid(a).cmp(&uid(b))
-                        })
-                });
-                for h in helpers {
-                    if have >= u64::from(slots) {
+            if have < slots {
+                for h in self.youngest_first(helpers.evictable.get(&node)) {
+                    if have >= slots {
                         break;
                     }
-                    let runtime = now.as_second() - admitted_at(h).as_second();
-                    let min_runtime = i64::from(helper_spec(&self.tickets[h]).min_runtime_seconds);
+                    let runtime = self.now.as_second() - self.admitted_at(h).as_second();
+                    let min_runtime = i64::from(self.helper_spec(c, h).min_runtime_seconds);
                     if runtime < min_runtime {
                         young += 1;
                         continue;
@@ -175,7 +189,7 @@ impl<'a> Pass<'a> {
                     chosen.push(h);
                 }
             }
-            if have < u64::from(slots) {
+            if have < slots {
                 continue;
             }
             let better = best
@@ -185,12 +199,52 @@ impl<'a> Pass<'a> {
                 best = Some((evicted, chosen.len(), node, chosen));
             }
         }
-        let Some((_, _, node, chosen)) = best else {
-            return no_room(young);
-        };
+        (best.map(|(_, _, node, chosen)| (node, chosen)), young)
+    }
+
+    /// `helpers`, youngest first. Admission times have second resolution,
+    /// so helpers admitted in the same second are told apart by their place
+    /// in the queue (the later sequence is the younger), and the pod UID
+    /// settles what is left so the order is total.
+    fn youngest_first(&self, helpers: Option<&Vec<usize>>) -> Vec<usize> {
+        let mut helpers = helpers.cloned().unwrap_or_default();
+        helpers.sort_by(|&a, &b| {
+            self.admitted_at(b)
+                .cmp(&self.admitted_at(a))
+                .then_with(|| self.tickets[b].sequence.cmp(&self.tickets[a].sequence))
+                .then_with(|| {
+                    let uid = |i: usize| self.tickets[i].pod.map(|p| p.uid.as_str());
+                    uid(a).cmp(&uid(b))
+                })
+        });
+        helpers
+    }
+
+    /// When helper `h` was admitted (now, if its status does not say).
+    fn admitted_at(&self, h: usize) -> Timestamp {
+        self.tickets[h]
+            .persisted
+            .and_then(|s| s.admitted_at.as_ref())
+            .map(|t| t.0)
+            .unwrap_or(self.now)
+    }
+
+    /// The helper settings victim `h` is evicted under: its own class's;
+    /// for a helper whose class is gone, those of class `c`, the primary's.
+    /// Victims come from every class that hands out the same resource (and
+    /// from helpers whose class is gone): a helper never keeps a slot a
+    /// waiting primary could use, whatever its class label says.
+    fn helper_spec(&self, c: usize, h: usize) -> &'a HelperSpec {
+        let class = self.tickets[h].class.unwrap_or(c);
+        &self.classes.list[class].info.spec.helpers
+    }
+
+    /// Marks the `chosen` helpers Preempting for primary `p` of class `c`
+    /// and plans their evictions, each with its class's grace period.
+    fn evict_for(&mut self, c: usize, p: usize, chosen: &[usize]) {
         let graces: Vec<u32> = chosen
             .iter()
-            .map(|&h| helper_spec(&self.tickets[h]).grace_period_seconds)
+            .map(|&h| self.helper_spec(c, h).grace_period_seconds)
             .collect();
         let primary_key = self.tickets[p].key;
         for (&h, grace) in chosen.iter().zip(graces) {
@@ -213,13 +267,6 @@ impl<'a> Pass<'a> {
                 not_before,
             });
         }
-        let mut victims: Vec<usize> = terminating
-            .get(&node)
-            .map(|e| e.1.clone())
-            .unwrap_or_default();
-        victims.extend(chosen);
-        victims.sort_unstable();
-        Message::VictimsTerminating(victims.iter().map(|&v| self.tickets[v].key).collect())
     }
 
     /// The grace period a helper is evicted with: its class's, or for a
