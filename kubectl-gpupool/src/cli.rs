@@ -1,6 +1,7 @@
 //! The command line: kubectl's own conventions for the connection flags
-//! (`-n`, `-A`, `--context`, `--kubeconfig`, accepted before or after the
-//! subcommand) and the three subcommands.
+//! (`-n`, `--context`, `--kubeconfig`, accepted before or after the
+//! subcommand; `-A` before it, or after `queue`, the one subcommand that
+//! shows several namespaces) and the three subcommands.
 
 use std::path::PathBuf;
 
@@ -33,8 +34,8 @@ pub struct GlobalArgs {
     /// Namespace to show (default: the kubeconfig context's namespace)
     #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
-    /// Show every namespace
-    #[arg(short = 'A', long, global = true, conflicts_with = "namespace")]
+    /// Show every namespace's waiting pods (queue; top shows all it may read anyway)
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
     /// Kubeconfig context to use (default: its current-context)
     #[arg(long, global = true, value_name = "NAME")]
@@ -60,6 +61,9 @@ pub enum Command {
         /// Keep running and show the queue again whenever a lease changes
         #[arg(short = 'w', long)]
         watch: bool,
+        /// Show every namespace's waiting pods
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
     },
     /// Class capacity, then per node and GPU which pod holds each slot
     ///
@@ -70,12 +74,30 @@ pub enum Command {
         /// Output format
         #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
         output: Option<DataOutput>,
+        /// Accepted as kubectl users type it; top shows every namespace it may read anyway
+        #[arg(short = 'A', long, hide = true)]
+        all_namespaces: bool,
     },
     /// Why a pod waits (or what it holds), in one paragraph
     Why {
         /// The pod (in -n NAMESPACE, default: the context's namespace)
         pod: String,
+        /// Refused with a word on -n: why looks at one pod
+        #[arg(short = 'A', long, hide = true)]
+        all_namespaces: bool,
     },
+}
+
+impl Cli {
+    /// Whether `-A` was given, before the subcommand or after it.
+    pub fn all_namespaces(&self) -> bool {
+        self.global.all_namespaces
+            || match self.command {
+                Command::Queue { all_namespaces, .. }
+                | Command::Top { all_namespaces, .. }
+                | Command::Why { all_namespaces, .. } => all_namespaces,
+            }
+    }
 }
 
 /// `queue -o`.
@@ -123,7 +145,7 @@ mod tests {
         for (args, ns, all) in cases {
             let cli = Cli::try_parse_from(*args).expect("parses");
             assert_eq!(cli.global.namespace.as_deref(), *ns, "{args:?}");
-            assert_eq!(cli.global.all_namespaces, *all, "{args:?}");
+            assert_eq!(cli.all_namespaces(), *all, "{args:?}");
         }
         let cli = Cli::try_parse_from([
             "kubectl-gpupool",
@@ -141,8 +163,41 @@ mod tests {
         assert_eq!(cli.global.context.as_deref(), Some("c"));
         assert!(matches!(
             cli.command,
-            Command::Queue { class: Some(ref c), output: Some(QueueOutput::Wide), watch: true } if c == "big"
+            Command::Queue { class: Some(ref c), output: Some(QueueOutput::Wide), watch: true, all_namespaces: false } if c == "big"
         ));
+    }
+
+    /// `-A` shows in the help of the commands it changes, and only there.
+    #[test]
+    fn all_namespaces_is_offered_where_it_applies() {
+        let mut cmd = Cli::command();
+        let help = |cmd: &mut clap::Command, sub: &str| {
+            cmd.find_subcommand_mut(sub)
+                .expect("the subcommand exists")
+                .render_long_help()
+                .to_string()
+        };
+        assert!(
+            cmd.render_long_help()
+                .to_string()
+                .contains("--all-namespaces")
+        );
+        assert!(help(&mut cmd, "queue").contains("--all-namespaces"));
+        for sub in ["top", "why"] {
+            let text = help(&mut cmd, sub);
+            assert!(!text.contains("--all-namespaces"), "{sub}:\n{text}");
+            assert!(text.contains("--namespace"), "{sub}:\n{text}");
+        }
+        for args in [
+            &["kubectl-gpupool", "-A", "queue"][..],
+            &["kubectl-gpupool", "top", "-A"],
+            &["kubectl-gpupool", "why", "p", "-A"],
+        ] {
+            assert!(
+                Cli::try_parse_from(args).expect("parses").all_namespaces(),
+                "{args:?}"
+            );
+        }
     }
 
     #[test]
@@ -151,6 +206,7 @@ mod tests {
             &["kubectl-gpupool"],
             &["kubectl-gpupool", "queue", "-o", "xml"],
             &["kubectl-gpupool", "queue", "-n", "a", "-A"],
+            &["kubectl-gpupool", "-n", "a", "-A", "queue"],
             &["kubectl-gpupool", "top", "-o", "wide"],
             &["kubectl-gpupool", "why"],
             &["kubectl-gpupool", "frobnicate"],

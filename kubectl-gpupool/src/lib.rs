@@ -39,6 +39,12 @@ use unseen::Unseen;
 /// written (or, with `queue --watch`, when the watch ends or writing fails).
 pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Error> {
     let g = &cli.global;
+    let all_namespaces = cli.all_namespaces();
+    if all_namespaces && g.namespace.is_some() {
+        return Err(Error::Usage(
+            "-A and -n cannot be used together: -A shows every namespace".to_owned(),
+        ));
+    }
     let cluster = read::connect(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
     let namespace = g
         .namespace
@@ -49,25 +55,26 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
             class,
             output,
             watch,
+            ..
         } => {
-            let rows_ns = (!g.all_namespaces).then_some(namespace.as_str());
+            let rows_ns = (!all_namespaces).then_some(namespace.as_str());
             let args = QueueArgs {
                 class: class.as_deref(),
                 rows_ns,
-                all_namespaces: g.all_namespaces,
+                all_namespaces,
                 output,
                 style,
             };
             if watch {
                 watch_queue(&cluster, &args, &namespace, out).await
             } else {
-                let leases = cluster.leases(&namespace, g.all_namespaces).await?;
+                let leases = cluster.leases(&namespace, all_namespaces).await?;
                 let classes = cluster.classes(true).await?;
                 let text = render_queue(&args, &leases, classes.as_deref())?;
                 write(out, &text)
             }
         }
-        Command::Top { output } => {
+        Command::Top { output, .. } => {
             // -A does not apply to top: it shows every namespace it may.
             let leases = cluster.leases(&namespace, false).await?;
             let classes = cluster.classes(true).await?;
@@ -110,8 +117,8 @@ pub async fn run(cli: Cli, style: Style, out: &mut dyn Write) -> Result<(), Erro
             };
             write(out, &text)
         }
-        Command::Why { pod } => {
-            if g.all_namespaces {
+        Command::Why { pod, .. } => {
+            if all_namespaces {
                 return Err(Error::Usage(
                     "why looks at one pod: give its namespace with -n, not -A".to_owned(),
                 ));

@@ -251,7 +251,7 @@ fn heading(class: &ClassQueue, style: Style) -> String {
     };
     match (&class.ordering, class.exists) {
         (Some(ordering), Some(true)) => format!(
-            "CLASS {name} ({ordering}): {}, {} free{waits}",
+            "CLASS {name} ({ordering}): {}, {} free as the operator last counted{waits}",
             style::count(class.capacity.unwrap_or(0).into(), "slot", "slots"),
             class.free.unwrap_or(0)
         ),
@@ -489,7 +489,7 @@ mod tests {
         let view = build(&leases, &classes, q(None, None, true)).expect("builds");
         let text = render(&view, now(), false, Style::PLAIN);
         let want = "\
-CLASS default (StrictFIFO): 4 slots, 0 free; 3 primaries and 1 helper waiting
+CLASS default (StrictFIFO): 4 slots, 0 free as the operator last counted; 3 primaries and 1 helper waiting
   #   POD        NAMESPACE   ROLE      SLOTS   WAITING   WHY
   1   train-c    ml          primary   2       4s        needs 2 slots on one node
   2   train-d    ml          primary   1       3s        1 primary ahead
@@ -498,7 +498,7 @@ CLASS default (StrictFIFO): 4 slots, 0 free; 3 primaries and 1 helper waiting
   #   POD        NAMESPACE   ROLE      SLOTS   WAITING   WHY
   1   backfill   ml          helper    1       2s        3 primaries of class default are queued
 
-CLASS large (StrictFIFO): 2 slots, 2 free
+CLASS large (StrictFIFO): 2 slots, 2 free as the operator last counted
   no pod waits
 ";
         assert_eq!(text, want);
@@ -513,7 +513,7 @@ CLASS large (StrictFIFO): 2 slots, 2 free
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "CLASS default (StrictFIFO): 4 slots, 0 free; 1 primary waiting"
+            "CLASS default (StrictFIFO): 4 slots, 0 free as the operator last counted; 1 primary waiting"
         );
         assert!(lines[1].contains("SEQUENCE   QUEUED AT"), "{text}");
         assert!(

@@ -423,6 +423,18 @@ fn render_classes(view: &TopView, style: Style) -> String {
             ]);
         }
         out.push_str(&t.render(style));
+        // The two halves are read from different places and may disagree
+        // for a moment after a change: say where each comes from.
+        let nodes = if view.held.is_none() && !view.nodes.is_empty() {
+            "; NODE lines: counted now from pods and leases"
+        } else {
+            ""
+        };
+        out.push_str(&style.paint(
+            &format!("(class counts: as the operator last counted{nodes})"),
+            Paint::Dim,
+        ));
+        out.push('\n');
     }
     out
 }
@@ -723,6 +735,7 @@ mod tests {
         let want = "\
 CLASS     DEFAULT   CAPACITY   FREE   ADMITTED   HELPERS   QUEUED   QUEUED HELPERS   PREEMPTING
 default   true      4          0      2          1         1        0                1
+(class counts: as the operator last counted; NODE lines: counted now from pods and leases)
 
 NODE node-1: 2 GPUs, 2 slots, 0 free
   GPU   PRODUCT   HEALTH      POD           ROLE      PHASE        SINCE   NOTE

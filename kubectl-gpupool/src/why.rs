@@ -228,7 +228,7 @@ fn waiting(
         Some(c) => {
             let st = c.status.clone().unwrap_or_default();
             s.push(format!(
-                "Class {class_name} ({}) has {}, {} free.",
+                "Class {class_name} ({}) has {}, {} free as the operator last counted.",
                 ordering_name(c.spec.admission.ordering),
                 style::count(st.capacity.into(), "slot", "slots"),
                 st.free
@@ -367,7 +367,7 @@ fn fit(
         .filter(|(n, f)| *f >= want && open(n))
         .count();
     out.push(format!(
-        "Of the class's {} ({}), {} room for {}.",
+        "Of the class's {}, counted now from pods and leases ({}), {} room for {}.",
         style::count(class_nodes.len() as u64, "node", "nodes"),
         describe(&class_nodes),
         match fitting {
@@ -615,8 +615,8 @@ mod tests {
                 &[
                     "Pod ml/train-b is a primary waiting for 4s for 2 slots in class default, at position 1 of 3 waiting primaries (sequence 3).",
                     "The operator says: needs 2 slots on one node, 1 free slots; 1 helper being preempted.",
-                    "Class default (StrictFIFO) has 4 slots, 1 free.",
-                    "Of the class's 2 nodes (node-1 0 free, node-2 1 free), none has room for 2 slots.",
+                    "Class default (StrictFIFO) has 4 slots, 1 free as the operator last counted.",
+                    "Of the class's 2 nodes, counted now from pods and leases (node-1 0 free, node-2 1 free), none has room for 2 slots.",
                     "Under StrictFIFO it holds back the 2 primaries behind it.",
                     "Helper ml/backfill on node-2 is being preempted to make room for it; it is admitted once that pod has terminated.",
                 ],

@@ -306,7 +306,7 @@ async fn view_and_edit_tenants_see_their_namespace_on_a_real_control_plane() {
     let kc = plane.admin_kubeconfig();
     let queue = ok(kc, &["queue", "-A"]).await;
     assert!(
-        queue.starts_with("CLASS default (StrictFIFO): 0 slots, 0 free; 2 primaries waiting\n"),
+        queue.starts_with("CLASS default (StrictFIFO): 0 slots, 0 free as the operator last counted; 2 primaries waiting\n"),
         "{queue}"
     );
     assert!(!queue.contains("cannot list"), "{queue}");
