@@ -26,7 +26,12 @@ pub enum DiscoveryKind {
 /// gpupool's kubelet device plugin: advertises every GPU as slots of an
 /// extended resource and reports which pod holds which GPU.
 #[derive(Debug, Parser)]
-#[command(name = "gpupool-device-plugin", version, about)]
+#[command(
+    name = "gpupool-device-plugin",
+    version,
+    about,
+    after_help = "Kubernetes access (GpuLease reports, the gpupool.io/gpus Node annotation): KUBECONFIG, else in-cluster config; without either the plugin still serves the kubelet.\nLogs: RUST_LOG (default info), coloured only on a terminal without NO_COLOR."
+)]
 pub struct Args {
     /// The kubelet's directory; sockets live in its device-plugins/ and pod-resources/.
     #[arg(long, env = "GPUPOOL_KUBELET_DIR", default_value = "/var/lib/kubelet")]
@@ -36,8 +41,16 @@ pub struct Args {
     #[arg(long, env = "GPUPOOL_RESOURCE_NAME", default_value = DEFAULT_RESOURCE_NAME)]
     pub resource_name: String,
 
-    /// How GPUs are found.
-    #[arg(long, env = "GPUPOOL_DISCOVERY", value_enum, default_value_t = DiscoveryKind::Auto)]
+    /// How GPUs are found: auto (NVML if the NVIDIA library loads, else no
+    /// GPUs), nvml (exit 1 if the library cannot be loaded), static (GPUs
+    /// from --static-gpus or --static-config).
+    #[arg(
+        long,
+        env = "GPUPOOL_DISCOVERY",
+        value_enum,
+        default_value_t = DiscoveryKind::Auto,
+        hide_possible_values = true
+    )]
     pub discovery: DiscoveryKind,
 
     /// With --discovery static: this many simulated GPUs, indices 0..N.
