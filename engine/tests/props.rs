@@ -19,6 +19,8 @@ use gpupool_engine::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use proptest::prelude::*;
 
+mod reference;
+
 use gpupool_engine::fixtures::{RESOURCE as RES, at};
 
 const CASES: u32 = 256;
@@ -1437,6 +1439,21 @@ fn run_events(w: &mut World, sc: &Scenario) -> Result<(), TestCaseError> {
 /// full pass over the world's snapshot after each, both cut to `limit`;
 /// with `drop_class`, the first class goes away and comes back after the
 /// event that number picks.
+/// The engine admits what the naive reference (tests/reference) says the
+/// rules admit, wherever the reference covers the state.
+fn agrees_with_the_reference(s: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
+    let Some(want) = reference::admissions(s) else {
+        return Ok(());
+    };
+    let got: BTreeMap<ObjectKey, String> = plan
+        .admissions
+        .iter()
+        .map(|a| (a.key.clone(), a.node.clone()))
+        .collect();
+    prop_assert_eq!(got, want, "admissions differ from the reference's");
+    Ok(())
+}
+
 fn kept_engine_decides_as_a_full_pass(
     sc: &Scenario,
     drop_class: Option<u8>,
@@ -1474,7 +1491,9 @@ fn kept_engine_decides_as_a_full_pass(
         } else {
             feed(&mut engine, &before, &w.s);
         }
-        prop_assert_eq!(engine.decide(), full_pass(&w.s), "after {:?}", ev);
+        let plan = engine.decide();
+        prop_assert_eq!(&plan, &full_pass(&w.s), "after {:?}", ev);
+        agrees_with_the_reference(&w.s, &plan)?;
     }
     let mut settled = Engine::from_snapshot(&w.s);
     settled.set_progress_limit(limit);
