@@ -63,6 +63,7 @@ pub mod registry;
 pub mod selectors;
 pub mod store;
 mod tls;
+pub mod tool_check;
 mod util;
 
 pub use objects::patch;
