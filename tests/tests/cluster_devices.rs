@@ -4,6 +4,8 @@
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins`.
 
+// The webhook server the API server's own webhook suite uses, shared from there.
+#[path = "../../sim-apiserver/tests/webhook_support/mod.rs"]
 mod webhook_support;
 
 use std::collections::BTreeSet;

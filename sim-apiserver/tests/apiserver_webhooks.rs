@@ -24,8 +24,11 @@ use webhook_support::{
     Hook, MAX_STREAMS, Offer, start_hook, start_hook_offering, start_refusing_hook,
 };
 
-use gpupool_sim::cluster::sim::NODE_NAME_EXTRA;
 use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig, RunningApiServer, UserInfo};
+
+/// The `userInfo.extra` key naming the node a bound service-account token
+/// was issued for (Kubernetes 1.32+).
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 async fn client(server: &RunningApiServer) -> Client {
     let mut cfg = server.kube_config(ADMIN_TOKEN).await.expect("config");

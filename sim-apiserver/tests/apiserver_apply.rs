@@ -1,8 +1,8 @@
 //! Server-side apply against the simulated API server, over HTTP: with
 //! kube's `Patch::Apply` (create, update, field managers, conflicts, force,
 //! removal of dropped fields, status, custom resources, dry run) and with
-//! the real `kubectl apply --server-side`, which skips with a line when
-//! `kubectl` is not on the PATH.
+//! the real `kubectl apply --server-side`, which fails in CI and is skipped elsewhere
+//! (see `gpupool_sim_apiserver::tool_check`) when `kubectl` is not on the PATH.
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -389,15 +389,11 @@ struct Kubectl {
 
 impl Kubectl {
     fn new(server: &RunningApiServer) -> Option<Self> {
-        if !Command::new("kubectl")
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            gpupool_sim::tool_check::missing(
-                "the kubectl apply test",
-                "kubectl is not on the PATH",
-            );
+        if !gpupool_sim_apiserver::tool_check::runs(
+            "the kubectl apply test",
+            "kubectl",
+            &["version", "--client"],
+        ) {
             return None;
         }
         let dir = tempfile::tempdir().expect("tempdir");

@@ -1,7 +1,8 @@
 //! The real `kubectl` against the simulated API server: discovery, applying
 //! the CRDs, creating/getting/describing/deleting custom resources, printer
-//! columns, output formats, watches and validation errors. Each test skips
-//! with a clear line when `kubectl` is not on the PATH.
+//! columns, output formats, watches and validation errors. Without `kubectl`
+//! on the PATH each test fails in CI and is skipped elsewhere (see
+//! `gpupool_sim_apiserver::tool_check`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -79,17 +80,11 @@ impl Kubectl {
 }
 
 fn kubectl_present() -> bool {
-    match Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-    {
-        Ok(o) => o.status.success(),
-        Err(_) => {
-            gpupool_sim::tool_check::missing("the kubectl tests", "kubectl is not on the PATH");
-            false
-        }
-    }
+    gpupool_sim_apiserver::tool_check::runs(
+        "the kubectl tests",
+        "kubectl",
+        &["version", "--client"],
+    )
 }
 
 fn crds_dir() -> PathBuf {
