@@ -60,6 +60,17 @@ async fn demo_finishes_and_shows_the_queue_move() {
         log.contains("INFO"),
         "the simulator's log lines are in its log file"
     );
+    // It says first what the story is about.
+    let roles = stdout
+        .find("  primary  gets GPUs")
+        .expect("the demo says what a primary is");
+    assert!(
+        stdout
+            .find("  helper   uses only GPUs")
+            .is_some_and(|h| h > roles)
+            && stdout.find("primary-1 arrives").is_some_and(|a| a > roles),
+        "{stdout}"
+    );
     // Counts read as words: "asking for 1 GPU", "asking for 2 GPUs".
     assert!(!stdout.contains("(s)"), "{stdout}");
     assert!(stdout.contains("asking for 1 GPU,"), "{stdout}");
@@ -71,6 +82,14 @@ async fn demo_finishes_and_shows_the_queue_move() {
             "admitted to node-",
             "queued",
             "preempted for default/primary-",
+            // Every helper is told admitted, however fast it was bound.
+            "helper-1: admitted to node-",
+            "helper-2: admitted to node-",
+            "helper-3: admitted to node-",
+            // The story uses the table's word for a running pod.
+            ": bound to node-",
+            // A preempted helper's row goes with its pod, and the story says so.
+            "(preempted for default/primary-2); its pod and lease are gone",
             "primaries were admitted in FIFO (sequence) order",
             "no helper was admitted while a primary waited",
         ] {

@@ -52,6 +52,20 @@ impl Args {
     }
 }
 
+/// What the demo says first: the two kinds of pod its story is about.
+const ROLES: &str = "\
+gpupool queues pods that ask for GPU slots. Each is one of two roles:
+  primary  gets GPUs in strict arrival order (first come, first served)
+  helper   uses only GPUs no primary is waiting for, and is evicted
+           (preempted) as soon as a primary needs its GPU";
+
+/// How to read the tables, once the operator runs.
+const PHASES: &str = "\
+Each pod gets a GpuLease; the tables list them as `kubectl get gpuleases` does.
+PHASE is the lease's: Queued -> Admitted (given a node) -> Bound (given its
+GPUs: running) -> Released (ended). A helper being evicted is Preempting;
+when its pod is gone, its lease goes too.";
+
 /// One pod the scenario submits.
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
@@ -198,12 +212,28 @@ impl LeaseView {
     }
 }
 
-/// The narration line for a lease that changed from `before` to `now`, or
-/// `None` when nothing a person cares about changed. Only what the lease
-/// says is told.
-pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Option<String> {
+/// Whether a lease in this phase has been admitted (it holds or held a
+/// node's slots).
+fn was_admitted(v: &LeaseView) -> bool {
+    matches!(v.phase.as_str(), "Admitted" | "Bound" | "Preempting")
+        || (v.phase == "Released" && v.node.is_some())
+}
+
+/// The narration lines for a lease that changed from `before` to `now`:
+/// none when nothing a person cares about changed. Only what the lease says
+/// is told, in the table's words (`admitted`, `bound`, …), and a lease that
+/// went past `Admitted` between two looks still gets its "admitted" line.
+pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Vec<String> {
     let name = &now.name;
     let changed_phase = before.is_none_or(|b| b.phase != now.phase);
+    let mut lines = Vec::new();
+    let admitted_now = was_admitted(now) && !before.is_some_and(was_admitted);
+    if admitted_now {
+        lines.push(format!(
+            "{name}: admitted to {}",
+            now.node.as_deref().unwrap_or("a node")
+        ));
+    }
     let line = match now.phase.as_str() {
         "Queued" if changed_phase || before.is_some_and(|b| b.position != now.position) => {
             let why = now
@@ -220,17 +250,13 @@ pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Option<String> {
                 None => format!("{name}: queued{why}"),
             }
         }
-        "Admitted" if changed_phase => format!(
-            "{name}: admitted to {}",
-            now.node.as_deref().unwrap_or("a node")
-        ),
         "Bound" if changed_phase || before.is_some_and(|b| b.gpus != now.gpus) => format!(
-            "{name}: running on {} GPU {}",
+            "{name}: bound to {} GPU {}, running",
             now.node.as_deref().unwrap_or("?"),
             gpupool_api::index_list(now.gpus.iter().copied())
         ),
         "Preempting" if changed_phase => format!(
-            "{name}: preempted for {}",
+            "{name}: preempted for {}; evicted within its grace period",
             now.preempted_by.as_deref().unwrap_or("a primary")
         ),
         "Released" if changed_phase => format!("{name}: released its slots"),
@@ -238,9 +264,22 @@ pub fn narrate(before: Option<&LeaseView>, now: &LeaseView) -> Option<String> {
             "{name}: rejected: {}",
             now.message.as_deref().unwrap_or("no reason given")
         ),
-        _ => return None,
+        _ => return lines,
     };
-    Some(line)
+    lines.push(line);
+    lines
+}
+
+/// The line for a lease that is no longer listed: its pod was deleted, and
+/// the lease, which the pod owns, with it.
+pub fn narrate_gone(last: &LeaseView) -> String {
+    match (last.phase.as_str(), last.preempted_by.as_deref()) {
+        ("Preempting", Some(by)) => format!(
+            "{}: evicted (preempted for {by}); its pod and lease are gone",
+            last.name
+        ),
+        _ => format!("{}: its pod was deleted, and its lease with it", last.name),
+    }
 }
 
 /// The table `kubectl get gpuleases` would print (without AGE).
@@ -279,20 +318,59 @@ pub fn table(views: &[LeaseView]) -> String {
         .join("\n")
 }
 
-/// The summary, computed from the leases' own timestamps: each pod's wait,
-/// the preemptions, and whether FIFO order and the helper rule held.
-pub fn summarize(views: &[LeaseView], preempted: &[(String, String)]) -> Vec<String> {
+/// When the demo saw a pod arrive and its lease admitted, in seconds since
+/// the scenario started: the times its story prints.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Seen {
+    /// When the pod was created.
+    pub arrived: f64,
+    /// When the demo first saw its lease admitted.
+    pub admitted: Option<f64>,
+}
+
+/// Seconds in whole tenths, rounded as `{:.1}` prints them.
+fn tenths(seconds: f64) -> i64 {
+    format!("{seconds:.1}")
+        .replace('.', "")
+        .parse()
+        .unwrap_or(0)
+}
+
+/// The summary: each pod's wait, as the story told it (a lease's own
+/// timestamps count whole seconds only), the preemptions, and, from the
+/// leases' timestamps, whether FIFO order and the helper rule held.
+pub fn summarize(
+    views: &[LeaseView],
+    seen: &BTreeMap<String, Seen>,
+    preempted: &[(String, String)],
+) -> Vec<String> {
     let mut lines = Vec::new();
     let mut by_sequence: Vec<&LeaseView> = views.iter().collect();
     by_sequence.sort_by_key(|v| (v.sequence.unwrap_or(u64::MAX), v.name.clone()));
     for v in &by_sequence {
-        let waited = match (v.queued_at, v.admitted_at) {
-            (Some(q), Some(a)) => format!(
-                "waited {:.1}s to be admitted",
-                (a - q).total(jiff::Unit::Second).unwrap_or(0.0).max(0.0)
-            ),
-            (_, None) => "was never admitted".to_owned(),
-            (None, Some(_)) => "was admitted (no queue time recorded)".to_owned(),
+        let waited = match seen.get(&v.name) {
+            Some(Seen {
+                arrived,
+                admitted: Some(admitted),
+            }) => {
+                // In tenths, as the story prints them, so the difference is
+                // the one a reader computes from the two times shown.
+                let (from, to) = (tenths(*arrived), tenths(*admitted));
+                format!(
+                    "waited {}.{}s to be admitted ({}.{}s → {}.{}s)",
+                    (to - from).max(0) / 10,
+                    (to - from).max(0) % 10,
+                    from / 10,
+                    from % 10,
+                    to / 10,
+                    to % 10
+                )
+            }
+            Some(Seen { admitted: None, .. }) => "was never admitted".to_owned(),
+            None => match v.admitted_at {
+                Some(_) => "was admitted".to_owned(),
+                None => "was never admitted".to_owned(),
+            },
         };
         lines.push(format!("{:<10} {:<8} {waited}", v.name, v.role));
     }
@@ -358,6 +436,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         remove_run_dir: false,
         ..Default::default()
     };
+    println!("{ROLES}\n");
     if real {
         println!(
             "Starting a real control plane with 2 simulated nodes × 2 GPUs, the real device plugin on each node…"
@@ -397,7 +476,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn submit_due(client: &Client, start: Instant, next: &mut usize) -> anyhow::Result<()> {
+/// Creates the pods whose time has come, telling each arrival, and returns
+/// them with the time the story gave them.
+async fn submit_due(
+    client: &Client,
+    start: Instant,
+    next: &mut usize,
+) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    let mut arrived = Vec::new();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     while let Some(a) = SCRIPT.get(*next) {
         if start.elapsed().as_secs_f64() < a.at {
@@ -409,9 +495,10 @@ async fn submit_due(client: &Client, start: Instant, next: &mut usize) -> anyhow
         )
         .await
         .with_context(|| format!("creating pod {}", a.name))?;
+        let at = start.elapsed().as_secs_f64();
+        arrived.push((a.name, at));
         println!(
-            "[{:>5.1}s] + {} arrives: {} asking for {}, runs {}s",
-            start.elapsed().as_secs_f64(),
+            "[{at:>5.1}s] + {} arrives: {} asking for {}, runs {}s",
             a.name,
             a.role,
             crate::text::count(a.slots, "GPU", "GPUs"),
@@ -419,7 +506,7 @@ async fn submit_due(client: &Client, start: Instant, next: &mut usize) -> anyhow
         );
         *next += 1;
     }
-    Ok(())
+    Ok(arrived)
 }
 
 async fn with_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Result<()> {
@@ -449,29 +536,56 @@ async fn with_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Resul
     println!(
         "Created GpuLeaseClass \"default\" (StrictFIFO, helpers preempted with a 1 s grace).\n"
     );
+    println!("{PHASES}\n");
     let leases: Api<GpuLease> = Api::namespaced(client.clone(), "default");
     let start = Instant::now();
     let mut next = 0;
     let mut seen: BTreeMap<String, LeaseView> = BTreeMap::new();
+    let mut times: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut gone: Vec<String> = Vec::new();
     let mut preempted = Vec::new();
     loop {
-        submit_due(&client, start, &mut next).await?;
+        for (name, at) in submit_due(&client, start, &mut next).await? {
+            times.insert(
+                name.to_owned(),
+                Seen {
+                    arrived: at,
+                    admitted: None,
+                },
+            );
+        }
         let list = leases
             .list(&ListParams::default())
             .await
             .context("listing GpuLeases")?;
+        let at = start.elapsed().as_secs_f64();
         let mut views: Vec<LeaseView> = list.items.iter().map(LeaseView::of).collect();
         views.sort_by(|a, b| a.name.cmp(&b.name));
         let mut changed = false;
         for v in &views {
-            if let Some(line) = narrate(seen.get(&v.name), v) {
-                println!("[{:>5.1}s] {line}", start.elapsed().as_secs_f64());
-                changed = true;
-                if v.phase == "Preempting" {
-                    preempted.push((v.name.clone(), v.preempted_by.clone().unwrap_or_default()));
-                }
+            let lines = narrate(seen.get(&v.name), v);
+            for line in &lines {
+                println!("[{at:>5.1}s] {line}");
+            }
+            changed |= !lines.is_empty();
+            if was_admitted(v)
+                && let Some(t) = times.get_mut(&v.name)
+            {
+                t.admitted.get_or_insert(at);
+            }
+            if v.phase == "Preempting" && seen.get(&v.name).is_none_or(|b| b.phase != v.phase) {
+                preempted.push((v.name.clone(), v.preempted_by.clone().unwrap_or_default()));
             }
             seen.insert(v.name.clone(), v.clone());
+        }
+        // A deleted pod takes its lease with it: say so rather than let the
+        // row vanish from the table.
+        for (name, last) in &seen {
+            if !gone.contains(name) && !views.iter().any(|v| &v.name == name) {
+                println!("[{at:>5.1}s] {}", narrate_gone(last));
+                gone.push(name.clone());
+                changed = true;
+            }
         }
         if changed {
             println!("{}\n", table(&views));
@@ -496,7 +610,7 @@ async fn with_operator(cluster: &SimCluster, timeout: Duration) -> anyhow::Resul
     }
     println!("Summary after {:.1}s:", start.elapsed().as_secs_f64());
     let views: Vec<LeaseView> = seen.into_values().collect();
-    for line in summarize(&views, &preempted) {
+    for line in summarize(&views, &times, &preempted) {
         println!("  {line}");
     }
     Ok(())
@@ -584,49 +698,84 @@ mod tests {
 
     #[test]
     fn narration_follows_the_lease() {
+        let one = |lines: Vec<String>| -> Option<String> {
+            assert!(lines.len() <= 1, "{lines:?}");
+            lines.into_iter().next()
+        };
         let mut queued = view("Queued");
         queued.position = Some(3);
         queued.message = Some("waiting: 2 primaries ahead".into());
         assert_eq!(
-            narrate(None, &queued).as_deref(),
+            one(narrate(None, &queued)).as_deref(),
             Some("p: queued behind 2 primaries (waiting: 2 primaries ahead)")
         );
         queued.position = Some(2);
         assert_eq!(
-            narrate(None, &queued).as_deref(),
+            one(narrate(None, &queued)).as_deref(),
             Some("p: queued behind 1 primary (waiting: 2 primaries ahead)")
         );
         queued.position = Some(1);
         assert_eq!(
-            narrate(None, &queued).as_deref(),
+            one(narrate(None, &queued)).as_deref(),
             Some("p: queued at the head of the primary queue (waiting: 2 primaries ahead)")
         );
-        assert_eq!(narrate(Some(&queued), &queued), None, "nothing changed");
+        assert!(
+            narrate(Some(&queued), &queued).is_empty(),
+            "nothing changed"
+        );
         let mut admitted = view("Admitted");
         admitted.node = Some("node-2".into());
         assert_eq!(
-            narrate(Some(&queued), &admitted).as_deref(),
+            one(narrate(Some(&queued), &admitted)).as_deref(),
             Some("p: admitted to node-2")
         );
         let mut bound = admitted.clone();
         bound.phase = "Bound".into();
         bound.gpus = vec![0, 1];
+        // The table's word: PHASE says Bound.
         assert_eq!(
-            narrate(Some(&admitted), &bound).as_deref(),
-            Some("p: running on node-2 GPU 0,1")
+            one(narrate(Some(&admitted), &bound)).as_deref(),
+            Some("p: bound to node-2 GPU 0,1, running")
         );
         let mut pre = bound.clone();
         pre.phase = "Preempting".into();
         pre.preempted_by = Some("default/primary-2".into());
         assert_eq!(
-            narrate(Some(&bound), &pre).as_deref(),
-            Some("p: preempted for default/primary-2")
+            one(narrate(Some(&bound), &pre)).as_deref(),
+            Some("p: preempted for default/primary-2; evicted within its grace period")
         );
         assert_eq!(
-            narrate(Some(&pre), &view("Released")).as_deref(),
+            narrate_gone(&pre),
+            "p: evicted (preempted for default/primary-2); its pod and lease are gone"
+        );
+        assert_eq!(
+            narrate_gone(&queued),
+            "p: its pod was deleted, and its lease with it"
+        );
+        let mut released = view("Released");
+        released.node = Some("node-2".into());
+        assert_eq!(
+            one(narrate(Some(&pre), &released)).as_deref(),
             Some("p: released its slots")
         );
-        assert_eq!(narrate(None, &view("")), None, "no status yet");
+        assert!(narrate(None, &view("")).is_empty(), "no status yet");
+    }
+
+    /// A lease admitted and bound between two looks still gets its
+    /// "admitted" line, before the "bound" one.
+    #[test]
+    fn an_admission_seen_late_is_still_told() {
+        let mut bound = view("Bound");
+        bound.node = Some("node-2".into());
+        bound.gpus = vec![1];
+        let want = ["p: admitted to node-2", "p: bound to node-2 GPU 1, running"];
+        assert_eq!(narrate(None, &bound), want);
+        assert_eq!(narrate(Some(&view("Queued")), &bound), want);
+        // A lease released while queued was never admitted.
+        assert_eq!(
+            narrate(Some(&view("Queued")), &view("Released")),
+            ["p: released its slots"]
+        );
     }
 
     #[test]
@@ -646,7 +795,17 @@ mod tests {
             lease("h1", "helper", 2, 1, Some(1)),
             lease("p2", "primary", 3, 2, Some(5)),
         ];
-        let lines = summarize(&good, &[("h1".into(), "default/p2".into())]);
+        // What the story saw: p2 arrived at 4.1 s and was admitted at 5.3 s
+        // (its lease's whole seconds would say 4 and 5).
+        let seen: BTreeMap<String, Seen> = [
+            ("p1", 0.04, Some(0.2)),
+            ("h1", 1.0, Some(1.2)),
+            ("p2", 4.12, Some(5.26)),
+        ]
+        .into_iter()
+        .map(|(n, arrived, admitted)| (n.to_owned(), Seen { arrived, admitted }))
+        .collect();
+        let lines = summarize(&good, &seen, &[("h1".into(), "default/p2".into())]);
         assert!(
             lines.contains(&"primaries were admitted in FIFO (sequence) order".to_owned()),
             "{lines:?}"
@@ -656,9 +815,15 @@ mod tests {
             "{lines:?}"
         );
         assert!(
+            lines.contains(
+                &"p2         primary  waited 1.2s to be admitted (4.1s → 5.3s)".to_owned()
+            ),
+            "{lines:?}"
+        );
+        assert!(
             lines
                 .iter()
-                .any(|l| l.starts_with("p2") && l.contains("waited 3.0s")),
+                .any(|l| l.starts_with("p1") && l.contains("waited 0.2s")),
             "{lines:?}"
         );
         assert!(lines.contains(&"h1 was preempted for default/p2".to_owned()));
@@ -667,7 +832,7 @@ mod tests {
             lease("p2", "primary", 2, 1, Some(2)),
             lease("h1", "helper", 3, 3, Some(4)),
         ];
-        let lines = summarize(&bad, &[]);
+        let lines = summarize(&bad, &BTreeMap::new(), &[]);
         assert!(
             lines
                 .iter()
@@ -680,6 +845,14 @@ mod tests {
                 .any(|l| l.contains("h1 admitted while p1 waited")),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn tenths_round_as_the_story_prints() {
+        assert_eq!(tenths(4.12), 41);
+        assert_eq!(tenths(5.26), 53);
+        assert_eq!(tenths(0.04), 0);
+        assert_eq!(tenths(12.96), 130);
     }
 
     #[test]
