@@ -10,7 +10,7 @@ use gpupool_sim::cli;
 #[command(
     name = "gpupool-sim",
     version,
-    about = "Runs gpupool on a local cluster: `gpupool-sim demo` shows the queue at work; `up` starts a cluster for kubectl; `bench` and `bench-node` measure"
+    about = "A Kubernetes cluster with gpupool on it, simulated on this machine: no cluster or GPU needed.\nNew here? Run `gpupool-sim demo`; `gpupool-sim up` then gives you a cluster for kubectl."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,7 +25,7 @@ enum Command {
     Up(cli::up::Args),
     /// Stop a cluster started with `up --detach`.
     Down(cli::detach::DownArgs),
-    /// Start the cluster, run a scripted scenario and show the queue move.
+    /// Start here: a short story on 2 nodes × 2 GPUs (primaries queue, helpers fill idle GPUs and are preempted).
     Demo(cli::demo::Args),
     /// Push many pods through the cluster and print performance figures as JSON.
     Bench(cli::bench::Args),

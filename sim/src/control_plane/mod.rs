@@ -641,7 +641,13 @@ pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), ControlPlaneE
 
 /// A kube client from a kubeconfig file.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, ControlPlaneError> {
-    let kc = Kubeconfig::read_from(path).map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+    // Read here, so that an error names the path plainly (kube's own
+    // error quotes it with Debug).
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ControlPlaneError::Client(format!("cannot read kubeconfig {}: {e}", path.display()))
+    })?;
+    let kc = Kubeconfig::from_yaml(&text)
+        .map_err(|e| ControlPlaneError::Client(format!("kubeconfig {}: {e}", path.display())))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
@@ -651,6 +657,16 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, ControlPlaneE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_is_named_plainly() {
+        let Err(err) = client_from_kubeconfig(Path::new("/nonexistent")).await else {
+            panic!("a client from a file that does not exist");
+        };
+        let text = err.to_string();
+        assert!(text.contains("kubeconfig /nonexistent: "), "{text}");
+        assert!(!text.contains('"'), "{text}");
+    }
 
     #[tokio::test]
     async fn a_directory_without_the_binaries_is_named_with_the_variable() {
