@@ -13,8 +13,8 @@ mod facts;
 pub mod fit;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
-mod holders;
 mod message;
+mod quiet_primaries;
 pub use message::POD_FAILED_BECAUSE;
 pub mod model;
 mod parked;

@@ -29,7 +29,7 @@ use super::state::Entry;
 
 /// Where a parked lease waits: its class, its role and its sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Place {
+pub(crate) struct FifoPlace {
     pub class: String,
     pub role: Role,
     pub sequence: u64,
@@ -92,12 +92,12 @@ impl Fifo {
 
 /// One class's parked leases.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Tail {
+pub(crate) struct ClassFifos {
     pub primaries: Fifo,
     pub helpers: Fifo,
 }
 
-impl Tail {
+impl ClassFifos {
     fn fifo_mut(&mut self, role: Role) -> &mut Fifo {
         match role {
             Role::Primary => &mut self.primaries,
@@ -117,16 +117,16 @@ impl Tail {
 /// each is by key.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Parked {
-    places: BTreeMap<ObjectKey, Place>,
+    places: BTreeMap<ObjectKey, FifoPlace>,
     /// By class name.
-    pub tails: BTreeMap<String, Tail>,
+    pub fifos: BTreeMap<String, ClassFifos>,
 }
 
 impl Parked {
     /// Parks `entry` at `place`.
-    pub fn insert(&mut self, key: ObjectKey, place: Place, entry: Entry) {
+    pub fn insert(&mut self, key: ObjectKey, place: FifoPlace, entry: Entry) {
         let summary = summarize(&entry);
-        self.tails
+        self.fifos
             .entry(place.class.clone())
             .or_default()
             .fifo_mut(place.role)
@@ -144,12 +144,12 @@ impl Parked {
     /// Takes the parked entry `key` out.
     pub fn remove(&mut self, key: &ObjectKey) -> Option<Entry> {
         let place = self.places.remove(key)?;
-        let tail = self.tails.get_mut(&place.class)?;
+        let tail = self.fifos.get_mut(&place.class)?;
         let lease = tail
             .fifo_mut(place.role)
             .remove(&(place.sequence, key.clone()));
         if tail.primaries.len() == 0 && tail.helpers.len() == 0 {
-            self.tails.remove(&place.class);
+            self.fifos.remove(&place.class);
         }
         lease.map(|l| l.entry)
     }
@@ -157,7 +157,7 @@ impl Parked {
     /// Takes every parked entry out.
     pub fn take_all(&mut self) -> impl Iterator<Item = (ObjectKey, Entry)> {
         self.places.clear();
-        std::mem::take(&mut self.tails)
+        std::mem::take(&mut self.fifos)
             .into_values()
             .flat_map(|tail| tail.primaries.leases.into_iter().chain(tail.helpers.leases))
             .map(|((_, key), lease)| (key, lease.entry))
@@ -167,7 +167,7 @@ impl Parked {
     pub fn get(&self, key: &ObjectKey) -> Option<&Entry> {
         let place = self.places.get(key)?;
         let lease = self
-            .tails
+            .fifos
             .get(&place.class)?
             .fifo(place.role)
             .leases
@@ -188,7 +188,7 @@ impl Parked {
         let Some(place) = self.places.get(key) else {
             return;
         };
-        let lease = self.tails.get_mut(&place.class).and_then(|t| {
+        let lease = self.fifos.get_mut(&place.class).and_then(|t| {
             t.fifo_mut(place.role)
                 .leases
                 .get_mut(&(place.sequence, key.clone()))
@@ -231,7 +231,7 @@ fn summarize(entry: &Entry) -> Summary {
 
 /// Where `entry` waits when it may be parked (see the module comment);
 /// `pass` knows the classes and `entry`'s facts are current.
-pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
+pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<FifoPlace> {
     let (pod, lease) = (entry.pod.as_deref()?, entry.lease.as_deref()?);
     let facts = &entry.facts;
     let Some(Resolved::Class(c)) = facts.resolved else {
@@ -261,7 +261,7 @@ pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
         && !facts.replaced
         && facts.spec_current == Some(true)
         && !fit::narrows_nodes(pod);
-    parkable.then(|| Place {
+    parkable.then(|| FifoPlace {
         class: class.info.name.clone(),
         role,
         sequence,

@@ -12,13 +12,13 @@ use super::capacity::{self, Nodes};
 use super::classes::{Classes, PodClass};
 use super::facts::{Facts, spec_is_current};
 use super::fit;
-use super::holders::QuietHolders;
 use super::message::{Message, Release, Settled};
 use super::model::{
     BlockedEvictions, ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
     RoleLabel, Snapshot, StaleLease,
 };
 use super::parked::Parked;
+use super::quiet_primaries::QuietPrimaries;
 
 /// Who a preempted helper makes room for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,7 +243,7 @@ impl<'a> Pass<'a> {
     /// Takes what the quiet primaries set apart hold on their nodes, as
     /// visiting each would have.
     fn count_quiet_holders(&mut self) {
-        let Some(holders) = self.view.holders else {
+        let Some(holders) = self.view.quiet_primaries else {
             return;
         };
         for (node, usage) in &holders.usage {
@@ -261,7 +261,7 @@ impl<'a> Pass<'a> {
     /// Builds the tickets of the quiet primaries set apart on `node`, as
     /// [`Pass::join`] would have (their capacity is already counted).
     pub fn materialize_quiet_holders(&mut self, node: &str) {
-        let Some(on_node) = self.view.holders.and_then(|h| h.by_node.get(node)) else {
+        let Some(on_node) = self.view.quiet_primaries.and_then(|h| h.by_node.get(node)) else {
             return;
         };
         for entry in on_node.values() {
@@ -703,7 +703,7 @@ impl<'a> Pass<'a> {
 
 /// A pod and its lease, paired by key (at least one of the two is there),
 /// with their facts when the engine keeps them.
-pub(crate) type Entry<'a> = (
+pub(crate) type PodLease<'a> = (
     Option<&'a PodInfo>,
     Option<&'a LeaseInfo>,
     Option<&'a Facts>,
@@ -718,7 +718,7 @@ pub(crate) struct View<'a> {
     pub classes: Vec<&'a ClassInfo>,
     pub nodes: Vec<&'a NodeInfo>,
     /// Pods and leases joined by key, in key order.
-    pub entries: Vec<Entry<'a>>,
+    pub entries: Vec<PodLease<'a>>,
     /// Entries the kept state set apart as retired (see
     /// [`crate::Engine`]): no ticket is built for them.
     pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
@@ -729,8 +729,8 @@ pub(crate) struct View<'a> {
     /// FIFOs rather than as entries (see [`crate::parked`]).
     pub parked: Option<&'a Parked>,
     /// The kept state's quiet primaries, when the pass reads their sums
-    /// rather than visiting them (see [`crate::holders`]).
-    pub holders: Option<&'a QuietHolders>,
+    /// rather than visiting them (see [`crate::quiet_primaries`]).
+    pub quiet_primaries: Option<&'a QuietPrimaries>,
     pub blocked_evictions: &'a BlockedEvictions,
     pub progress_limit: Option<usize>,
 }
@@ -747,7 +747,7 @@ impl<'a> View<'a> {
             retired: None,
             set_apart_sequences: None,
             parked: None,
-            holders: None,
+            quiet_primaries: None,
             blocked_evictions: &NO_EVICTIONS,
             progress_limit: None,
         }
@@ -767,7 +767,7 @@ impl<'a> View<'a> {
             retired: None,
             set_apart_sequences: None,
             parked: None,
-            holders: None,
+            quiet_primaries: None,
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }
@@ -775,7 +775,7 @@ impl<'a> View<'a> {
 }
 
 /// Walks pods and leases, each in key order, together.
-fn pair_by_key<'a>(pods: &[&'a PodInfo], leases: &[&'a LeaseInfo]) -> Vec<Entry<'a>> {
+fn pair_by_key<'a>(pods: &[&'a PodInfo], leases: &[&'a LeaseInfo]) -> Vec<PodLease<'a>> {
     let mut entries = Vec::with_capacity(pods.len().max(leases.len()) + 16);
     let (mut i, mut j) = (0, 0);
     while i < pods.len() || j < leases.len() {

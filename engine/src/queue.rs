@@ -10,7 +10,7 @@ use super::classes::Guards;
 use super::fit;
 use super::message::{Message, Settled};
 use super::model::{Admission, ObjectKey, Plan};
-use super::parked::{Fifo, Lease, Tail};
+use super::parked::{ClassFifos, Fifo, Lease};
 use super::pass::{ClassQueue, ParkedOutcome, Pass, Queued, SkippedRun, Ticket, Waiter};
 use super::status::QUEUE_HEAD;
 
@@ -240,19 +240,19 @@ impl<'a> Pass<'a> {
                 .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
         }
         let parked = self.view.parked;
-        let tails: Vec<Option<&'a Tail>> = self
+        let fifos: Vec<Option<&'a ClassFifos>> = self
             .classes
             .list
             .iter()
-            .map(|c| parked.and_then(|p| p.tails.get(c.name())))
+            .map(|c| parked.and_then(|p| p.fifos.get(c.name())))
             .collect();
         self.reserve_for_preemptions();
-        self.requeue_contested_redrives(&mut by_class, &tails);
-        self.requeue_redrives_behind_the_queue(&mut by_class, &tails);
+        self.requeue_contested_redrives(&mut by_class, &fifos);
+        self.requeue_redrives_behind_the_queue(&mut by_class, &fifos);
         let mut waiting = Vec::with_capacity(by_class.len());
         let mut primaries = Vec::with_capacity(by_class.len());
         for (c, q) in by_class.iter().enumerate() {
-            let order = self.merge(&q.primaries, tails[c].map(|t| &t.primaries));
+            let order = self.merge(&q.primaries, fifos[c].map(|t| &t.primaries));
             let (queued, w) = self.run_role(c, Role::Primary, order, 0, &[]);
             primaries.push(queued);
             waiting.push(w);
@@ -260,7 +260,7 @@ impl<'a> Pass<'a> {
         let closed = self.nodes_closed_to_helpers(&primaries);
         self.queues = Vec::with_capacity(by_class.len());
         for (c, (q, primaries)) in by_class.into_iter().zip(primaries).enumerate() {
-            let order = self.merge(&q.helpers, tails[c].map(|t| &t.helpers));
+            let order = self.merge(&q.helpers, fifos[c].map(|t| &t.helpers));
             let helpers = self
                 .run_role(c, Role::Helper, order, waiting[c], &closed[c])
                 .0;
@@ -901,7 +901,7 @@ impl<'a> Pass<'a> {
     fn requeue_redrives_behind_the_queue(
         &mut self,
         by_class: &mut [ClassQueue],
-        tails: &[Option<&'a Tail>],
+        fifos: &[Option<&'a ClassFifos>],
     ) {
         for (c, queue) in by_class.iter_mut().enumerate() {
             let class = &self.classes.list[c];
@@ -914,7 +914,7 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let res = class.res;
-            let earliest_parked = tails[c].and_then(|tail| {
+            let earliest_parked = fifos[c].and_then(|tail| {
                 tail.primaries
                     .leases
                     .iter()
@@ -979,11 +979,11 @@ impl<'a> Pass<'a> {
     fn requeue_contested_redrives(
         &mut self,
         by_class: &mut [ClassQueue],
-        tails: &[Option<&'a Tail>],
+        fifos: &[Option<&'a ClassFifos>],
     ) {
         let queuing: Vec<usize> = (0..by_class.len())
             .filter(|&c| {
-                !by_class[c].primaries.is_empty() || tails[c].is_some_and(|t| t.primaries.len() > 0)
+                !by_class[c].primaries.is_empty() || fifos[c].is_some_and(|t| t.primaries.len() > 0)
             })
             .collect();
         if queuing.is_empty() {

@@ -72,7 +72,7 @@ impl<'a> Pass<'a> {
                 raise((t.class_name, t.role), sequence);
             }
         }
-        if let Some(holders) = self.view.holders {
+        if let Some(holders) = self.view.quiet_primaries {
             for (class, highest) in holders.highest_sequences() {
                 raise((class, Role::Primary), highest);
             }

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::facts::Facts;
-use super::holders::{self, QuietHolders};
 use super::model::{
     BlockedEvictions, ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Refusals,
     Snapshot,
 };
 use super::parked::{self, Parked};
 use super::pass::{self, Pass, View};
+use super::quiet_primaries::{self, QuietPrimaries};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
@@ -92,7 +92,7 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// Plainly queued leases of StrictFIFO classes are parked in their FIFO
 /// order (see the `parked` module), so a pass builds tickets for the few
 /// the queue step may admit, not for every lease that waits; quiet
-/// running primaries are set apart by node (see the `holders` module), so a
+/// running primaries are set apart by node (see the `quiet_primaries` module), so a
 /// pass reads their summed capacity rather than visiting each. A primary
 /// that a preempted helper names is never kept apart.
 ///
@@ -115,12 +115,12 @@ pub struct Engine {
     /// Parked entries; never in `entries` or `retired` at the same time.
     parked: Parked,
     /// Quiet primaries set apart by node; in no other map at the same time.
-    holders: QuietHolders,
+    quiet_primaries: QuietPrimaries,
     /// Primaries that live entries' leases say they were preempted for,
     /// each with how many: a pass looks them up as tickets (slots are held
     /// back for them, and a victim's grace may be theirs), so they are
     /// neither parked nor set apart.
-    named: BTreeMap<ObjectKey, usize>,
+    preempted_for: BTreeMap<ObjectKey, usize>,
     /// The sequences of the leases a pass does not visit (retired, parked
     /// or set apart), each with how many carry it: no new lease takes a
     /// number any lease carries.
@@ -209,7 +209,7 @@ impl Engine {
     }
 
     fn view(&self) -> View<'_> {
-        fn as_entry(e: &Entry) -> pass::Entry<'_> {
+        fn as_entry(e: &Entry) -> pass::PodLease<'_> {
             (e.pod.as_deref(), e.lease.as_deref(), Some(&e.facts))
         }
         View {
@@ -220,7 +220,7 @@ impl Engine {
             retired: Some(&self.retired),
             set_apart_sequences: Some(&self.set_apart_sequences),
             parked: (self.parked.len() > 0).then_some(&self.parked),
-            holders: (self.holders.len() > 0).then_some(&self.holders),
+            quiet_primaries: (self.quiet_primaries.len() > 0).then_some(&self.quiet_primaries),
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -265,11 +265,11 @@ impl Engine {
     /// and parks or visits each as the classes now say.
     fn refresh_every_entry(&mut self) {
         // Every live entry is kept anew, counting what it names again.
-        self.named.clear();
+        self.preempted_for.clear();
         let set_apart: Vec<(ObjectKey, Entry)> = self
             .parked
             .take_all()
-            .chain(self.holders.take_all())
+            .chain(self.quiet_primaries.take_all())
             .collect();
         for (_, entry) in &set_apart {
             self.forget_sequence(entry);
@@ -335,14 +335,14 @@ impl Engine {
     fn take(&mut self, key: &ObjectKey) -> Option<Entry> {
         if let Some(entry) = self.entries.remove(key) {
             if let Some(primary) = entry.preempted_for() {
-                self.unname(primary);
+                self.forget_victim_of(primary);
             }
             return Some(entry);
         }
         let entry = self
             .parked
             .remove(key)
-            .or_else(|| self.holders.remove(key))
+            .or_else(|| self.quiet_primaries.remove(key))
             .or_else(|| self.retired.remove(key))?;
         self.forget_sequence(&entry);
         Some(entry)
@@ -360,45 +360,46 @@ impl Engine {
         }
         let pass = classes_only(&self.classes);
         refresh_facts(&pass, &mut entry);
-        if !self.named.contains_key(&key) {
+        if !self.preempted_for.contains_key(&key) {
             if let Some(place) = parked::place_of(&pass, &entry) {
                 self.count_sequence(&entry);
                 self.parked.insert(key, place, entry);
                 return;
             }
-            if let Some(place) = holders::place_of(&pass, &entry) {
+            if let Some(place) = quiet_primaries::place_of(&pass, &entry) {
                 self.count_sequence(&entry);
-                self.holders.insert(key, place, entry);
+                self.quiet_primaries.insert(key, place, entry);
                 return;
             }
         }
         let primary = entry.preempted_for();
         self.entries.insert(key, entry);
         if let Some(primary) = primary {
-            self.name(primary);
+            self.count_victim_of(primary);
         }
     }
 
-    /// Counts one more lease naming `primary`; the first brings it back
-    /// among the visited entries.
-    fn name(&mut self, primary: ObjectKey) {
-        let n = self.named.entry(primary.clone()).or_default();
+    /// Counts one more helper preempted for `primary`; the first brings the
+    /// primary back among the visited entries.
+    fn count_victim_of(&mut self, primary: ObjectKey) {
+        let n = self.preempted_for.entry(primary.clone()).or_default();
         *n += 1;
         if *n == 1
             && let Some(entry) = self
                 .parked
                 .remove(&primary)
-                .or_else(|| self.holders.remove(&primary))
+                .or_else(|| self.quiet_primaries.remove(&primary))
         {
             self.forget_sequence(&entry);
             self.keep(primary, entry);
         }
     }
 
-    /// Counts one lease less naming `primary`; after the last it may be
-    /// parked or set apart again.
-    fn unname(&mut self, primary: ObjectKey) {
-        let std::collections::btree_map::Entry::Occupied(mut n) = self.named.entry(primary.clone())
+    /// Counts one helper preempted for `primary` less; after the last, the
+    /// primary may be parked or set apart again.
+    fn forget_victim_of(&mut self, primary: ObjectKey) {
+        let std::collections::btree_map::Entry::Occupied(mut n) =
+            self.preempted_for.entry(primary.clone())
         else {
             return;
         };
@@ -411,7 +412,7 @@ impl Engine {
             // Taken out and kept as any update would (it may name a
             // primary itself, which `take` and `keep` count again).
             if let Some(named) = entry.preempted_for() {
-                self.unname(named);
+                self.forget_victim_of(named);
             }
             self.keep(primary, entry);
         }
@@ -488,13 +489,13 @@ impl Engine {
         self.entries
             .get(key)
             .or_else(|| self.parked.get(key))
-            .or_else(|| self.holders.get(key))
+            .or_else(|| self.quiet_primaries.get(key))
             .or_else(|| self.retired.get(key))
     }
 
     /// Every entry, live, parked and retired, in key order.
     fn all_entries(&self) -> impl Iterator<Item = &Entry> {
-        let set_apart = merge_by_key(self.parked.iter(), self.holders.iter());
+        let set_apart = merge_by_key(self.parked.iter(), self.quiet_primaries.iter());
         let live = merge_by_key(self.entries.iter(), set_apart);
         merge_by_key(live, self.retired.iter()).map(|(_, e)| e)
     }
@@ -506,7 +507,7 @@ impl Engine {
 
     /// How many quiet primaries are set apart (see [`Engine`]).
     pub fn quiet_holder_count(&self) -> usize {
-        self.holders.len()
+        self.quiet_primaries.len()
     }
 
     /// The kept pod `key`.

@@ -319,7 +319,7 @@ impl<'a> Pass<'a> {
         let holders = if built.contains(&true) {
             self.holders_by_node()
         } else {
-            Holders::default()
+            TicketsByNode::default()
         };
         let mut writes = Vec::new();
         for (c, class) in self.classes.list.iter().enumerate() {
@@ -377,7 +377,7 @@ impl<'a> Pass<'a> {
         let mut status = GpuLeaseClassStatus::default();
         if let Some(&n) = self
             .view
-            .holders
+            .quiet_primaries
             .and_then(|h| h.per_class.get(self.classes.list[c].name()))
         {
             status.admitted += n as u32;
@@ -417,7 +417,7 @@ impl<'a> Pass<'a> {
     /// are set apart.
     fn pictured_nodes(&self, built: &[bool]) -> std::collections::BTreeSet<u32> {
         let mut pictured = std::collections::BTreeSet::new();
-        if self.view.holders.is_none() {
+        if self.view.quiet_primaries.is_none() {
             return pictured;
         }
         for (class, _) in self.classes.list.iter().zip(built).filter(|(_, b)| **b) {
@@ -527,7 +527,7 @@ impl<'a> Pass<'a> {
 
     /// Tickets holding slots, grouped by node: per node, a range into a list
     /// sorted by (node, sequence).
-    fn holders_by_node(&self) -> Holders {
+    fn holders_by_node(&self) -> TicketsByNode {
         let mut list: Vec<(u32, u64, usize)> = self
             .tickets
             .iter()
@@ -549,14 +549,14 @@ impl<'a> Pass<'a> {
         for i in 1..start.len() {
             start[i] += start[i - 1];
         }
-        Holders {
+        TicketsByNode {
             tickets: list.into_iter().map(|(_, _, i)| i).collect(),
             start,
         }
     }
 
     /// The per-GPU picture of class `c`, capped at `snapshot.maxSlots`.
-    fn slot_entries(&self, c: usize, holders: &Holders) -> (Vec<SlotEntry>, bool) {
+    fn slot_entries(&self, c: usize, holders: &TicketsByNode) -> (Vec<SlotEntry>, bool) {
         let class = &self.classes.list[c];
         let max = class.info.spec.snapshot.max_slots as usize;
         let res = class.res;
@@ -640,7 +640,7 @@ impl<'a> Pass<'a> {
 
 /// Holding tickets grouped by node.
 #[derive(Default)]
-struct Holders {
+struct TicketsByNode {
     tickets: Vec<usize>,
     start: Vec<usize>,
 }

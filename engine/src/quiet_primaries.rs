@@ -24,7 +24,7 @@ use super::state::Entry;
 
 /// Where a quiet primary holds slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Place {
+pub(crate) struct HolderPlace {
     pub node: String,
     pub class: String,
     pub sequence: u64,
@@ -32,8 +32,8 @@ pub(crate) struct Place {
 
 /// Every quiet primary, by node, with what a pass reads of all of them.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct QuietHolders {
-    places: BTreeMap<ObjectKey, Place>,
+pub(crate) struct QuietPrimaries {
+    places: BTreeMap<ObjectKey, HolderPlace>,
     /// By node name, then (sequence, key).
     pub by_node: BTreeMap<String, BTreeMap<(u64, ObjectKey), Entry>>,
     /// Per node name, what their pods request, summed per resource name.
@@ -45,9 +45,9 @@ pub(crate) struct QuietHolders {
     sequences: BTreeMap<String, BTreeMap<u64, usize>>,
 }
 
-impl QuietHolders {
+impl QuietPrimaries {
     /// Sets `entry` apart at `place`.
-    pub fn insert(&mut self, key: ObjectKey, place: Place, entry: Entry) {
+    pub fn insert(&mut self, key: ObjectKey, place: HolderPlace, entry: Entry) {
         if let Some(pod) = entry.pod.as_deref() {
             let usage = self.usage.entry(place.node.clone()).or_default();
             for (resource, &slots) in pod.requests.iter() {
@@ -142,7 +142,7 @@ impl QuietHolders {
 /// Where `entry` holds slots when it is a quiet primary that may be set
 /// apart (see the module comment); `pass` knows the classes and `entry`'s
 /// facts are current.
-pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
+pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<HolderPlace> {
     let (pod, lease) = (entry.pod.as_deref()?, entry.lease.as_deref()?);
     let facts = &entry.facts;
     let Some(Resolved::Class(c)) = facts.resolved else {
@@ -157,7 +157,7 @@ pub(crate) fn place_of(pass: &Pass<'_>, entry: &Entry) -> Option<Place> {
     if !quiet_primary {
         return None;
     }
-    Some(Place {
+    Some(HolderPlace {
         node: pod.node_name.clone()?,
         class: pass.classes.list.get(c as usize)?.info.name.clone(),
         sequence: status.sequence?,
