@@ -152,6 +152,11 @@ impl<'a> FifoRun<'a> {
         self.queued.len() as u32 + self.skipped
     }
 
+    /// The waiting primaries that hold this run's helpers back, if they do.
+    fn held_back_by(&self) -> Option<u32> {
+        self.held_back.then_some(self.waiting_primaries)
+    }
+
     /// Under StrictFIFO, the lease that blocks everyone behind it.
     fn strict_head(&self) -> Option<usize> {
         self.blocked.filter(|_| self.strict)
@@ -463,7 +468,7 @@ impl<'a> Pass<'a> {
             (run.c, run.role),
             (place, lease),
             ahead,
-            run.held_back.then_some(run.waiting_primaries),
+            run.held_back_by(),
             head,
             &mut run.class_free,
             &mut run.scratch,
@@ -535,7 +540,6 @@ impl<'a> Pass<'a> {
     /// the reason it waits. `closed` marks the nodes another class's
     /// waiting primaries could use, which helpers are not offered.
     fn decide_ticket(&mut self, run: &mut FifoRun<'a>, t: usize, closed: &[bool]) {
-        let ahead = run.ahead();
         if let Some(gate) = self.tickets[t].pod.and_then(|p| p.other_gate.as_deref()) {
             // Another controller holds the pod back: it takes no slot and
             // blocks no one until gpupool's gate is its only one.
@@ -562,36 +566,17 @@ impl<'a> Pass<'a> {
                 self.nodes.give_back(res, node, amount);
             }
         }
-        let class = &self.classes.list[c];
-        let message = if class.nodes.is_empty() {
-            // Impossible ones can never fit by waiting, so they hold no one up.
-            Message::NoClassNode(c)
-        } else if list.is_empty() {
-            Message::NoPodNode {
-                class: c,
-                class_nodes: run.class_nodes,
-                guards: self.guards_against(c, t),
-            }
-        } else if largest < slots {
-            Message::TooLarge { slots, largest }
-        } else if run.held_back {
-            run.waiting += 1;
-            Message::PrimariesWaiting {
-                primaries: run.waiting_primaries,
-                class: c,
-            }
-        } else if let Some(head) = run.strict_head() {
-            run.waiting += 1;
-            Message::Behind {
-                role: run.role,
-                ahead,
-                head: self.tickets[head].key,
-                head_slots: self.tickets[head].slots,
-                free: *run
-                    .class_free
-                    .get_or_insert_with(|| self.nodes.free_on(res, &class.nodes)),
-                nodes: run.class_nodes,
-            }
+        let (ahead, held_back, head) = (run.ahead(), run.held_back_by(), run.strict_head());
+        let waits = self.waits_before_placing(
+            (c, run.role, slots),
+            (list.is_empty(), largest),
+            || self.guards_against(c, t),
+            (ahead, held_back, head),
+            &mut run.class_free,
+        );
+        let message = if let Some((message, waits)) = waits {
+            run.waiting += u32::from(waits);
+            message
         } else if !self.tickets[t].seq_persisted {
             // Its sequence is not stored yet (a new lease, or one being
             // recreated with its old place): it cannot be admitted in this
@@ -754,6 +739,60 @@ impl<'a> Pass<'a> {
             .is_none_or(|pod| class.pod_has_own_nodes(pod, &self.nodes))
     }
 
+    /// Why a lease of class `c` (`role`, asking `slots`) waits before any
+    /// node is tried, in the order the rules ask it (DESIGN §5.3–§5.4): the
+    /// class has no node; none of its nodes is open to the pod (`no_node`);
+    /// it asks more than the largest such node has; its class's waiting
+    /// primaries hold helpers back (`held_back`); a StrictFIFO is blocked
+    /// at `head`. With whether it waits (may fit some day), which holds
+    /// helpers back; `None` when it may be placed. Visited and parked
+    /// leases are told apart by the same words.
+    fn waits_before_placing(
+        &self,
+        (c, role, slots): (usize, Role, u32),
+        (no_node, largest): (bool, u32),
+        guards: impl FnOnce() -> Guards<'a>,
+        (ahead, held_back, head): (u32, Option<u32>, Option<usize>),
+        class_free: &mut Option<u64>,
+    ) -> Option<(Message<'a>, bool)> {
+        let class = &self.classes.list[c];
+        let class_nodes = class.nodes.len();
+        Some(if class.nodes.is_empty() {
+            // Impossible ones can never fit by waiting, so they hold no one up.
+            (Message::NoClassNode(c), false)
+        } else if no_node {
+            let guards = guards();
+            let message = Message::NoPodNode {
+                class: c,
+                class_nodes,
+                guards,
+            };
+            (message, false)
+        } else if largest < slots {
+            (Message::TooLarge { slots, largest }, false)
+        } else if let Some(primaries) = held_back {
+            let message = Message::PrimariesWaiting {
+                primaries,
+                class: c,
+            };
+            (message, true)
+        } else if let Some(head) = head {
+            let free =
+                *class_free.get_or_insert_with(|| self.nodes.free_on(class.res, &class.nodes));
+            let message = Message::Behind {
+                role,
+                ahead,
+                head: self.tickets[head].key,
+                head_slots: self.tickets[head].slots,
+                free,
+                nodes: class_nodes,
+            };
+            (message, true)
+        } else {
+            return None;
+        })
+    }
+
     /// The outcome the queue step gives the parked lease at `place` when
     /// it is the same whatever the lease: no node of the class is open to
     /// plain pods or large enough, helpers are held back (the number of
@@ -775,49 +814,13 @@ impl<'a> Pass<'a> {
         }
         let class = &self.classes.list[c];
         let slots = lease.summary.slots;
-        let class_nodes = class.nodes.len();
-        let (message, waits) = if class.nodes.is_empty() {
-            (Message::NoClassNode(c), false)
-        } else if class.plain_nodes.is_empty() {
-            (
-                Message::NoPodNode {
-                    class: c,
-                    class_nodes,
-                    guards: class.guards(&self.nodes),
-                },
-                false,
-            )
-        } else if class.largest_plain < slots {
-            (
-                Message::TooLarge {
-                    slots,
-                    largest: class.largest_plain,
-                },
-                false,
-            )
-        } else if let Some(primaries) = held_back {
-            (
-                Message::PrimariesWaiting {
-                    primaries,
-                    class: c,
-                },
-                true,
-            )
-        } else if let Some(head) = head {
-            let free =
-                *class_free.get_or_insert_with(|| self.nodes.free_on(class.res, &class.nodes));
-            let message = Message::Behind {
-                role,
-                ahead,
-                head: self.tickets[head].key,
-                head_slots: self.tickets[head].slots,
-                free,
-                nodes: class_nodes,
-            };
-            (message, true)
-        } else {
-            return None;
-        };
+        let (message, waits) = self.waits_before_placing(
+            (c, role, slots),
+            (class.plain_nodes.is_empty(), class.largest_plain),
+            || class.guards(&self.nodes),
+            (ahead, held_back, head),
+            class_free,
+        )?;
         let position = ahead + 1;
         // The phase stays Queued: only the position or the message can
         // move. A message the kept engine remembers the persisted status
