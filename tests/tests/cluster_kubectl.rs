@@ -1,5 +1,5 @@
 //! `kubectl` against the simulated cluster: nodes and pods as the real
-//! kubelet and scheduler would leave them. Fails in CI, and prints a skip line elsewhere, when kubectl
+//! kubelet and scheduler would leave them. Fails in CI, and is skipped elsewhere, when kubectl
 //! is not installed.
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins`.
@@ -12,13 +12,6 @@ use gpupool_sim::cluster::workload::{phase, slot_pod, wait_pod};
 use gpupool_sim::cluster::{ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-
-fn kubectl_available() -> bool {
-    Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 fn kubectl(cluster: &SimCluster, cache: &std::path::Path, args: &[&str]) -> String {
     let output = Command::new("kubectl")
@@ -40,11 +33,11 @@ fn kubectl(cluster: &SimCluster, cache: &std::path::Path, args: &[&str]) -> Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_gets_nodes_and_pods_wide() {
-    if !kubectl_available() {
-        gpupool_sim::tool_check::missing(
-            "kubectl_gets_nodes_and_pods_wide",
-            "kubectl is not on the PATH",
-        );
+    if !gpupool_sim_apiserver::tool_check::runs(
+        "kubectl_gets_nodes_and_pods_wide",
+        "kubectl",
+        &["version", "--client"],
+    ) {
         return;
     }
     let config = ClusterConfig {

@@ -1,7 +1,7 @@
 //! The real control plane harness (`gpupool_sim::control_plane`): etcd,
 //! kube-apiserver, kube-scheduler and kube-controller-manager from
-//! `KUBEBUILDER_ASSETS`. Skipped, with a line saying so, when the variable
-//! is unset (`.ci/run` sets it; `bash .ci/install-k8s.sh` prepares it).
+//! `KUBEBUILDER_ASSETS`. When the variable is unset, a failure in CI and a
+//! skip elsewhere (`.ci/run` sets it; `bash .ci/install-k8s.sh` prepares it).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, ListParams, PostParams};
 
 fn assets() -> Option<std::path::PathBuf> {
-    control_plane::assets_for_test("the control-plane suite")
+    gpupool_sim_apiserver::tool_check::kube_assets("the control-plane suite")
 }
 
 fn alive(pid: u32) -> bool {

@@ -8,8 +8,8 @@
 //! host mounts, and that bad values are refused with a message naming them.
 //!
 //! `helm` comes from `$HELM` or `.tools/bin/helm` (installed by
-//! `.ci/install-helm.sh`). Without either the helm tests fail in CI and print a
-//! skip line elsewhere; CI installs helm and sets `$HELM` first, and a `$HELM` that does not
+//! `.ci/install-helm.sh`). Without either the helm tests fail in CI and are
+//! skipped elsewhere; CI installs helm and sets `$HELM` first, and a `$HELM` that does not
 //! exist is a failure, never a skip.
 
 mod helm_support;

@@ -9,8 +9,8 @@
 //! written in protobuf by Helm's typed client.
 //!
 //! `helm` comes from `$HELM` or `.tools/bin/helm` (installed by
-//! `.ci/install-helm.sh`). Without either the test fails in CI and prints a skip
-//! line elsewhere; a `$HELM` that does not exist is a failure, never a skip.
+//! `.ci/install-helm.sh`). Without either the test fails in CI and is skipped
+//! elsewhere; a `$HELM` that does not exist is a failure, never a skip.
 
 mod helm_support;
 

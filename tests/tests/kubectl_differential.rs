@@ -9,14 +9,15 @@
 //! columns) must match the real server's, and, without one, the headers
 //! the real server is known to print.
 //!
-//! Needs `kubectl` on the PATH (without it: a failure in CI, a skip line elsewhere). Without
-//! `KUBEBUILDER_ASSETS` only the in-memory server runs, and each command's
-//! expected outcome is checked.
+//! Needs `kubectl` on the PATH and `KUBEBUILDER_ASSETS`: without them, a
+//! failure in CI; elsewhere a skip without kubectl and, without
+//! `KUBEBUILDER_ASSETS`, a skip of the comparison only: the in-memory
+//! server runs alone, and each command's expected outcome is checked.
 
 use std::path::Path;
 use std::process::Command;
 
-use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use gpupool_sim::control_plane::{ControlPlane, ControlPlaneConfig};
 use gpupool_sim_apiserver::{ADMIN_TOKEN, ApiServer, ApiServerConfig};
 
 /// Replaced by the path of a `v1 List` of two ConfigMaps.
@@ -553,15 +554,11 @@ fn header(kubeconfig: &Path, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server() {
-    if Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        gpupool_sim::tool_check::missing(
-            "the kubectl differential suite",
-            "kubectl is not on the PATH",
-        );
+    if !gpupool_sim_apiserver::tool_check::runs(
+        "the kubectl differential suite",
+        "kubectl",
+        &["version", "--client"],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -573,7 +570,11 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
         .write_kubeconfig(&sim_kc, ADMIN_TOKEN)
         .expect("kubeconfig");
 
-    let plane = match control_plane::assets_from_env() {
+    // Without a real control plane only the in-memory half runs: a failure
+    // in CI, a skip (of the comparison) elsewhere.
+    let plane = match gpupool_sim_apiserver::tool_check::kube_assets(
+        "the kubectl differential suite's real half",
+    ) {
         Some(assets) => {
             let mut config = ControlPlaneConfig::new(&assets, dir.path().join("cp"));
             // The controller-manager makes the default ServiceAccount,
@@ -581,13 +582,7 @@ async fn kubectl_gives_the_same_outcomes_on_the_simulated_and_a_real_api_server(
             config.scheduler = false;
             Some(ControlPlane::start(config).await.expect("control plane"))
         }
-        None => {
-            eprintln!(
-                "{} is not set: running the script on the in-memory API server only",
-                control_plane::ASSETS_ENV
-            );
-            None
-        }
+        None => None,
     };
 
     let files: Vec<(&str, String)> = [

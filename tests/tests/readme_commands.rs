@@ -29,7 +29,7 @@
 //!
 //! Needs the workspace's binaries (`cargo build --workspace --bins`, the
 //! first half of the test command), `kubectl` and `helm`
-//! (`.ci/install-helm.sh`); without them it fails in CI and prints a skip line elsewhere.
+//! (`.ci/install-helm.sh`); without them it fails in CI, and is skipped elsewhere.
 
 mod helm_support;
 
@@ -152,11 +152,10 @@ fn blocks(file: &str) -> Vec<Block> {
     out
 }
 
-fn kubectl_available() -> bool {
-    Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// Whether kubectl runs; when it does not, `false` after
+/// `tool_check::missing` has said so for `test`.
+fn kubectl_available(test: &str) -> bool {
+    gpupool_sim_apiserver::tool_check::runs(test, "kubectl", &["version", "--client"])
 }
 
 /// The PATH a reader has after the README's build: the workspace's
@@ -405,8 +404,7 @@ fn the_opening_commands_are_the_test_command_and_a_clean_demo() {
 
 #[test]
 fn runnable_blocks_run_as_written() {
-    if !kubectl_available() {
-        gpupool_sim::tool_check::missing("the documents' commands", "kubectl is not on the PATH");
+    if !kubectl_available("the documents' commands") {
         return;
     }
     if helm_support::helm().is_none() {
@@ -474,8 +472,7 @@ fn transcripts() -> Vec<(String, String, Vec<String>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
-    if !kubectl_available() {
-        gpupool_sim::tool_check::missing("the documents' commands", "kubectl is not on the PATH");
+    if !kubectl_available("the documents' commands") {
         return;
     }
     let cluster = SimCluster::start(ClusterConfig {

@@ -7,14 +7,13 @@
 //! the chart lacks fails here.
 //!
 //! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`) and the
-//! workspace's binaries; without the variable it fails in CI and prints a skip line elsewhere.
+//! workspace's binaries; without the variable it fails in CI, and is skipped elsewhere.
 
 use std::time::Duration;
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase, Role};
 use gpupool_sim::cluster::workload::{phase, slot_pod, wait_for, wait_pod};
 use gpupool_sim::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
-use gpupool_sim::control_plane;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
@@ -25,7 +24,7 @@ async fn start(nodes: u32, gpus: u32) -> Option<SimCluster> {
 }
 
 async fn start_replicas(nodes: u32, gpus: u32, replicas: usize) -> Option<SimCluster> {
-    let assets = control_plane::assets_for_test("the real-cluster suite")?;
+    let assets = gpupool_sim_apiserver::tool_check::kube_assets("the real-cluster suite")?;
     let cluster = SimCluster::start(ClusterConfig {
         backend: Backend::Real { assets },
         nodes,

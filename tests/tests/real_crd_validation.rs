@@ -3,12 +3,12 @@
 //! objects: the HTTP code, the reason and the message must be equal, since
 //! users read those messages (`kubectl apply` prints them verbatim).
 //!
-//! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`); prints a skip
-//! line without it.
+//! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`); without it, a
+//! failure in CI and a skip elsewhere.
 
 use std::time::{Duration, Instant};
 
-use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use gpupool_sim::control_plane::{ControlPlane, ControlPlaneConfig};
 use gpupool_sim_apiserver::{ApiServer, ApiServerConfig};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -113,7 +113,9 @@ fn cases() -> Vec<(&'static str, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_validation_messages_match_a_real_api_server() {
-    let Some(assets) = control_plane::assets_for_test("the real CRD validation suite") else {
+    let Some(assets) =
+        gpupool_sim_apiserver::tool_check::kube_assets("the real CRD validation suite")
+    else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

@@ -5,13 +5,13 @@
 //! created.
 //!
 //! Needs `KUBEBUILDER_ASSETS` (`bash .ci/install-k8s.sh`) and helm
-//! (`bash .ci/install-helm.sh`); without either it fails in CI and prints a skip line elsewhere.
+//! (`bash .ci/install-helm.sh`); without either it fails in CI, and is skipped elsewhere.
 
 mod helm_support;
 
 use helm_support::helm_run;
 
-use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use gpupool_sim::control_plane::{ControlPlane, ControlPlaneConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -20,7 +20,7 @@ use kube::api::Api;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_installs_upgrades_and_uninstalls_the_chart_with_its_defaults_on_a_real_control_plane()
 {
-    let Some(assets) = control_plane::assets_for_test("the real-helm suite") else {
+    let Some(assets) = gpupool_sim_apiserver::tool_check::kube_assets("the real-helm suite") else {
         return;
     };
     let Some(helm) = helm_support::helm() else {

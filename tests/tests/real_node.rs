@@ -13,7 +13,7 @@
 //! Needs root, `KUBEBUILDER_ASSETS` with the kubelet (`bash
 //! .ci/install-k8s.sh`), helm (`bash .ci/install-helm.sh`) and the images
 //! (`GPUPOOL_IMAGES_DIR`, `bash .ci/build-images.sh`). Without them it
-//! fails when `CI` is set and prints a skip line otherwise.
+//! fails when `CI` is set and is skipped otherwise.
 
 mod helm_support;
 mod operator_support;
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use gpupool_api::{GpuLease, LeasePhase};
-use gpupool_sim::control_plane::{self, client_from_kubeconfig};
+use gpupool_sim::control_plane::client_from_kubeconfig;
 use gpupool_sim::real_node::{RealCluster, RealClusterConfig};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -48,7 +48,7 @@ const RESOURCE: &str = "gpupool/slot";
 /// Holds a deleted test pod until the test has read what it needs.
 const TEST_FINALIZER: &str = "gpupool.io/test-hold";
 
-/// What the suite needs from the machine; `None` (after a skip line) when
+/// What the suite needs from the machine; `None` (after a skip) when
 /// something is missing outside CI, a panic naming it in CI.
 struct Prerequisites {
     assets: PathBuf,
@@ -57,31 +57,35 @@ struct Prerequisites {
 }
 
 fn prerequisites() -> Option<Prerequisites> {
-    let missing = |what: &str| {
-        gpupool_sim::tool_check::missing("the real-node suite", what);
+    let missing = |tool: &str, what: &str| {
+        gpupool_sim_apiserver::tool_check::missing("the real-node suite", tool, what);
         None
     };
     if !rustix::process::geteuid().is_root() {
-        return missing("it needs root");
+        return missing("root", "it needs root");
     }
-    let Some(assets) = control_plane::assets_from_env() else {
-        return missing("KUBEBUILDER_ASSETS is not set (bash .ci/install-k8s.sh)");
-    };
+    let assets = gpupool_sim_apiserver::tool_check::kube_assets("the real-node suite")?;
     if !assets.join("kubelet").is_file() {
-        return missing("KUBEBUILDER_ASSETS has no kubelet (bash .ci/install-k8s.sh)");
+        return missing(
+            "kubelet",
+            "KUBEBUILDER_ASSETS has no kubelet (bash .ci/install-k8s.sh)",
+        );
     }
     let helm = match std::env::var_os("HELM") {
         Some(p) => PathBuf::from(p),
         None => helm_support::repo_root().join(".tools/bin/helm"),
     };
     if !helm.is_file() {
-        return missing("no helm (bash .ci/install-helm.sh)");
+        return missing("helm", "no helm (bash .ci/install-helm.sh)");
     }
     let images = std::env::var_os("GPUPOOL_IMAGES_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| helm_support::repo_root().join(".tools/images"));
     if !images.join("gpupool-operator.tar").is_file() {
-        return missing("no images in GPUPOOL_IMAGES_DIR (bash .ci/build-images.sh)");
+        return missing(
+            "images",
+            "no images in GPUPOOL_IMAGES_DIR (bash .ci/build-images.sh)",
+        );
     }
     Some(Prerequisites {
         assets,

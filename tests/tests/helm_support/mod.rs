@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-/// Printed when no helm is installed and a test skips.
-const SKIP_LINE: &str = "helm is not installed; run .ci/install-helm.sh";
+/// Said when no helm is installed (a failure in CI, a skip elsewhere).
+const MISSING: &str = "helm is not installed; run .ci/install-helm.sh";
 
 /// The repository root (parent of the tests crate).
 pub fn repo_root() -> PathBuf {
@@ -43,7 +43,8 @@ pub fn helm_run(
 }
 
 /// The helm binary: `$HELM` (which must exist), else `.tools/bin/helm`;
-/// `None` (after printing [`SKIP_LINE`]) when neither is there.
+/// `None` (after `tool_check::missing` has said so: a failure in CI, a
+/// skip elsewhere) when neither is there.
 pub fn helm() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("HELM") {
         let path = PathBuf::from(path);
@@ -58,7 +59,7 @@ pub fn helm() -> Option<PathBuf> {
     if installed.is_file() {
         Some(installed)
     } else {
-        gpupool_sim::tool_check::missing("the helm tests", SKIP_LINE);
+        gpupool_sim_apiserver::tool_check::missing("the helm tests", "helm", MISSING);
         None
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
 use gpupool_sim::cluster::workload::{run_on, wait_until_webhook_knows_class};
-use gpupool_sim::cluster::{Backend, ClusterConfig, OperatorMode, SimCluster};
+use gpupool_sim::cluster::{BACKEND_ENV, Backend, ClusterConfig, OperatorMode, SimCluster};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -45,8 +45,12 @@ impl Sim {
     /// Starts a cluster with `config` and namespace `ml`, on the backend
     /// `GPUPOOL_E2E_BACKEND` names (the in-memory API server unless it says
     /// `real` and `KUBEBUILDER_ASSETS` is set), so every rule suite runs on
-    /// both.
+    /// both. `real` without `KUBEBUILDER_ASSETS` fails in CI; elsewhere the
+    /// test runs in memory, and the real run counts as skipped.
     pub async fn start_with(mut config: ClusterConfig) -> Sim {
+        if std::env::var(BACKEND_ENV).as_deref() == Ok("real") {
+            gpupool_sim_apiserver::tool_check::kube_assets(&format!("{BACKEND_ENV}=real"));
+        }
         config.backend = Backend::from_env();
         // GPUPOOL_KEEP_RUN=1 keeps the run directory (logs) for a failing test.
         config.remove_run_dir = std::env::var_os("GPUPOOL_KEEP_RUN").is_none();
