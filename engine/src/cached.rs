@@ -1,8 +1,8 @@
 //! Objects as the operator's caches keep them: what the controller and
-//! the rules read, without the 360 bytes an `ObjectMeta` reserves inline
-//! (most of them empty options) for every pod and lease. A `CachedMeta`
-//! takes 112 bytes, so at 10,000 queued pods (and as many leases) the
-//! caches hold about 5 MB less.
+//! the rules read, without the room an `ObjectMeta` reserves inline (most
+//! of it empty options) for every pod and lease, so the caches grow with
+//! what the rules read, not with Kubernetes' metadata (figures in
+//! docs/performance-log.md).
 
 use std::sync::Arc;
 
@@ -51,8 +51,7 @@ impl From<ObjectMeta> for CachedMeta {
 impl CachedMeta {
     /// Holds `key`'s strings instead of its own where they are equal (an
     /// unequal one is left as it is), so an object kept under `key` costs
-    /// no second copy of its namespace and name. At 10,000 queued pods and
-    /// as many leases that is about 40,000 small allocations fewer.
+    /// no second copy of its namespace and name.
     pub fn share_key(&mut self, key: &ObjectKey) {
         let share = |mine: &mut Option<Arc<str>>, theirs: &Arc<str>| {
             if mine.as_deref() == Some(&**theirs) {

@@ -360,8 +360,8 @@ pub struct Unplaced {
 /// A GpuLease as persisted.
 ///
 /// It holds the lease itself, shared with the watch cache it was read from,
-/// rather than a copy of its spec and status: at 10,000 queued pods a copy
-/// was about 0.5 KiB per lease of the operator's heap.
+/// rather than a copy of its spec and status, so a lease costs the
+/// operator one copy however many places keep it.
 #[derive(Debug, Clone)]
 pub struct LeaseInfo {
     /// `namespace/name` (same as its pod's).
@@ -450,8 +450,8 @@ pub struct Plan {
     /// one from the future (another replica's clock), or one at least
     /// [`CLASS_STATUS_PERIOD`] old. A class written less than a period ago
     /// is left out and sets `wake_at` to the period's end: no write could
-    /// happen before then, and building its per-GPU picture on every pass
-    /// took about half of a pass's time in the 2,000-pod bench.
+    /// happen before then, so no pass builds a per-GPU picture that could
+    /// not be written.
     pub class_statuses: BTreeMap<String, GpuLeaseClassStatus>,
     /// How many leases of every class wait, by role, as the class's status
     /// counts them: counted on every pass, built status or not.

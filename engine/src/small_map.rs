@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 /// A map of a few entries stored as one sorted, exactly sized slice.
 ///
-/// A pod's requests and node selector hold one or two entries each; a
-/// `BTreeMap` spends a 320–544-byte node on them, which at 10,000 kept pods
-/// is several MiB. Lookups are a binary search; [`SmallMap::insert`] copies
+/// A pod's requests and node selector hold one or two entries each, and a
+/// `BTreeMap` spends a whole node on them; this costs what it holds.
+/// Lookups are a binary search; [`SmallMap::insert`] copies
 /// the slice, so it is for building, not for maps that keep changing.
 ///
 /// Guarantee: keys are unique and iterate in ascending order, as a

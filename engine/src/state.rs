@@ -18,7 +18,7 @@ use super::quiet_primaries::{self, QuietPrimaries};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
-/// inline (~0.7 KiB, of which a node's unused slots kept a third idle).
+/// inline, and a node's unused slots cost pointers, not objects.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Entry {
     pub pod: Option<Box<PodInfo>>,
