@@ -12,8 +12,8 @@
 //!   other writes (lease creates, phase changes, evictions, give-backs,
 //!   class statuses)
 //!   run in the background while the next passes decide: each is laid over
-//!   the caches as assumed until its answer lands, and no pass plans another
-//!   write of an object whose write is in flight. An admission of such an
+//!   the caches as assumed until its answer is recorded, and no pass plans
+//!   another write of an object whose write is in flight. An admission of such an
 //!   object waits, and holds back the later admissions of its role, so pods
 //!   still start in queue order.
 //!
@@ -90,7 +90,7 @@ const ADMISSION_WRITE_RETRIES: usize = 2;
 pub struct Applier {
     writer: Writer,
     progress: ProgressWriter,
-    background: JoinSet<Finished>,
+    background: JoinSet<ChainOutcome>,
     /// The objects each background task writes.
     tasks: HashMap<tokio::task::Id, Vec<ObjectKey>>,
     /// Objects with a background write in flight, and how many.
@@ -107,14 +107,14 @@ struct Waiting {
     keys: Vec<ObjectKey>,
     /// `Sync` only so that the applier is: it is never called through a
     /// shared reference.
-    build: Box<dyn FnOnce(&Writer) -> Chain + Send + Sync>,
+    build: Box<dyn FnOnce(&Writer) -> WriteChain + Send + Sync>,
 }
 
 /// A background write that finished: the objects it was for and its
 /// outcome (`None` when its task panicked).
-pub struct Landed {
+pub struct FinishedWrite {
     keys: Vec<ObjectKey>,
-    finished: Option<Finished>,
+    outcome: Option<ChainOutcome>,
 }
 
 /// The key a class's writes are tracked under: no namespaced object has an
@@ -123,8 +123,9 @@ fn class_key(class: &str) -> ObjectKey {
     ObjectKey::new("", class)
 }
 
-/// Result of one independent write chain.
-enum Done {
+/// What one write of a chain achieved (or, for an eviction, what the API
+/// server answered), as the overlay and the engine record it.
+enum WriteResult {
     Lease {
         lease: CachedLease,
         created: bool,
@@ -149,44 +150,46 @@ enum Done {
     },
 }
 
-impl Done {
+impl WriteResult {
     /// Drops what the operator never reads from an object a write
     /// returned (managedFields above all), as the watch caches drop it (a
     /// pod or lease is kept cut down from the start).
-    /// Finished writes can wait a while to be landed (a burst of lease
-    /// creates finishes faster than the loop lands them), so they are
+    /// Finished writes can wait a while to be recorded (a burst of lease
+    /// creates finishes faster than the loop records them), so they are
     /// trimmed as they finish rather than when they are recorded.
     fn trimmed(mut self) -> Self {
         match &mut self {
-            Done::Class(class) => class.metadata.managed_fields = None,
-            Done::Lease { .. }
-            | Done::Pod(_)
-            | Done::PodReread(_)
-            | Done::Evicted { .. }
-            | Done::GaveBack { .. }
-            | Done::Blocked(_)
-            | Done::Unblocked(_)
-            | Done::LeaseDeleted { .. } => {}
+            WriteResult::Class(class) => class.metadata.managed_fields = None,
+            WriteResult::Lease { .. }
+            | WriteResult::Pod(_)
+            | WriteResult::PodReread(_)
+            | WriteResult::Evicted { .. }
+            | WriteResult::GaveBack { .. }
+            | WriteResult::Blocked(_)
+            | WriteResult::Unblocked(_)
+            | WriteResult::LeaseDeleted { .. } => {}
         }
         self
     }
 }
 
-type Chain = BoxFuture<'static, (Vec<Done>, Vec<Error>)>;
+/// One object's writes, run in order as one future: what each write
+/// achieved, and the errors that stopped it.
+type WriteChain = BoxFuture<'static, (Vec<WriteResult>, Vec<Error>)>;
 
 /// One chain's outcome and when it finished (the overlay dates its writes).
-struct Finished {
+struct ChainOutcome {
     at: Instant,
-    done: Vec<Done>,
+    results: Vec<WriteResult>,
     errors: Vec<Error>,
 }
 
-impl Finished {
+impl ChainOutcome {
     /// A chain's outcome as of now, its objects trimmed.
-    fn now((done, errors): (Vec<Done>, Vec<Error>)) -> Self {
+    fn now((results, errors): (Vec<WriteResult>, Vec<Error>)) -> Self {
         Self {
             at: Instant::now(),
-            done: done.into_iter().map(Done::trimmed).collect(),
+            results: results.into_iter().map(WriteResult::trimmed).collect(),
             errors,
         }
     }
@@ -195,15 +198,15 @@ impl Finished {
 /// Runs `chains` concurrently, at most [`CONCURRENCY`] at once, each under
 /// the write timeout; touches no shared state, so independent groups of
 /// chains can run side by side.
-async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
+async fn collect(chains: Vec<WriteChain>) -> Vec<ChainOutcome> {
     if chains.is_empty() {
         return Vec::new();
     }
-    let chains: Vec<BoxFuture<'static, ((), Finished)>> =
+    let chains: Vec<BoxFuture<'static, ((), ChainOutcome)>> =
         chains.into_iter().map(|chain| timed((), chain)).collect();
     futures::stream::iter(chains)
         .buffer_unordered(CONCURRENCY)
-        .map(|((), finished)| finished)
+        .map(|((), outcome)| outcome)
         .collect()
         .await
 }
@@ -211,35 +214,37 @@ async fn collect(chains: Vec<Chain>) -> Vec<Finished> {
 /// Lays finished writes over the caches and notes the API server's answers
 /// to evictions in `outcome`.
 fn record(
-    results: Vec<Finished>,
+    outcomes: Vec<ChainOutcome>,
     overlay: &mut Overlay,
     errors: &mut Vec<Error>,
     outcome: &mut ApplyOutcome,
 ) {
-    for Finished {
+    for ChainOutcome {
         at: now,
-        done,
+        results,
         errors: errs,
-    } in results
+    } in outcomes
     {
         errors.extend(errs);
-        for d in done {
-            match d {
-                Done::Lease { lease, created } => overlay.record_lease(lease, created, now),
-                Done::Pod(pod) => overlay.record_pod(pod, now),
-                Done::PodReread(Some(pod)) => overlay.record_pod(pod, now),
-                Done::PodReread(None) => {}
-                Done::Evicted { key, uid } => {
+        for result in results {
+            match result {
+                WriteResult::Lease { lease, created } => overlay.record_lease(lease, created, now),
+                WriteResult::Pod(pod) => overlay.record_pod(pod, now),
+                WriteResult::PodReread(Some(pod)) => overlay.record_pod(pod, now),
+                WriteResult::PodReread(None) => {}
+                WriteResult::Evicted { key, uid } => {
                     outcome.evictions.push((key.clone(), false));
                     overlay.record_evicted(key, uid, now);
                 }
                 // Terminating, as an evicted pod is, until the watch shows
                 // it gone: the next pass neither asks again nor counts it.
-                Done::GaveBack { key, uid } => overlay.record_evicted(key, uid, now),
-                Done::Blocked(key) => outcome.evictions.push((key, true)),
-                Done::Unblocked(key) => outcome.evictions.push((key, false)),
-                Done::LeaseDeleted { key, uid } => overlay.record_lease_deleted(key, uid, now),
-                Done::Class(class) => overlay.record_class(class, now),
+                WriteResult::GaveBack { key, uid } => overlay.record_evicted(key, uid, now),
+                WriteResult::Blocked(key) => outcome.evictions.push((key, true)),
+                WriteResult::Unblocked(key) => outcome.evictions.push((key, false)),
+                WriteResult::LeaseDeleted { key, uid } => {
+                    overlay.record_lease_deleted(key, uid, now)
+                }
+                WriteResult::Class(class) => overlay.record_class(class, now),
             }
         }
     }
@@ -295,11 +300,11 @@ impl Applier {
     /// Runs the chain `build` makes in the background for the objects
     /// `keys`, building it once a write slot is free; `assumed` (a lease as
     /// the write will leave it) is laid over the caches until the write's
-    /// answer lands.
+    /// answer is recorded.
     fn spawn(
         &mut self,
         keys: Vec<ObjectKey>,
-        build: impl FnOnce(&Writer) -> Chain + Send + Sync + 'static,
+        build: impl FnOnce(&Writer) -> WriteChain + Send + Sync + 'static,
         assumed: Option<Arc<CachedLease>>,
         overlay: &mut Overlay,
     ) {
@@ -352,7 +357,7 @@ impl Applier {
                 // The semaphore is never closed; without a permit the write
                 // still runs, only unthrottled.
                 let _permit = permits.acquire_owned().await.ok();
-                Finished::now(with_timeout(build(&writer)).await)
+                ChainOutcome::now(with_timeout(build(&writer)).await)
             });
             self.tasks.insert(task.id(), keys);
         }
@@ -360,37 +365,39 @@ impl Applier {
 
     /// The next background write to finish; pending forever while none runs
     /// (for `select!`).
-    pub async fn next_landed(&mut self) -> Landed {
+    pub async fn next_finished_write(&mut self) -> FinishedWrite {
         match self.background.join_next_with_id().await {
-            Some(joined) => self.landed(joined),
+            Some(joined) => self.finished_write(joined),
             None => std::future::pending().await,
         }
     }
 
     /// A background write that has finished, if any, without waiting.
-    pub fn try_landed(&mut self) -> Option<Landed> {
+    pub fn try_finished_write(&mut self) -> Option<FinishedWrite> {
         let joined = self.background.try_join_next_with_id()?;
-        Some(self.landed(joined))
+        Some(self.finished_write(joined))
     }
 
-    fn landed(
+    /// Pairs a joined task's outcome with the objects it wrote, and spawns
+    /// the next waiting write in its place.
+    fn finished_write(
         &mut self,
-        joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>,
-    ) -> Landed {
+        joined: Result<(tokio::task::Id, ChainOutcome), tokio::task::JoinError>,
+    ) -> FinishedWrite {
         // The joined task's place goes to the next waiting write.
         self.spawn_waiting();
         match joined {
-            Ok((id, finished)) => Landed {
+            Ok((id, outcome)) => FinishedWrite {
                 keys: self.tasks.remove(&id).unwrap_or_default(),
-                finished: Some(finished),
+                outcome: Some(outcome),
             },
             // Only a bug panics a write task; its objects are released so a
             // later pass decides them again.
             Err(e) => {
                 tracing::error!(error = %e, "a background write task failed");
-                Landed {
+                FinishedWrite {
                     keys: self.tasks.remove(&e.id()).unwrap_or_default(),
-                    finished: None,
+                    outcome: None,
                 }
             }
         }
@@ -399,8 +406,12 @@ impl Applier {
     /// Records a background write's answer: the objects are no longer in
     /// flight, the assumed state gives way to the API server's answer, and
     /// errors are counted and logged.
-    pub fn land(&mut self, landed: Landed, overlay: &mut Overlay) -> ApplyOutcome {
-        for key in &landed.keys {
+    pub fn record_finished_write(
+        &mut self,
+        finished: FinishedWrite,
+        overlay: &mut Overlay,
+    ) -> ApplyOutcome {
+        for key in &finished.keys {
             if let Some(n) = self.in_flight.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -410,12 +421,12 @@ impl Applier {
             }
         }
         let mut outcome = ApplyOutcome::default();
-        let Some(finished) = landed.finished else {
+        let Some(chain) = finished.outcome else {
             outcome.failed = true;
             return outcome;
         };
         let mut errors = Vec::new();
-        record(vec![finished], overlay, &mut errors, &mut outcome);
+        record(vec![chain], overlay, &mut errors, &mut outcome);
         self.report(&errors);
         outcome.failed = !errors.is_empty();
         outcome
@@ -446,7 +457,8 @@ impl Applier {
 
     /// Applies `plan` (decided on `input`), recording successful writes in
     /// `overlay`. Returns once the deletes, spec rewrites and admissions are
-    /// done; the rest runs on in the background (see [`Applier::land`]).
+    /// done; the rest runs on in the background (see
+    /// [`Applier::record_finished_write`]).
     /// Writes of objects whose earlier write is still in flight are left
     /// out: the pass that follows its answer decides them again.
     pub async fn apply(
@@ -507,8 +519,8 @@ impl Applier {
         stale: &[StaleLease],
         specs: BTreeMap<ObjectKey, GpuLeaseSpec>,
         input: &PassInput<'_>,
-    ) -> Vec<Finished> {
-        let mut chains: Vec<Chain> = stale
+    ) -> Vec<ChainOutcome> {
+        let mut chains: Vec<WriteChain> = stale
             .iter()
             .filter(|s| !self.busy(&s.key))
             .filter_map(|s| self.writer.delete_chain(s, input))
@@ -599,7 +611,7 @@ impl Applier {
     }
 
     /// Writes `status` over `lease` in the background; until the answer
-    /// lands, the overlay assumes the lease with that status.
+    /// is recorded, the overlay assumes the lease with that status.
     fn spawn_status(
         &mut self,
         key: ObjectKey,
@@ -774,7 +786,7 @@ impl Applier {
     /// is tried again at once with the same status, so the pods behind it
     /// are not held back a whole pass, and its admittedAt stays the one
     /// decided together with theirs.
-    async fn admit(&self, admissions: Admissions, input: &PassInput<'_>) -> Vec<Finished> {
+    async fn admit(&self, admissions: Admissions, input: &PassInput<'_>) -> Vec<ChainOutcome> {
         let Admissions {
             by_key: mut admissions,
             order: admitted,
@@ -812,19 +824,19 @@ impl Applier {
                     break;
                 }
             }
-            let Some((lease, finished)) = running.next().await else {
+            let Some((lease, outcome)) = running.next().await else {
                 break;
             };
             if let Some((key, tries)) = lease {
-                let written = finished
-                    .done
+                let written = outcome
+                    .results
                     .iter()
-                    .any(|d| matches!(d, Done::Lease { .. }));
+                    .any(|r| matches!(r, WriteResult::Lease { .. }));
                 // Only a failure that may pass is tried again: a conflict
                 // stands until the next pass decides on the newer lease,
                 // and a lease that is gone stays gone.
                 let transient =
-                    !finished.errors.is_empty() && !finished.errors.iter().any(Error::is_expected);
+                    !outcome.errors.is_empty() && !outcome.errors.iter().any(Error::is_expected);
                 if written {
                     pods.extend(order.answer(&key, LeaseWrite::Written));
                 } else if transient && tries < ADMISSION_WRITE_RETRIES {
@@ -833,7 +845,7 @@ impl Applier {
                     pods.extend(order.answer(&key, LeaseWrite::Failed));
                 }
             }
-            results.push(finished);
+            results.push(outcome);
         }
         results
     }
@@ -860,8 +872,8 @@ fn class_of(input: &PassInput<'_>, key: &ObjectKey) -> String {
 }
 
 /// Runs `chain` under the write timeout; its outcome comes back with `tag`.
-fn timed<T: Send + 'static>(tag: T, chain: Chain) -> BoxFuture<'static, (T, Finished)> {
-    Box::pin(async move { (tag, Finished::now(with_timeout(chain).await)) })
+fn timed<T: Send + 'static>(tag: T, chain: WriteChain) -> BoxFuture<'static, (T, ChainOutcome)> {
+    Box::pin(async move { (tag, ChainOutcome::now(with_timeout(chain).await)) })
 }
 
 /// What the write chains need: the client, the metrics and the event sink.
@@ -883,7 +895,7 @@ impl Writer {
         Api::namespaced(self.client.clone(), ns)
     }
 
-    fn delete_chain(&self, stale: &StaleLease, input: &PassInput<'_>) -> Option<Chain> {
+    fn delete_chain(&self, stale: &StaleLease, input: &PassInput<'_>) -> Option<WriteChain> {
         let obj = input.lease(&stale.key)?;
         let uid = obj.metadata.uid.as_deref()?.to_owned();
         let api = self.leases(&stale.key.namespace);
@@ -899,10 +911,10 @@ impl Writer {
             match api.delete(&key.name, &dp).await {
                 Ok(_) => {
                     tracing::info!(lease = %key, "deleted the lease of a replaced pod");
-                    (vec![Done::LeaseDeleted { key, uid }], vec![])
+                    (vec![WriteResult::LeaseDeleted { key, uid }], vec![])
                 }
                 Err(e) if api_status(&e) == Some(404) => {
-                    (vec![Done::LeaseDeleted { key, uid }], vec![])
+                    (vec![WriteResult::LeaseDeleted { key, uid }], vec![])
                 }
                 Err(e) if api_status(&e) == Some(409) => {
                     (vec![], vec![Error::LeaseConflict { lease: key }])
@@ -912,7 +924,7 @@ impl Writer {
         }))
     }
 
-    fn spec_chain(&self, key: ObjectKey, spec: GpuLeaseSpec) -> Chain {
+    fn spec_chain(&self, key: ObjectKey, spec: GpuLeaseSpec) -> WriteChain {
         let api = self.leases(&key.namespace);
         Box::pin(async move {
             let body = serde_json::json!({ "spec": spec });
@@ -923,7 +935,7 @@ impl Writer {
                 Ok(lease) => {
                     tracing::warn!(lease = %key, "lease spec disagreed with its pod; rewritten from the pod");
                     (
-                        vec![Done::Lease {
+                        vec![WriteResult::Lease {
                             lease: lease.into(),
                             created: false,
                         }],
@@ -942,7 +954,7 @@ impl Writer {
     /// writes its status (a create cannot set it). `lease` is the one the
     /// overlay assumes meanwhile; one assumed without a status is created
     /// bare, and the next pass gives it its sequence.
-    fn create_chain(&self, key: ObjectKey, pod_uid: String, lease: Arc<CachedLease>) -> Chain {
+    fn create_chain(&self, key: ObjectKey, pod_uid: String, lease: Arc<CachedLease>) -> WriteChain {
         // A create sends a whole lease, so it goes through the lease's own type.
         let posts: Api<GpuLease> = Api::namespaced(self.client.clone(), &key.namespace);
         let api = self.leases(&key.namespace);
@@ -979,7 +991,7 @@ impl Writer {
                 }
             };
             let rv = created.metadata.resource_version.clone();
-            let mut done = vec![Done::Lease {
+            let mut done = vec![WriteResult::Lease {
                 lease: created.into(),
                 created: true,
             }];
@@ -1007,7 +1019,7 @@ impl Writer {
                     if let Some(event) = event {
                         events.emit(&key, &pod_uid, event);
                     }
-                    done.push(Done::Lease {
+                    done.push(WriteResult::Lease {
                         lease: l.into(),
                         created: true,
                     });
@@ -1030,7 +1042,7 @@ impl Writer {
         key: ObjectKey,
         status: GpuLeaseStatus,
         lease: Arc<CachedLease>,
-    ) -> Chain {
+    ) -> WriteChain {
         let api = self.leases(&key.namespace);
         let events = self.events.clone();
         Box::pin(async move {
@@ -1086,7 +1098,7 @@ impl Writer {
                         events.emit(&key, &pod_uid, PodEvent::Failed { why });
                     }
                     (
-                        vec![Done::Lease {
+                        vec![WriteResult::Lease {
                             lease: l.into(),
                             created: false,
                         }],
@@ -1100,7 +1112,7 @@ impl Writer {
         })
     }
 
-    fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> Chain {
+    fn admit_chain(&self, a: Admission, input: &PassInput<'_>) -> WriteChain {
         // The answer is read as the pod watch reads a pod, and kept as it keeps one.
         let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), &a.key.namespace);
         let pod = input.pod(&a.key).cloned();
@@ -1170,7 +1182,7 @@ impl Writer {
                             .observe(wait);
                     }
                     events.emit(&a.key, &a.pod_uid, PodEvent::Admitted { node: a.node });
-                    (vec![Done::Pod(p.into())], vec![])
+                    (vec![WriteResult::Pod(p.into())], vec![])
                 }
                 Err(e) if matches!(api_status(&e), Some(409 | 422)) => {
                     // Someone else changed the pod: read it again, never retry blindly.
@@ -1181,7 +1193,7 @@ impl Writer {
                         .flatten()
                         .map(CachedPod::from);
                     (
-                        vec![Done::PodReread(fresh)],
+                        vec![WriteResult::PodReread(fresh)],
                         vec![Error::AdmissionConflict {
                             pod: a.key,
                             reason: e.to_string(),
@@ -1202,7 +1214,7 @@ impl Writer {
     }
 
     /// Evicts a helper of `class` (the metrics' label).
-    fn evict_chain(&self, e: Eviction, class: String) -> Chain {
+    fn evict_chain(&self, e: Eviction, class: String) -> WriteChain {
         let client = self.client.clone();
         let metrics = self.metrics.clone();
         let events = self.events.clone();
@@ -1249,7 +1261,7 @@ impl Writer {
                         },
                     );
                     (
-                        vec![Done::Evicted {
+                        vec![WriteResult::Evicted {
                             key: e.key,
                             uid: e.pod_uid,
                         }],
@@ -1257,10 +1269,12 @@ impl Writer {
                     )
                 }
                 Err(err) if api_status(&err) == Some(429) => (
-                    vec![Done::Blocked(e.key.clone())],
+                    vec![WriteResult::Blocked(e.key.clone())],
                     vec![Error::EvictionBlocked { pod: e.key }],
                 ),
-                Err(err) if api_status(&err) == Some(404) => (vec![Done::Unblocked(e.key)], vec![]),
+                Err(err) if api_status(&err) == Some(404) => {
+                    (vec![WriteResult::Unblocked(e.key)], vec![])
+                }
                 Err(source) => (vec![], vec![Error::Evict { pod: e.key, source }]),
             }
         })
@@ -1268,7 +1282,7 @@ impl Writer {
 
     /// Deletes an admitted pod of `class` (the metrics' label) that the
     /// scheduler could not place, so that it gives its slots back.
-    fn give_back_chain(&self, g: GiveBack, class: String) -> Chain {
+    fn give_back_chain(&self, g: GiveBack, class: String) -> WriteChain {
         let pods: Api<WatchedPod> = Api::namespaced(self.client.clone(), &g.key.namespace);
         let metrics = self.metrics.clone();
         let events = self.events.clone();
@@ -1294,7 +1308,7 @@ impl Writer {
                         .inc();
                     events.emit(&g.key, &g.pod_uid, PodEvent::Unplaceable { why: g.reason });
                     (
-                        vec![Done::GaveBack {
+                        vec![WriteResult::GaveBack {
                             key: g.key,
                             uid: g.pod_uid,
                         }],
@@ -1305,7 +1319,7 @@ impl Writer {
                 // precondition failed): this pod holds nothing any more,
                 // which the next pass must see even before the watch does.
                 Err(e) if matches!(api_status(&e), Some(404 | 409)) => (
-                    vec![Done::GaveBack {
+                    vec![WriteResult::GaveBack {
                         key: g.key,
                         uid: g.pod_uid,
                     }],
@@ -1333,7 +1347,7 @@ impl Writer {
 
     /// Writes one class status (already stamped); tells the class's owner
     /// when this write turns the class invalid.
-    fn class_chain(&self, write: ClassWrite, status: GpuLeaseClassStatus) -> Chain {
+    fn class_chain(&self, write: ClassWrite, status: GpuLeaseClassStatus) -> WriteChain {
         let api: Api<GpuLeaseClass> = Api::all(self.client.clone());
         let events = self.events.clone();
         Box::pin(async move {
@@ -1347,7 +1361,7 @@ impl Writer {
                         tracing::warn!(class = %write.class, %why, "class is invalid");
                         events.emit_class_invalid(&write.class, class.metadata.uid.as_deref(), why);
                     }
-                    (vec![Done::Class(class)], vec![])
+                    (vec![WriteResult::Class(class)], vec![])
                 }
                 Err(e) if api_status(&e) == Some(404) => (vec![], vec![]),
                 Err(source) => (
@@ -1362,7 +1376,7 @@ impl Writer {
     }
 }
 
-fn with_timeout(chain: Chain) -> Chain {
+fn with_timeout(chain: WriteChain) -> WriteChain {
     Box::pin(async move {
         match tokio::time::timeout(WRITE_TIMEOUT, chain).await {
             Ok(done) => done,
@@ -1447,7 +1461,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_background_write_is_assumed_until_its_answer_lands() {
+    async fn a_background_write_is_assumed_until_its_answer_is_recorded() {
         let mut applier = offline_applier();
         let mut overlay = Overlay::default();
         let key = ObjectKey::new("ns", "a");
@@ -1459,7 +1473,7 @@ mod tests {
                 Box::pin(async move {
                     let _ = rx.await;
                     (
-                        vec![Done::Lease {
+                        vec![WriteResult::Lease {
                             lease: answer,
                             created: false,
                         }],
@@ -1476,11 +1490,11 @@ mod tests {
             phase_in(&mut overlay, cached()),
             [Some(LeasePhase::Released)]
         );
-        assert!(applier.try_landed().is_none(), "still in flight");
+        assert!(applier.try_finished_write().is_none(), "still in flight");
 
         let _ = tx.send(());
-        let landed = applier.next_landed().await;
-        let outcome = applier.land(landed, &mut overlay);
+        let finished = applier.next_finished_write().await;
+        let outcome = applier.record_finished_write(finished, &mut overlay);
         assert!(!outcome.failed);
         assert!(!applier.busy(&key));
         // The answer (resourceVersion 12) wins over the lagging cache.
@@ -1514,22 +1528,22 @@ mod tests {
             "spec": {},
         }))
         .expect("class");
-        let finished = Finished::now((
+        let outcome = ChainOutcome::now((
             vec![
-                Done::Lease {
+                WriteResult::Lease {
                     lease: written.into(),
                     created: true,
                 },
-                Done::PodReread(Some(pod)),
-                Done::Class(class),
+                WriteResult::PodReread(Some(pod)),
+                WriteResult::Class(class),
             ],
             vec![],
         ));
         let [
-            Done::Lease { lease, .. },
-            Done::PodReread(Some(pod)),
-            Done::Class(class),
-        ] = &finished.done[..]
+            WriteResult::Lease { lease, .. },
+            WriteResult::PodReread(Some(pod)),
+            WriteResult::Class(class),
+        ] = &outcome.results[..]
         else {
             panic!("three objects, in order");
         };
@@ -1597,8 +1611,8 @@ mod tests {
         );
         assert_eq!(assumed.status.as_ref(), Some(&status));
 
-        let landed = applier.next_landed().await;
-        assert!(!applier.land(landed, &mut overlay).failed);
+        let finished = applier.next_finished_write().await;
+        assert!(!applier.record_finished_write(finished, &mut overlay).failed);
         assert!(
             overlay.assumed_lease(&key).is_none(),
             "the answer replaces it"
@@ -1632,7 +1646,7 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         assert!(matches!(
             done.as_slice(),
-            [Done::Lease { created: true, .. }]
+            [WriteResult::Lease { created: true, .. }]
         ));
         let stored = Api::<GpuLease>::namespaced(client, "ns")
             .get("a")
@@ -1659,8 +1673,8 @@ mod tests {
             &mut overlay,
         );
         for _ in 0..2 {
-            let landed = applier.next_landed().await;
-            assert!(applier.land(landed, &mut overlay).failed);
+            let finished = applier.next_finished_write().await;
+            assert!(applier.record_finished_write(finished, &mut overlay).failed);
         }
         assert!(!applier.busy(&a) && !applier.busy(&b));
         let cached = vec![Arc::new(cached_lease("a", "1", LeasePhase::Admitted))];
@@ -1696,7 +1710,7 @@ mod tests {
         applier.abandon(&mut overlay);
         assert!(keys.iter().all(|key| !applier.busy(key)));
         assert!(overlay.is_empty());
-        assert!(applier.try_landed().is_none());
+        assert!(applier.try_finished_write().is_none());
         assert!(applier.waiting.is_empty(), "the waiting write is dropped");
         tokio::task::yield_now().await;
         assert_eq!(
@@ -1755,14 +1769,14 @@ mod tests {
         assert!(running().iter().all(|&i| i < spawned));
 
         gate.add_permits(total);
-        let mut landed = 0;
-        while landed < total {
-            let next = applier.next_landed().await;
-            assert!(!applier.land(next, &mut overlay).failed);
-            landed += 1;
+        let mut recorded = 0;
+        while recorded < total {
+            let next = applier.next_finished_write().await;
+            assert!(!applier.record_finished_write(next, &mut overlay).failed);
+            recorded += 1;
         }
         assert!(applier.waiting.is_empty());
-        assert!(applier.try_landed().is_none());
+        assert!(applier.try_finished_write().is_none());
         assert!(keys.iter().all(|key| !applier.busy(key)));
         let mut ran = running();
         ran.sort_unstable();
@@ -1770,7 +1784,7 @@ mod tests {
     }
 
     /// The pass's admission of lease `a`, decided on `seen`.
-    async fn admit_over(client: Client, seen: CachedLease) -> (Vec<Done>, Vec<Error>) {
+    async fn admit_over(client: Client, seen: CachedLease) -> (Vec<WriteResult>, Vec<Error>) {
         applier_for(client)
             .writer
             .status_chain(ObjectKey::new("ns", "a"), admitted(), Arc::new(seen))
@@ -1807,7 +1821,7 @@ mod tests {
         assert_eq!(status.node.as_deref(), Some("node-1"));
         assert_eq!(status.position, None, "the admission's status, not a mix");
         assert_eq!(status.message, None);
-        assert!(matches!(done.as_slice(), [Done::Lease { .. }]));
+        assert!(matches!(done.as_slice(), [WriteResult::Lease { .. }]));
     }
 
     #[tokio::test]
@@ -1985,10 +1999,10 @@ mod tests {
         /// What a pass reads of the caches now.
         fn read<'k>(
             &self,
-            kept: &'k mut super::super::Kept,
+            engine_state: &'k mut super::super::EngineState,
             overlay: &mut Overlay,
         ) -> PassInput<'k> {
-            kept.sync(&self.caches, overlay, &[], Timestamp::now(), Instant::now())
+            engine_state.sync(&self.caches, overlay, &[], Timestamp::now(), Instant::now())
         }
 
         async fn phase(&self, name: &str) -> Option<LeasePhase> {
@@ -2001,8 +2015,9 @@ mod tests {
     async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
         let names = ["a", "b", "c", "d"];
         let fx = Admitting::new(&names).await;
-        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
-        let input = fx.read(&mut kept, &mut overlay);
+        let (mut engine_state, mut overlay) =
+            (super::super::EngineState::default(), Overlay::default());
+        let input = fx.read(&mut engine_state, &mut overlay);
         // After the pass read them, another writer takes lease b elsewhere.
         let seen_b = input
             .lease(&ObjectKey::new("ns", "b"))
@@ -2061,8 +2076,9 @@ mod tests {
     /// next `failures` requests with a 500.
     async fn admit_through_failures(failures: u32) -> (Admitting, ApplyOutcome) {
         let fx = Admitting::new(&["a"]).await;
-        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
-        let input = fx.read(&mut kept, &mut overlay);
+        let (mut engine_state, mut overlay) =
+            (super::super::EngineState::default(), Overlay::default());
+        let input = fx.read(&mut engine_state, &mut overlay);
         let mut applier = applier_for(fx.client.clone());
         fx.server
             .faults()
@@ -2238,7 +2254,7 @@ mod tests {
             .await;
         assert!(errors.is_empty(), "{errors:?}");
         assert!(
-            matches!(&done[..], [Done::GaveBack { key, uid: u }] if *key == order.key && *u == uid)
+            matches!(&done[..], [WriteResult::GaveBack { key, uid: u }] if *key == order.key && *u == uid)
         );
         assert!(
             pods.get_opt("a").await.expect("get").is_none(),
@@ -2271,7 +2287,7 @@ mod tests {
             .give_back_chain(order, "default".into())
             .await;
         assert!(errors.is_empty(), "a 404 is done: {errors:?}");
-        assert!(matches!(&done[..], [Done::GaveBack { .. }]));
+        assert!(matches!(&done[..], [WriteResult::GaveBack { .. }]));
         assert_eq!(give_backs_counted(&applier), 1, "nothing more was deleted");
     }
 
@@ -2293,7 +2309,7 @@ mod tests {
             .give_back_chain(give_back("a", &old), "default".into())
             .await;
         assert!(errors.is_empty(), "a 409 is done: {errors:?}");
-        assert!(matches!(&done[..], [Done::GaveBack { uid, .. }] if *uid == old));
+        assert!(matches!(&done[..], [WriteResult::GaveBack { uid, .. }] if *uid == old));
         let still = pods.get("a").await.expect("the new pod lives");
         assert_eq!(still.metadata.uid.as_deref(), Some(new.as_str()));
         assert!(still.metadata.deletion_timestamp.is_none());
@@ -2314,7 +2330,8 @@ mod tests {
         let (classes_r, _classes) = crate::index::store::index();
         let (leases_r, _leases) = crate::index::store::index();
         let caches = crate::index::Caches::of_stores(pods_r, nodes_r, classes_r, leases_r);
-        let (mut kept, mut overlay) = (super::super::Kept::default(), Overlay::default());
+        let (mut engine_state, mut overlay) =
+            (super::super::EngineState::default(), Overlay::default());
         let plan = Plan {
             give_backs: vec![give_back("a", &uid)],
             ..Plan::default()
@@ -2340,21 +2357,21 @@ mod tests {
                 ..Default::default()
             })
             .expect("faults");
-        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        let input = engine_state.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
         let outcome = applier.apply(plan.clone(), &input, &mut overlay).await;
         assert!(!outcome.failed, "the delete runs in the background");
-        let landed = applier.next_landed().await;
-        let outcome = applier.land(landed, &mut overlay);
+        let finished = applier.next_finished_write().await;
+        let outcome = applier.record_finished_write(finished, &mut overlay);
         assert!(outcome.failed, "the failed delete is reported");
         assert_eq!(errors_counted(&applier), 1);
         assert_eq!(give_backs_of(&applier, NO_LEASE), 0);
         assert!(!overlay.is_evicted(&key), "not taken as done");
         assert!(pods.get_opt("a").await.expect("get").is_some());
 
-        let input = kept.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
+        let input = engine_state.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
         applier.apply(plan, &input, &mut overlay).await;
-        let landed = applier.next_landed().await;
-        let outcome = applier.land(landed, &mut overlay);
+        let finished = applier.next_finished_write().await;
+        let outcome = applier.record_finished_write(finished, &mut overlay);
         assert!(!outcome.failed);
         assert!(
             overlay.is_evicted(&key),

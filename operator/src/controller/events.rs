@@ -333,7 +333,7 @@ struct Written {
 impl Publisher {
     /// Takes `e` to publish: the write to start, or nothing when its
     /// series is being written (it is then written with that write's
-    /// other repeats once that one lands).
+    /// other repeats once that one ends).
     fn take(&mut self, e: Emit, now: Timestamp) -> Option<BoxFuture<'static, Written>> {
         let key = SeriesKey::of(&e);
         if let Some(waiting) = self.writing.get_mut(&key) {
@@ -357,7 +357,7 @@ impl Publisher {
 
     /// Starts writing `e`, which stands for `times` occurrences: a count up
     /// of the series it repeats, or a new Event. What the series remember
-    /// is updated when the write ends ([`Publisher::landed`]), so the task
+    /// is updated when the write ends ([`Publisher::write_ended`]), so the task
     /// can have several in flight.
     fn write(
         &mut self,
@@ -420,7 +420,7 @@ impl Publisher {
     /// Notes how a write ended: a new Event is what later repeats count
     /// up; a failure is counted and logged. Returns the write of the
     /// repeats that came meanwhile, counted up at once, if any came.
-    fn landed(
+    fn write_ended(
         &mut self,
         written: Written,
         metrics: &Metrics,
@@ -495,7 +495,7 @@ impl EventSink {
                 let next = tokio::select! {
                     biased;
                     Some(written) = writing.next(), if !writing.is_empty() => {
-                        publisher.landed(written, &task_metrics, Timestamp::now())
+                        publisher.write_ended(written, &task_metrics, Timestamp::now())
                     }
                     Some(e) = urgent_rx.recv(), if room => publisher.take(e, Timestamp::now()),
                     Some(e) = rx.recv(), if room => publisher.take(e, Timestamp::now()),

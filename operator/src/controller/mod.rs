@@ -1,18 +1,18 @@
 //! The controller: decision passes over the index, and applying their plans.
 //!
 //! One pass at a time decides every class (DESIGN §5.9): it snapshots the
-//! watch caches ([`crate::index`]) with the controller's own unconfirmed
-//! and in-flight writes laid over them ([`overlay`]), asks the engine for a
-//! plan, and applies it. A pass waits for its admissions only; its other
-//! writes land in the background, and each answer wakes the loop like a
-//! watch event. Changes that arrive during a pass are coalesced into one
-//! following pass. Only the leader passes; losing leadership aborts the
-//! pass and every write in flight.
+//! watch caches ([`crate::index`]) with the controller's own writes that
+//! they do not show yet, answered or in flight, laid over them
+//! ([`overlay`]), asks the engine for a plan, and applies it. A pass waits
+//! for its admissions only; its other writes run in the background, and
+//! each answer wakes the loop like a watch event. Changes that arrive
+//! during a pass are coalesced into one following pass. Only the leader
+//! passes; losing leadership aborts the pass and every write in flight.
 
 pub mod apply;
+pub mod engine_state;
 pub mod error;
 pub mod events;
-pub mod kept;
 pub mod overlay;
 pub mod patch;
 pub mod progress;
@@ -31,8 +31,8 @@ use crate::index::Caches;
 use crate::metrics::{Health, Metrics};
 
 pub use apply::Applier;
+pub use engine_state::{EngineState, PassInput};
 pub use error::Error;
-pub use kept::{Kept, PassInput};
 
 /// How long the progress writer takes to spend one pass's batch (a second
 /// of its budget).
@@ -97,7 +97,7 @@ pub async fn run(
     );
     let mut applier = Applier::new(client, metrics.clone(), sink, progress);
     let mut overlay = overlay::Overlay::default();
-    let mut kept = Kept::default();
+    let mut engine_state = EngineState::default();
     let mut backoff = BACKOFF_MIN;
     loop {
         // Wait to lead.
@@ -114,25 +114,27 @@ pub async fn run(
         tracing::info!("leading: deciding admissions");
         let mut wake = Instant::now();
         loop {
-            let mut landed_failed = false;
+            let mut background_failed = false;
             tokio::select! {
                 biased;
                 () = leadership_lost(&mut leader) => break,
                 // A background write's answer is a change like any other:
                 // the objects it was for may be decided again.
-                landed = applier.next_landed() => {
-                    landed_failed = land(&mut applier, landed, &mut kept, &mut overlay);
+                finished = applier.next_finished_write() => {
+                    background_failed =
+                        record_finished_write(&mut applier, finished, &mut engine_state, &mut overlay);
                 }
                 () = changed.notified() => {}
                 () = tokio::time::sleep_until(wake.into()) => {}
             }
-            while let Some(landed) = applier.try_landed() {
-                landed_failed |= land(&mut applier, landed, &mut kept, &mut overlay);
+            while let Some(finished) = applier.try_finished_write() {
+                background_failed |=
+                    record_finished_write(&mut applier, finished, &mut engine_state, &mut overlay);
             }
             let outcome = tokio::select! {
                 biased;
                 () = leadership_lost(&mut leader) => None,
-                o = pass(&caches, &mut kept, &mut overlay, &mut applier, &metrics, &config) => Some(o),
+                o = pass(&caches, &mut engine_state, &mut overlay, &mut applier, &metrics, &config) => Some(o),
             };
             let Some(outcome) = outcome else {
                 tracing::warn!("lost leadership during a pass; stopped writing");
@@ -141,7 +143,7 @@ pub async fn run(
             health.set_pass_done();
             let now = Instant::now();
             let mut next = now + config.resync;
-            if outcome.failed || landed_failed {
+            if outcome.failed || background_failed {
                 next = next.min(now + backoff);
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             } else {
@@ -172,14 +174,14 @@ async fn leadership_lost(leader: &mut watch::Receiver<bool>) {
 
 /// Records a background write's answer (eviction answers go to the engine);
 /// true when it failed.
-fn land(
+fn record_finished_write(
     applier: &mut Applier,
-    landed: apply::Landed,
-    kept: &mut Kept,
+    finished: apply::FinishedWrite,
+    engine_state: &mut EngineState,
     overlay: &mut overlay::Overlay,
 ) -> bool {
-    let outcome = applier.land(landed, overlay);
-    kept.record_eviction_answers(&outcome.evictions);
+    let outcome = applier.record_finished_write(finished, overlay);
+    engine_state.record_eviction_answers(&outcome.evictions);
     outcome.failed
 }
 
@@ -193,7 +195,7 @@ pub struct PassOutcome {
 
 async fn pass(
     caches: &Caches,
-    kept: &mut Kept,
+    engine_state: &mut EngineState,
     overlay: &mut overlay::Overlay,
     applier: &mut Applier,
     metrics: &Metrics,
@@ -205,8 +207,8 @@ async fn pass(
     // a second of it), front of the queue first: a lease further back is
     // offered by a later pass, with what it wants then. Passes that follow
     // each other closely thus build a few statuses each, not a second's.
-    kept.set_progress_limit(applier.progress_room());
-    let input = kept.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
+    engine_state.set_progress_limit(applier.progress_room());
+    let input = engine_state.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
     let plan = input.engine.decide();
     tracing::debug!(
         pods = input.engine.pod_count(),
@@ -238,8 +240,8 @@ async fn pass(
         .then(|| started + PROGRESS_BATCH_PERIOD);
     let evictions = plan.evictions.clone();
     let outcome = applier.apply(plan, &input, overlay).await;
-    kept.forget_unwanted_evictions(&evictions);
-    kept.record_eviction_answers(&outcome.evictions);
+    engine_state.forget_unwanted_evictions(&evictions);
+    engine_state.record_eviction_answers(&outcome.evictions);
     let recreation = overlay.next_recreation(Instant::now());
     metrics
         .pass_duration

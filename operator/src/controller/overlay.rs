@@ -9,10 +9,11 @@
 //!
 //! A pass asks about every key the overlay holds something for (its
 //! `*_keys` methods), every pass: that is when what the overlay holds is
-//! compared with the cache and its time limits are applied. A `lay_*` call
-//! that forgets what it held for a key answers as it would have without
-//! it, so a key the overlay let go of needs looking at only once more, in
-//! the next pass, for what happened to it between the two.
+//! compared with the cache and its time limits are applied. A
+//! `*_with_own_writes` call that forgets what it held for a key answers as
+//! it would have without it, so a key the overlay let go of needs looking
+//! at only once more, in the next pass, for what happened to it between
+//! the two.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +28,8 @@ use crate::index::key_hash::HashMap;
 /// How long a lease the controller created may be missing from the cache
 /// before the overlay forgets it (it was deleted before the watch showed it).
 const CREATED_TTL: Duration = Duration::from_secs(30);
-/// How long a deletion or eviction is remembered without the cache confirming it.
+/// How long a deletion or eviction is remembered while the cache does not
+/// show it.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(120);
 /// How long a lease that vanished while its pod is still cached is held.
 const VANISHED_TTL: Duration = Duration::from_secs(60);
@@ -91,7 +93,7 @@ fn same_uid<K: Identity>(obj: &K, uid: &str) -> bool {
 /// cache caught up with, or whose object it replaced or lost, is forgotten
 /// (unless the controller just created the object and the watch has not
 /// shown it yet).
-fn lay_written<K: Identity>(
+fn with_recorded_write<K: Identity>(
     written: &mut HashMap<ObjectKey, Written<K>>,
     key: &ObjectKey,
     cached: Option<Arc<K>>,
@@ -121,12 +123,13 @@ fn lay_written<K: Identity>(
 /// What a pass sees of one lease key.
 #[derive(Debug, Default)]
 pub struct LeaseView {
-    /// The lease as the cache shows it, with the controller's confirmed
-    /// writes laid over it and its deletions taken out.
-    pub shown: Option<Arc<CachedLease>>,
-    /// What the pass decides on: `shown`, or the lease held after it
+    /// The lease as far as confirmed facts go: the cache's, with the
+    /// controller's writes the API server has answered laid over it and
+    /// the deletions it has answered taken out.
+    pub confirmed: Option<Arc<CachedLease>>,
+    /// What the pass decides on: `confirmed`, or the lease held after it
     /// vanished, with a write still in flight laid over either.
-    pub laid: Option<Arc<CachedLease>>,
+    pub effective: Option<Arc<CachedLease>>,
 }
 
 impl Overlay {
@@ -164,13 +167,13 @@ impl Overlay {
 
     /// What a pass sees of the class `key`: `cached` with the controller's
     /// newer status write laid over it.
-    pub fn lay_class(
+    pub fn class_with_own_writes(
         &mut self,
         key: &ObjectKey,
         cached: Option<Arc<GpuLeaseClass>>,
         now: Instant,
     ) -> Option<Arc<GpuLeaseClass>> {
-        lay_written(&mut self.classes, key, cached, now)
+        with_recorded_write(&mut self.classes, key, cached, now)
     }
 
     /// Lays `lease` over the caches as a write still in flight will leave
@@ -186,7 +189,7 @@ impl Overlay {
         self.assumed.get(key)
     }
 
-    /// The write behind an assumed lease landed (its answer, if any, is
+    /// The write behind an assumed lease finished (its answer, if any, is
     /// recorded on its own) or was abandoned.
     pub fn forget_assumed(&mut self, key: &ObjectKey) {
         self.assumed.remove(key);
@@ -230,13 +233,13 @@ impl Overlay {
     /// newer write laid over it. Also forgets the pod's eviction once the
     /// pod shows it (it is terminating or gone), so [`Overlay::is_evicted`]
     /// answers for this pass.
-    pub fn lay_pod(
+    pub fn pod_with_own_writes(
         &mut self,
         key: &ObjectKey,
         cached: Option<Arc<CachedPod>>,
         now: Instant,
     ) -> Option<Arc<CachedPod>> {
-        let pod = lay_written(&mut self.pods, key, cached, now);
+        let pod = with_recorded_write(&mut self.pods, key, cached, now);
         if let Some(gone) = self.evicted.get(key) {
             let pending = pod
                 .as_ref()
@@ -249,7 +252,8 @@ impl Overlay {
     }
 
     /// What a pass sees of the lease `key`, given what the cache holds for
-    /// it and what the previous pass saw as shown (`last_shown`).
+    /// it and the lease the previous pass saw as confirmed
+    /// (`last_confirmed`).
     ///
     /// A lease the controller deleted stays hidden until the cache drops it.
     /// A lease the cache showed last pass and no longer shows, while its
@@ -262,11 +266,11 @@ impl Overlay {
     /// lease deleted while its pod lives is recreated from it (see
     /// [`Overlay::is_missing`]), keeping its sequence. A write in flight is
     /// laid over whatever is left.
-    pub fn lay_lease(
+    pub fn lease_with_own_writes(
         &mut self,
         key: &ObjectKey,
         cached: Option<Arc<CachedLease>>,
-        last_shown: Option<&Arc<CachedLease>>,
+        last_confirmed: Option<&Arc<CachedLease>>,
         pod_cached: impl Fn(&CachedLease) -> bool,
         now: Instant,
     ) -> LeaseView {
@@ -283,17 +287,19 @@ impl Overlay {
                 cached.filter(|_| !hidden)
             }
         };
-        let shown = lay_written(&mut self.leases, key, cached, now);
+        let confirmed = with_recorded_write(&mut self.leases, key, cached, now);
         match self.vanished.get(key) {
             Some((lease, at)) => {
-                if shown.is_some() || !pod_cached(lease) || now.duration_since(*at) >= VANISHED_TTL
+                if confirmed.is_some()
+                    || !pod_cached(lease)
+                    || now.duration_since(*at) >= VANISHED_TTL
                 {
                     self.vanished.remove(key);
                 }
             }
             None => {
-                if shown.is_none()
-                    && let Some(last) = last_shown
+                if confirmed.is_none()
+                    && let Some(last) = last_confirmed
                     && !self.deleted_leases.contains_key(key)
                     && pod_cached(last)
                 {
@@ -301,13 +307,16 @@ impl Overlay {
                 }
             }
         }
-        let laid = self
+        let effective = self
             .assumed
             .get(key)
             .or_else(|| self.vanished.get(key).map(|(l, _)| l))
-            .or(shown.as_ref())
+            .or(confirmed.as_ref())
             .cloned();
-        LeaseView { shown, laid }
+        LeaseView {
+            confirmed,
+            effective,
+        }
     }
 
     /// Every class key the overlay holds something for.
@@ -394,10 +403,10 @@ pub(crate) mod lists {
             .cloned()
     }
 
-    /// Passes over lease lists; remembers what each showed.
+    /// Passes over lease lists; remembers what each saw as confirmed.
     #[derive(Default)]
     pub struct LeasePasses {
-        shown: HashMap<ObjectKey, Arc<CachedLease>>,
+        confirmed: HashMap<ObjectKey, Arc<CachedLease>>,
     }
 
     impl LeasePasses {
@@ -411,20 +420,20 @@ pub(crate) mod lists {
             now: Instant,
         ) -> Vec<Arc<CachedLease>> {
             let mut out = Vec::new();
-            let looked_at = keys(cached, o.lease_keys().chain(self.shown.keys()));
+            let looked_at = keys(cached, o.lease_keys().chain(self.confirmed.keys()));
             for key in looked_at {
-                let view = o.lay_lease(
+                let view = o.lease_with_own_writes(
                     &key,
                     find(cached, &key),
-                    self.shown.get(&key),
+                    self.confirmed.get(&key),
                     |l| pod_uids.contains(&l.spec.pod_uid.as_str()),
                     now,
                 );
-                match view.shown {
-                    Some(shown) => drop(self.shown.insert(key, shown)),
-                    None => drop(self.shown.remove(&key)),
+                match view.confirmed {
+                    Some(confirmed) => drop(self.confirmed.insert(key, confirmed)),
+                    None => drop(self.confirmed.remove(&key)),
                 }
-                out.extend(view.laid);
+                out.extend(view.effective);
             }
             out
         }
@@ -435,7 +444,7 @@ pub(crate) mod lists {
         let looked_at = keys(cached, o.pod_keys().collect::<Vec<_>>().into_iter());
         looked_at
             .iter()
-            .filter_map(|key| o.lay_pod(key, find(cached, key), now))
+            .filter_map(|key| o.pod_with_own_writes(key, find(cached, key), now))
             .collect()
     }
 
@@ -448,7 +457,7 @@ pub(crate) mod lists {
         let looked_at = keys(cached, o.class_keys().collect::<Vec<_>>().into_iter());
         looked_at
             .iter()
-            .filter_map(|key| o.lay_class(key, find(cached, key), now))
+            .filter_map(|key| o.class_with_own_writes(key, find(cached, key), now))
             .collect()
     }
 }
@@ -788,7 +797,7 @@ mod tests {
         lists::pods(&mut o, &[pod("10", false, true)], t0);
         assert!(!o.is_evicted(&key), "the cache shows it terminating");
 
-        // Gone from the cache, or unconfirmed for too long: forgotten.
+        // Gone from the cache, or not shown by it for too long: forgotten.
         o.record_evicted(key.clone(), "u".into(), t0);
         lists::pods(&mut o, &[], t0);
         assert!(!o.is_evicted(&key));

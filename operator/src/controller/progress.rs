@@ -554,10 +554,10 @@ async fn send(api: &Api<WatchedLease>, write: Write, shared: &Weak<Mutex<Shared>
     if let Err(error) = &outcome {
         tracing::debug!(lease = %write.key, %error, "progress write not written; the next pass offers it again");
     }
-    let (result, landed) = what_landed(outcome);
+    let (result, written) = what_was_written(outcome);
     if let Some(shared) = shared.upgrade() {
         let mut s = lock(&shared);
-        match landed {
+        match written {
             Some((status, rv)) => s.own.record(
                 write.key,
                 &write.decided_on,
@@ -573,9 +573,9 @@ async fn send(api: &Api<WatchedLease>, write: Write, shared: &Weak<Mutex<Shared>
 }
 
 /// A write's result label, and the status and resourceVersion it left when
-/// the answer carries both: only then can a later write be laid over it.
+/// the answer carries both: only then can a later write be sent over it.
 /// Anything else makes the writer forget its record of the lease.
-fn what_landed(
+fn what_was_written(
     outcome: Result<WatchedLease, kube::Error>,
 ) -> (&'static str, Option<(GpuLeaseStatus, String)>) {
     match outcome {
@@ -724,7 +724,7 @@ mod tests {
     fn a_status_decided_before_the_writers_own_writes_is_written_over_them() {
         let mut own = OwnWrites::default();
         let t0 = Instant::now();
-        // Decided on rv 1, written over rv 1, landed as rv 2; then decided
+        // Decided on rv 1, written over rv 1, answered as rv 2; then decided
         // on rv 1 again (the watch still lags), written over rv 2: rv 3.
         own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
         assert_eq!(
@@ -1050,7 +1050,7 @@ mod tests {
         assert!(shared.queue.is_empty());
     }
     #[test]
-    fn only_an_answer_with_status_and_version_is_kept_as_landed() {
+    fn only_an_answer_with_status_and_version_is_recorded_as_written() {
         let api_error = |code| {
             kube::Error::Api(Box::new(
                 kube::core::Status::failure("refused", "Reason").with_code(code),
@@ -1065,23 +1065,23 @@ mod tests {
         let read = |lease: GpuLease| -> WatchedLease {
             serde_json::from_value(serde_json::to_value(lease).expect("json")).expect("answer")
         };
-        let (result, landed) = what_landed(Ok(read(answer.clone())));
+        let (result, written) = what_was_written(Ok(read(answer.clone())));
         assert_eq!(result, "written");
-        let (status, rv) = landed.expect("kept");
+        let (status, rv) = written.expect("recorded");
         assert_eq!((status.position, rv.as_str()), (Some(3), "42"));
 
         // An answer the writer cannot lay a later write over: counted as
         // written, but its record is dropped.
         let mut no_version = answer.clone();
         no_version.metadata.resource_version = None;
-        assert_eq!(what_landed(Ok(read(no_version))), ("written", None));
+        assert_eq!(what_was_written(Ok(read(no_version))), ("written", None));
         let mut no_status = answer;
         no_status.status = None;
-        assert_eq!(what_landed(Ok(read(no_status))), ("written", None));
+        assert_eq!(what_was_written(Ok(read(no_status))), ("written", None));
 
-        assert_eq!(what_landed(Err(api_error(409))), ("conflict", None));
-        assert_eq!(what_landed(Err(api_error(404))), ("gone", None));
-        assert_eq!(what_landed(Err(api_error(500))), ("failed", None));
+        assert_eq!(what_was_written(Err(api_error(409))), ("conflict", None));
+        assert_eq!(what_was_written(Err(api_error(404))), ("gone", None));
+        assert_eq!(what_was_written(Err(api_error(500))), ("failed", None));
     }
 
     #[test]

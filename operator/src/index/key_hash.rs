@@ -1,5 +1,5 @@
 //! The maps the operator keys by object: the overlay's writes, the
-//! engine's fed objects and the watches' change logs.
+//! sources of the engine's entries and the watches' change logs.
 //!
 //! foldhash is seeded at random per process, so a tenant who picks pod
 //! names cannot aim collisions at a running operator without first learning

@@ -1,4 +1,5 @@
-//! The engine's state kept across passes, fed only what changed.
+//! The engine's state kept across passes ([`EngineState`]), brought up to
+//! date with only what changed.
 //!
 //! Each watch records the keys its events touched
 //! ([`ChangeLog`](crate::index::changes::ChangeLog)); a pass looks at those
@@ -7,11 +8,12 @@
 //! cache and the overlay what the pass sees, and hands the engine a new
 //! translation only when that is another object (a watch cache hands out
 //! the same `Arc` for an object until an event replaces it, and the overlay
-//! keeps the same `Arc` for a write it lays over the cache). With 16,000
-//! pods and leases, a pass after one event looks at a handful of keys and
-//! translates one object. After a re-list and at the first pass every key
-//! is looked at, by the same rule; when the classes' resources change,
-//! every node is (a pod's translation does not depend on them).
+//! keeps the same `Arc` for a write it lays over the cache). So a pass
+//! after one event looks at a handful of keys and translates one object,
+//! however many pods and leases are cached. After a re-list and at the
+//! first pass every key is looked at, by the same rule; when the classes'
+//! resources change, every node is (a pod's translation does not depend on
+//! them).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -32,19 +34,20 @@ use crate::index::key_hash::{HashMap, HashSet};
 use crate::index::store::Index;
 use crate::index::translate;
 
-/// What the engine was last fed for one key.
-struct FedObject<K> {
+/// Where the engine's entry for one key came from.
+struct EntrySource<K> {
     /// The object it was translated from. Held, so that an equal address
     /// next pass means the same object.
     obj: Arc<K>,
     /// The pass-dependent bit it was translated with (evicted, missing).
     flag: bool,
-    /// Leases only: the lease as the cache showed it, under a held or
-    /// assumed one (see [`Overlay::lay_lease`]).
-    shown: Option<Arc<K>>,
+    /// Leases only: the lease as confirmed when the entry was last brought
+    /// up to date, under a held or assumed one (see
+    /// [`LeaseView::confirmed`](super::overlay::LeaseView::confirmed)).
+    confirmed: Option<Arc<K>>,
 }
 
-/// What [`Fed::feed`] asks the engine to do for a key.
+/// What [`EntrySources::sync_entry`] asks the engine to do for a key.
 pub enum Change<V> {
     /// Keep `V`, translated with the given flag (new or replaced).
     Upsert(V, bool),
@@ -52,15 +55,15 @@ pub enum Change<V> {
     Remove,
 }
 
-/// The objects of one kind the engine keeps an entry for, by key. An
-/// object that does not translate (a pod that asks for no class's
+/// For one kind, the object each of the engine's entries was translated
+/// from, by key. An object that does not translate (a pod that asks for no class's
 /// resource, say) is not remembered: a cluster's other pods cost nothing
 /// here, and a pass looks at such a key again only when it changes.
-pub struct Fed<K> {
-    by_key: HashMap<ObjectKey, FedObject<K>>,
+pub struct EntrySources<K> {
+    by_key: HashMap<ObjectKey, EntrySource<K>>,
 }
 
-impl<K> Default for Fed<K> {
+impl<K> Default for EntrySources<K> {
     fn default() -> Self {
         Self {
             by_key: HashMap::default(),
@@ -68,21 +71,22 @@ impl<K> Default for Fed<K> {
     }
 }
 
-impl<K> Fed<K> {
+impl<K> EntrySources<K> {
     /// Brings the engine's entry for `key` in line with `view` (the object
-    /// a pass sees and its flag, or nothing): `translate` is called only
-    /// when the object or the flag differs from what was fed last, and
+    /// a pass sees and its flag, or nothing), and remembers `confirmed`
+    /// (leases only) for the next pass: `translate` is called only
+    /// when the object or the flag differs from the entry's source, and
     /// `apply` gets an upsert when it translates, or a removal when the
-    /// engine kept something for `key` and no longer should.
+    /// engine had an entry for `key` and no longer should.
     ///
     /// Guarantee: afterwards the engine keeps, for `key`, the translation
     /// of the viewed object, or nothing when there is none or it does not
     /// translate.
-    pub fn feed<V>(
+    pub fn sync_entry<V>(
         &mut self,
         key: &ObjectKey,
         view: Option<(Arc<K>, bool)>,
-        shown: Option<Arc<K>>,
+        confirmed: Option<Arc<K>>,
         translate: impl FnOnce(&Arc<K>) -> Option<V>,
         mut apply: impl FnMut(Change<V>),
     ) {
@@ -96,14 +100,20 @@ impl<K> Fed<K> {
             && Arc::ptr_eq(&old.obj, &obj)
             && old.flag == flag
         {
-            old.shown = shown;
+            old.confirmed = confirmed;
             return;
         }
         match translate(&obj) {
             Some(value) => {
                 apply(Change::Upsert(value, flag));
-                self.by_key
-                    .insert(key.clone(), FedObject { obj, flag, shown });
+                self.by_key.insert(
+                    key.clone(),
+                    EntrySource {
+                        obj,
+                        flag,
+                        confirmed,
+                    },
+                );
             }
             None => {
                 if self.by_key.remove(key).is_some() {
@@ -118,9 +128,10 @@ impl<K> Fed<K> {
         self.by_key.get(key).map(|f| &f.obj)
     }
 
-    /// What the cache showed for `key` when it was last fed (leases).
-    fn shown(&self, key: &ObjectKey) -> Option<&Arc<K>> {
-        self.by_key.get(key)?.shown.as_ref()
+    /// The lease confirmed for `key` when its entry was last brought up to
+    /// date (leases only).
+    fn last_confirmed(&self, key: &ObjectKey) -> Option<&Arc<K>> {
+        self.by_key.get(key)?.confirmed.as_ref()
     }
 
     /// Forgets everything, removing each entry from the engine through `remove`.
@@ -138,13 +149,13 @@ impl<K> Fed<K> {
 }
 
 /// The keys a pass looks at for one kind: those a watch changed (or every
-/// cached and fed key after a re-list), those the overlay holds something
+/// cached key and every key with an entry after a re-list), those the overlay holds something
 /// for now, and those it held when the last pass ended (`last`, which this
 /// empties: the overlay may have let go of them since).
 fn keys_to_look_at<K>(
     changes: Changes,
     store: &Index<K>,
-    fed: &Fed<K>,
+    sources: &EntrySources<K>,
     overlay_keys: impl Iterator<Item = ObjectKey>,
     last: &mut Vec<ObjectKey>,
 ) -> HashSet<ObjectKey> {
@@ -153,7 +164,7 @@ fn keys_to_look_at<K>(
         Changes::Everything => store
             .keys()
             .into_iter()
-            .chain(fed.by_key.keys().cloned())
+            .chain(sources.by_key.keys().cloned())
             .collect(),
     };
     keys.extend(overlay_keys);
@@ -162,24 +173,24 @@ fn keys_to_look_at<K>(
 }
 
 /// What a pass sees of one key: the object the engine's entry is to come
-/// from, with its pass-dependent flag, and (leases only) the object the
-/// cache showed (see [`Fed::feed`]).
+/// from, with its pass-dependent flag, and (leases only) the lease as
+/// confirmed (see [`EntrySources::sync_entry`]).
 struct Seen<K> {
     view: Option<(Arc<K>, bool)>,
-    shown: Option<Arc<K>>,
+    confirmed: Option<Arc<K>>,
 }
 
 impl<K> Seen<K> {
-    /// `obj` with `flag`, and nothing shown apart from it.
+    /// `obj` with `flag`, and nothing confirmed apart from it.
     fn flagged(obj: Option<Arc<K>>, flag: bool) -> Self {
         Self {
             view: obj.map(|obj| (obj, flag)),
-            shown: None,
+            confirmed: None,
         }
     }
 }
 
-/// One kind of object as a pass feeds it to the engine: where its objects
+/// One kind of object as a pass hands it to the engine: where its objects
 /// are cached, what a pass sees of a key, and how an object becomes (or
 /// stops being) an engine entry.
 trait Kind {
@@ -194,11 +205,12 @@ trait Kind {
     /// The keys of this kind the overlay holds something for.
     fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey>;
 
-    /// What the pass sees of `key`, given what was fed for it last (`fed`).
+    /// What the pass sees of `key`, given where the engine's entries came
+    /// from (`sources`).
     fn see(
         &self,
         key: &ObjectKey,
-        fed: &Fed<Self::Object>,
+        sources: &EntrySources<Self::Object>,
         overlay: &mut Overlay,
         at: Instant,
     ) -> Seen<Self::Object>;
@@ -211,37 +223,37 @@ trait Kind {
     fn apply(engine: &mut Engine, key: &ObjectKey, change: Change<Self::Entry>);
 }
 
-/// What a pass feeds every kind through: the engine, the overlay laid over
-/// the caches, and the pass's instant.
-struct Feeding<'e, 'o> {
+/// What a pass brings every kind's entries up to date with: the engine,
+/// the overlay laid over the caches, and the pass's instant.
+struct EntrySync<'e, 'o> {
     engine: &'e mut Engine,
     overlay: &'o mut Overlay,
     at: Instant,
 }
 
-impl Feeding<'_, '_> {
+impl EntrySync<'_, '_> {
     /// Brings the engine's entries of one kind in line with what the pass
     /// sees, looking only at the keys [`keys_to_look_at`] names for
     /// `changes` and `last`.
     ///
     /// Guarantee: afterwards, for each of those keys, the engine keeps the
     /// translation of the object the pass sees, or nothing (see
-    /// [`Fed::feed`]).
-    fn sync<T: Kind>(
+    /// [`EntrySources::sync_entry`]).
+    fn sync_kind<T: Kind>(
         &mut self,
         kind: &T,
         changes: Changes,
-        fed: &mut Fed<T::Object>,
+        sources: &mut EntrySources<T::Object>,
         last: &mut Vec<ObjectKey>,
     ) {
         let overlay_keys = T::overlay_keys(self.overlay).cloned();
-        let keys = keys_to_look_at(changes, kind.cache(), fed, overlay_keys, last);
+        let keys = keys_to_look_at(changes, kind.cache(), sources, overlay_keys, last);
         for key in &keys {
-            let Seen { view, shown } = kind.see(key, fed, self.overlay, self.at);
-            fed.feed(
+            let Seen { view, confirmed } = kind.see(key, sources, self.overlay, self.at);
+            sources.sync_entry(
                 key,
                 view,
-                shown,
+                confirmed,
                 |obj| kind.translate(key, obj),
                 |change| T::apply(self.engine, key, change),
             );
@@ -269,11 +281,14 @@ impl Kind for Classes<'_> {
     fn see(
         &self,
         key: &ObjectKey,
-        _: &Fed<GpuLeaseClass>,
+        _: &EntrySources<GpuLeaseClass>,
         overlay: &mut Overlay,
         at: Instant,
     ) -> Seen<GpuLeaseClass> {
-        Seen::flagged(overlay.lay_class(key, self.cache.get(key), at), false)
+        Seen::flagged(
+            overlay.class_with_own_writes(key, self.cache.get(key), at),
+            false,
+        )
     }
 
     fn translate(&self, _: &ObjectKey, class: &Arc<GpuLeaseClass>) -> Option<ClassInfo> {
@@ -307,7 +322,13 @@ impl Kind for Nodes<'_> {
         std::iter::empty()
     }
 
-    fn see(&self, key: &ObjectKey, _: &Fed<Node>, _: &mut Overlay, _: Instant) -> Seen<Node> {
+    fn see(
+        &self,
+        key: &ObjectKey,
+        _: &EntrySources<Node>,
+        _: &mut Overlay,
+        _: Instant,
+    ) -> Seen<Node> {
         Seen::flagged(self.cache.get(key), false)
     }
 
@@ -325,7 +346,7 @@ impl Kind for Nodes<'_> {
 
 /// Leases, with the controller's writes laid over them, held a while after
 /// they vanish while their pods are still cached (see
-/// [`Overlay::lay_lease`]); flagged when missing (to be made again).
+/// [`Overlay::lease_with_own_writes`]); flagged when missing (to be made again).
 struct Leases<'c> {
     cache: &'c Index<CachedLease>,
     pods: &'c Index<CachedPod>,
@@ -346,7 +367,7 @@ impl Kind for Leases<'_> {
     fn see(
         &self,
         key: &ObjectKey,
-        fed: &Fed<CachedLease>,
+        sources: &EntrySources<CachedLease>,
         overlay: &mut Overlay,
         at: Instant,
     ) -> Seen<CachedLease> {
@@ -356,11 +377,17 @@ impl Kind for Leases<'_> {
                 .get(key)
                 .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
         };
-        let view = overlay.lay_lease(key, self.cache.get(key), fed.shown(key), pod_cached, at);
+        let view = overlay.lease_with_own_writes(
+            key,
+            self.cache.get(key),
+            sources.last_confirmed(key),
+            pod_cached,
+            at,
+        );
         let missing = overlay.is_missing(key, at);
         Seen {
-            view: view.laid.map(|lease| (lease, missing)),
-            shown: view.shown,
+            view: view.effective.map(|lease| (lease, missing)),
+            confirmed: view.confirmed,
         }
     }
 
@@ -405,11 +432,11 @@ impl Kind for Pods<'_> {
     fn see(
         &self,
         key: &ObjectKey,
-        _: &Fed<CachedPod>,
+        _: &EntrySources<CachedPod>,
         overlay: &mut Overlay,
         at: Instant,
     ) -> Seen<CachedPod> {
-        let pod = overlay.lay_pod(key, self.cache.get(key), at);
+        let pod = overlay.pod_with_own_writes(key, self.cache.get(key), at);
         // Asked after laying the pod, which forgets an eviction the pod shows.
         Seen::flagged(pod, overlay.is_evicted(key))
     }
@@ -445,18 +472,19 @@ struct OverlayKeys {
     leases: Vec<ObjectKey>,
 }
 
-/// The engine and the objects it was fed, kept by the decision loop from
-/// pass to pass.
+/// The admission engine and, for each of its entries, the object it was
+/// translated from: what the decision loop keeps from pass to pass.
+/// [`EngineState::sync`] brings it up to date with what changed.
 #[derive(Default)]
-pub struct Kept {
+pub struct EngineState {
     engine: Engine,
     /// The class resources nodes were translated for (and whose unreadable
     /// pod requests are worth a warning).
     resources: BTreeSet<String>,
-    classes: Fed<GpuLeaseClass>,
-    nodes: Fed<Node>,
-    pods: Fed<CachedPod>,
-    leases: Fed<CachedLease>,
+    classes: EntrySources<GpuLeaseClass>,
+    nodes: EntrySources<Node>,
+    pods: EntrySources<CachedPod>,
+    leases: EntrySources<CachedLease>,
     last_overlay_keys: OverlayKeys,
 }
 
@@ -466,8 +494,8 @@ pub struct PassInput<'k> {
     /// What the engine decides on (deciding lets it remember which
     /// statuses it found current).
     pub engine: &'k mut Engine,
-    pods: &'k Fed<CachedPod>,
-    leases: &'k Fed<CachedLease>,
+    pods: &'k EntrySources<CachedPod>,
+    leases: &'k EntrySources<CachedLease>,
 }
 
 impl PassInput<'_> {
@@ -483,9 +511,10 @@ impl PassInput<'_> {
     }
 }
 
-impl Kept {
-    /// Feeds the engine what changed in the caches, with the controller's
-    /// own unconfirmed writes laid over them, and returns the pass's input.
+impl EngineState {
+    /// Brings the engine up to date with what changed in the caches, with
+    /// the controller's own writes that they do not show yet laid over
+    /// them, and returns the pass's input.
     pub fn sync(
         &mut self,
         caches: &Caches,
@@ -505,7 +534,7 @@ impl Kept {
         } = self;
         engine.set_now(now);
         let changes = &caches.changes;
-        let mut feeding = Feeding {
+        let mut entry_sync = EntrySync {
             engine,
             overlay,
             at,
@@ -514,10 +543,10 @@ impl Kept {
         let kind = Classes {
             cache: &caches.classes,
         };
-        feeding.sync(&kind, changes.classes.take(), classes, &mut last.classes);
+        entry_sync.sync_kind(&kind, changes.classes.take(), classes, &mut last.classes);
 
         let mut node_changes = changes.nodes.take();
-        let wanted: BTreeSet<String> = feeding
+        let wanted: BTreeSet<String> = entry_sync
             .engine
             .classes()
             .values()
@@ -529,7 +558,7 @@ impl Kept {
             // extended resource they ask for (see `translate::pod_info`),
             // so they stay as they are: a deleted class's pods stay in the
             // engine, which keeps their leases' places.
-            nodes.clear(|key| drop(feeding.engine.remove_node(&key.name)));
+            nodes.clear(|key| drop(entry_sync.engine.remove_node(&key.name)));
             node_changes = Changes::Everything;
             *resources = wanted;
         }
@@ -538,13 +567,13 @@ impl Kept {
             resources,
         };
         // The overlay holds no node: no key is left over from the last pass.
-        feeding.sync(&kind, node_changes, nodes, &mut Vec::new());
+        entry_sync.sync_kind(&kind, node_changes, nodes, &mut Vec::new());
 
         let kind = Leases {
             cache: &caches.leases,
             pods: &caches.pods,
         };
-        feeding.sync(&kind, changes.leases.take(), leases, &mut last.leases);
+        entry_sync.sync_kind(&kind, changes.leases.take(), leases, &mut last.leases);
 
         let kind = Pods {
             cache: &caches.pods,
@@ -552,11 +581,11 @@ impl Kept {
             unmanaged_namespaces,
             now,
         };
-        feeding.sync(&kind, changes.pods.take(), pods, &mut last.pods);
+        entry_sync.sync_kind(&kind, changes.pods.take(), pods, &mut last.pods);
 
-        let Feeding {
+        let EntrySync {
             engine, overlay, ..
-        } = feeding;
+        } = entry_sync;
         last.classes.extend(overlay.class_keys().cloned());
         last.leases.extend(overlay.lease_keys().cloned());
         last.pods.extend(overlay.pod_keys().cloned());
@@ -567,7 +596,7 @@ impl Kept {
         }
     }
 
-    /// The engine as last fed.
+    /// The engine as last brought up to date.
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -622,16 +651,17 @@ mod tests {
     /// A value of 0 does not translate.
     type Obj = u32;
 
-    /// Feeds `obj` for `key` into `kept`; returns whether it was translated.
-    fn feed(
-        fed: &mut Fed<Obj>,
-        kept: &mut BTreeMap<String, (u32, bool)>,
+    /// Brings the entry for `key` in `entries` in line with `view`;
+    /// returns whether it was translated.
+    fn sync_entry(
+        sources: &mut EntrySources<Obj>,
+        entries: &mut BTreeMap<String, (u32, bool)>,
         key: &str,
         view: Option<(&Arc<Obj>, bool)>,
     ) -> bool {
         let translated = Cell::new(false);
         let k = ObjectKey::new("ns", key);
-        fed.feed(
+        sources.sync_entry(
             &k,
             view.map(|(o, f)| (o.clone(), f)),
             None,
@@ -640,8 +670,8 @@ mod tests {
                 (**v > 0).then_some(**v)
             },
             |change| match change {
-                Change::Upsert(v, flag) => drop(kept.insert(key.to_owned(), (v, flag))),
-                Change::Remove => assert!(kept.remove(key).is_some(), "{key} was kept"),
+                Change::Upsert(v, flag) => drop(entries.insert(key.to_owned(), (v, flag))),
+                Change::Remove => assert!(entries.remove(key).is_some(), "{key} had an entry"),
             },
         );
         translated.get()
@@ -649,50 +679,60 @@ mod tests {
 
     #[test]
     fn only_another_object_or_flag_is_translated_and_gone_keys_are_removed() {
-        let (mut fed, mut kept) = (Fed::default(), BTreeMap::new());
+        let (mut sources, mut entries) = (EntrySources::default(), BTreeMap::new());
         let (a, a2, none) = (Arc::new(1), Arc::new(1), Arc::new(0));
-        assert!(feed(&mut fed, &mut kept, "a", Some((&a, false))));
+        assert!(sync_entry(
+            &mut sources,
+            &mut entries,
+            "a",
+            Some((&a, false))
+        ));
         assert!(
-            !feed(&mut fed, &mut kept, "a", Some((&a, false))),
+            !sync_entry(&mut sources, &mut entries, "a", Some((&a, false))),
             "same object"
         );
         assert!(
-            feed(&mut fed, &mut kept, "a", Some((&a2, false))),
+            sync_entry(&mut sources, &mut entries, "a", Some((&a2, false))),
             "an equal copy is another object"
         );
         assert!(
-            feed(&mut fed, &mut kept, "a", Some((&a2, true))),
+            sync_entry(&mut sources, &mut entries, "a", Some((&a2, true))),
             "the flag changed"
         );
-        assert_eq!(kept["a"], (1, true));
-        assert!(feed(&mut fed, &mut kept, "n", Some((&none, false))));
+        assert_eq!(entries["a"], (1, true));
+        assert!(sync_entry(
+            &mut sources,
+            &mut entries,
+            "n",
+            Some((&none, false))
+        ));
         assert!(
-            feed(&mut fed, &mut kept, "n", Some((&none, false))),
+            sync_entry(&mut sources, &mut entries, "n", Some((&none, false))),
             "not remembered: translated again when looked at again"
         );
-        assert_eq!(fed.len(), 1);
+        assert_eq!(sources.len(), 1);
         assert!(Arc::ptr_eq(
-            fed.get(&ObjectKey::new("ns", "a")).expect("a"),
+            sources.get(&ObjectKey::new("ns", "a")).expect("a"),
             &a2
         ));
-        assert!(fed.get(&ObjectKey::new("ns", "n")).is_none());
+        assert!(sources.get(&ObjectKey::new("ns", "n")).is_none());
 
-        assert!(!feed(&mut fed, &mut kept, "a", None));
-        assert!(!feed(&mut fed, &mut kept, "n", None));
-        assert!(kept.is_empty() && fed.len() == 0);
+        assert!(!sync_entry(&mut sources, &mut entries, "a", None));
+        assert!(!sync_entry(&mut sources, &mut entries, "n", None));
+        assert!(entries.is_empty() && sources.len() == 0);
     }
 
     #[test]
-    fn what_the_cache_showed_is_kept_even_when_nothing_is_translated() {
-        let mut fed: Fed<Obj> = Fed::default();
+    fn the_confirmed_lease_is_remembered_even_when_nothing_is_translated() {
+        let mut sources: EntrySources<Obj> = EntrySources::default();
         let key = ObjectKey::new("ns", "a");
-        let (laid, shown, newer) = (Arc::new(1), Arc::new(2), Arc::new(3));
-        let mut feed_shown = |shown: &Arc<Obj>| {
+        let (effective, confirmed, newer) = (Arc::new(1), Arc::new(2), Arc::new(3));
+        let mut sync_with_confirmed = |confirmed: &Arc<Obj>| {
             let translated = Cell::new(false);
-            fed.feed(
+            sources.sync_entry(
                 &key,
-                Some((laid.clone(), false)),
-                Some(shown.clone()),
+                Some((effective.clone(), false)),
+                Some(confirmed.clone()),
                 |v| {
                     translated.set(true);
                     Some(**v)
@@ -701,19 +741,30 @@ mod tests {
             );
             translated.get()
         };
-        assert!(feed_shown(&shown));
+        assert!(sync_with_confirmed(&confirmed));
         // An assumed write still laid over a lease the watch replaced.
-        assert!(!feed_shown(&newer), "the laid object is the same");
-        assert!(Arc::ptr_eq(fed.shown(&key).expect("shown"), &newer));
+        assert!(
+            !sync_with_confirmed(&newer),
+            "the effective object is the same"
+        );
+        assert!(Arc::ptr_eq(
+            sources.last_confirmed(&key).expect("confirmed"),
+            &newer
+        ));
     }
 
     #[test]
     fn an_object_that_no_longer_translates_leaves_the_engine() {
-        let (mut fed, mut kept) = (Fed::default(), BTreeMap::new());
-        feed(&mut fed, &mut kept, "a", Some((&Arc::new(1), false)));
-        assert!(feed(&mut fed, &mut kept, "a", Some((&Arc::new(0), false))));
-        assert!(kept.is_empty(), "{kept:?}");
-        assert!(fed.get(&ObjectKey::new("ns", "a")).is_none());
+        let (mut sources, mut entries) = (EntrySources::default(), BTreeMap::new());
+        sync_entry(&mut sources, &mut entries, "a", Some((&Arc::new(1), false)));
+        assert!(sync_entry(
+            &mut sources,
+            &mut entries,
+            "a",
+            Some((&Arc::new(0), false))
+        ));
+        assert!(entries.is_empty(), "{entries:?}");
+        assert!(sources.get(&ObjectKey::new("ns", "a")).is_none());
     }
 
     /// The caches as a watch fills them: each write goes to the store and
@@ -851,7 +902,7 @@ mod tests {
             other_resource: bool,
         },
         Relist,
-        /// The controller's confirmed lease write, `ahead` versions past the cache's.
+        /// A lease write the API server answered, `ahead` versions past the cache's.
         WroteLease {
             name: usize,
             uid: u8,
@@ -868,7 +919,8 @@ mod tests {
             name: usize,
             phase: usize,
         },
-        Landed {
+        /// The write behind an assumed lease finished: the overlay forgets it.
+        WriteFinished {
             name: usize,
         },
         WrotePod {
@@ -941,7 +993,7 @@ mod tests {
                 }),
             (name.clone(), 0..2u8).prop_map(|(name, uid)| Step::DeletedLease { name, uid }),
             (name.clone(), phase).prop_map(|(name, phase)| Step::Assumed { name, phase }),
-            name.clone().prop_map(|name| Step::Landed { name }),
+            name.clone().prop_map(|name| Step::WriteFinished { name }),
             (name.clone(), 0..2u8, -1..3i8).prop_map(|(name, uid, ahead)| Step::WrotePod {
                 name,
                 uid,
@@ -980,15 +1032,15 @@ mod tests {
         (lines, input.engine.decide())
     }
 
-    /// Runs `steps` against two kept engines on the same caches: one looks
+    /// Runs `steps` against two engine states on the same caches: one looks
     /// only at what the change logs and the overlay name, the other at
     /// every key, every pass. Returns the first pass at which they differ.
     fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         let mut cluster = Cluster::new();
         let mut everything = cluster.caches.clone();
         everything.changes = CacheChanges::default();
-        let (mut fed, mut full) = (Kept::default(), Kept::default());
-        let (mut fed_overlay, mut full_overlay) = (Overlay::default(), Overlay::default());
+        let (mut changed_only, mut full) = (EngineState::default(), EngineState::default());
+        let (mut changed_only_overlay, mut full_overlay) = (Overlay::default(), Overlay::default());
         let t0 = Instant::now();
         let mut elapsed = Duration::ZERO;
         let key = |name: usize| ObjectKey::new("ns", NAMES[name]);
@@ -1107,21 +1159,21 @@ mod tests {
                 } => {
                     let rv = lease_rv(&cluster, name, ahead);
                     let lease = lease_object(NAMES[name], uid, pod_uid, &rv, PHASES[phase]);
-                    fed_overlay.record_lease(lease.clone(), created, at);
+                    changed_only_overlay.record_lease(lease.clone(), created, at);
                     full_overlay.record_lease(lease, created, at);
                 }
                 Step::DeletedLease { name, uid } => {
                     let uid = format!("lease-{uid}");
-                    fed_overlay.record_lease_deleted(key(name), uid.clone(), at);
+                    changed_only_overlay.record_lease_deleted(key(name), uid.clone(), at);
                     full_overlay.record_lease_deleted(key(name), uid, at);
                 }
                 Step::Assumed { name, phase } => {
                     let lease = Arc::new(lease_object(NAMES[name], 0, 0, "", PHASES[phase]));
-                    fed_overlay.assume_lease(key(name), lease.clone());
+                    changed_only_overlay.assume_lease(key(name), lease.clone());
                     full_overlay.assume_lease(key(name), lease);
                 }
-                Step::Landed { name } => {
-                    fed_overlay.forget_assumed(&key(name));
+                Step::WriteFinished { name } => {
+                    changed_only_overlay.forget_assumed(&key(name));
                     full_overlay.forget_assumed(&key(name));
                 }
                 Step::WrotePod { name, uid, ahead } => {
@@ -1134,16 +1186,16 @@ mod tests {
                         .unwrap_or(100);
                     let rv = (cached_rv + i64::from(ahead)).to_string();
                     let pod = pod_object(NAMES[name], uid, &rv, false, false, 1);
-                    fed_overlay.record_pod(pod.clone(), at);
+                    changed_only_overlay.record_pod(pod.clone(), at);
                     full_overlay.record_pod(pod, at);
                 }
                 Step::Evicted { name, uid } => {
                     let uid = format!("pod-{uid}");
-                    fed_overlay.record_evicted(key(name), uid.clone(), at);
+                    changed_only_overlay.record_evicted(key(name), uid.clone(), at);
                     full_overlay.record_evicted(key(name), uid, at);
                 }
                 Step::ForgotPod { name } => {
-                    fed_overlay.forget_pod(&key(name));
+                    changed_only_overlay.forget_pod(&key(name));
                     full_overlay.forget_pod(&key(name));
                 }
                 Step::Wait { seconds } => elapsed += Duration::from_secs(seconds.into()),
@@ -1158,25 +1210,37 @@ mod tests {
                     ] {
                         log.everything();
                     }
-                    let a =
-                        described(&mut fed.sync(&cluster.caches, &mut fed_overlay, &[], now, at));
+                    let a = described(&mut changed_only.sync(
+                        &cluster.caches,
+                        &mut changed_only_overlay,
+                        &[],
+                        now,
+                        at,
+                    ));
                     let b = described(&mut full.sync(&everything, &mut full_overlay, &[], now, at));
                     prop_assert_eq!(a, b, "pass after step {}", n);
-                    prop_assert_eq!(fed_overlay.len(), full_overlay.len());
-                    fed_as_laid(&fed, &cluster.caches, &mut fed_overlay, now, at)
-                        .map_err(|e| TestCaseError::fail(format!("after step {n}: {e}")))?;
+                    prop_assert_eq!(changed_only_overlay.len(), full_overlay.len());
+                    entries_match_what_a_pass_sees(
+                        &changed_only,
+                        &cluster.caches,
+                        &mut changed_only_overlay,
+                        now,
+                        at,
+                    )
+                    .map_err(|e| TestCaseError::fail(format!("after step {n}: {e}")))?;
                 }
             }
         }
         Ok(())
     }
 
-    /// What `kept` was fed is, key by key, what the cache and the overlay
+    /// The sources of `state`'s entries are, key by key, what the cache and the overlay
     /// show now (asked again at the same instant, which changes nothing:
     /// a pass already applied the overlay's time limits): every cached,
-    /// overlaid or fed key, not only those a pass looked at.
-    fn fed_as_laid(
-        kept: &Kept,
+    /// overlaid key, and every key with an entry, not only those a pass
+    /// looked at.
+    fn entries_match_what_a_pass_sees(
+        state: &EngineState,
         caches: &Caches,
         overlay: &mut Overlay,
         now: Timestamp,
@@ -1184,13 +1248,13 @@ mod tests {
     ) -> Result<(), String> {
         fn all_keys<K: Identity>(
             store: &[Arc<K>],
-            fed: &Fed<K>,
+            sources: &EntrySources<K>,
             more: Vec<ObjectKey>,
         ) -> Vec<ObjectKey> {
             let mut keys: Vec<ObjectKey> = store
                 .iter()
                 .filter_map(|o| parts_of(o.as_ref()).map(|(ns, n)| ObjectKey::new(ns, n)))
-                .chain(fed.by_key.keys().cloned())
+                .chain(sources.by_key.keys().cloned())
                 .chain(more)
                 .collect();
             keys.sort();
@@ -1198,67 +1262,70 @@ mod tests {
             keys
         }
         fn check<K>(
-            fed: &Fed<K>,
+            sources: &EntrySources<K>,
             key: &ObjectKey,
             view: Option<(Arc<K>, bool)>,
             translates: impl Fn(&Arc<K>) -> bool,
         ) -> Result<(), String> {
-            match (fed.by_key.get(key), view) {
+            match (sources.by_key.get(key), view) {
                 (None, None) => Ok(()),
                 (None, Some((obj, _))) if !translates(&obj) => Ok(()),
                 (Some(f), Some((obj, flag))) if Arc::ptr_eq(&f.obj, &obj) && f.flag == flag => {
                     Ok(())
                 }
                 (f, v) => Err(format!(
-                    "{key:?}: fed {:?}, laid {:?}",
+                    "{key:?}: entry from {:?}, pass sees {:?}",
                     f.map(|f| f.flag),
                     v.map(|(_, flag)| flag)
                 )),
             }
         }
         let pod_keys: Vec<ObjectKey> = overlay.pod_keys().cloned().collect();
-        for key in all_keys(&caches.pods.state(), &kept.pods, pod_keys) {
-            let view = overlay.lay_pod(&key, caches.pods.get(&key), at);
+        for key in all_keys(&caches.pods.state(), &state.pods, pod_keys) {
+            let view = overlay.pod_with_own_writes(&key, caches.pods.get(&key), at);
             check(
-                &kept.pods,
+                &state.pods,
                 &key,
                 view.map(|p| (p, overlay.is_evicted(&key))),
-                |p| translate::pod_info(&p.to_pod(), &kept.resources, now).is_some(),
+                |p| translate::pod_info(&p.to_pod(), &state.resources, now).is_some(),
             )?;
         }
         let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
-        for key in all_keys(&caches.leases.state(), &kept.leases, lease_keys) {
+        for key in all_keys(&caches.leases.state(), &state.leases, lease_keys) {
             let pod_cached = |l: &CachedLease| {
                 caches
                     .pods
                     .get(&key)
                     .is_some_and(|p| p.metadata.uid.as_deref() == Some(l.spec.pod_uid.as_str()))
             };
-            let view = overlay.lay_lease(
+            let view = overlay.lease_with_own_writes(
                 &key,
                 caches.leases.get(&key),
-                kept.leases.shown(&key),
+                state.leases.last_confirmed(&key),
                 pod_cached,
                 at,
             );
             let missing = overlay.is_missing(&key, at);
             // The engine holds the very lease the pass sees, not a copy.
-            let engine_holds = kept.engine.lease(&key).map(|l| &l.lease);
-            if let Some(laid) = &view.laid
-                && !engine_holds.is_some_and(|held| Arc::ptr_eq(held, laid))
+            let engine_holds = state.engine.lease(&key).map(|l| &l.lease);
+            if let Some(effective) = &view.effective
+                && !engine_holds.is_some_and(|held| Arc::ptr_eq(held, effective))
             {
                 return Err(format!("{key:?}: the engine holds another lease"));
             }
-            check(&kept.leases, &key, view.laid.map(|l| (l, missing)), |_| {
-                true
-            })?;
-        }
-        for key in all_keys(&caches.nodes.state(), &kept.nodes, Vec::new()) {
             check(
-                &kept.nodes,
+                &state.leases,
+                &key,
+                view.effective.map(|l| (l, missing)),
+                |_| true,
+            )?;
+        }
+        for key in all_keys(&caches.nodes.state(), &state.nodes, Vec::new()) {
+            check(
+                &state.nodes,
                 &key,
                 caches.nodes.get(&key).map(|n| (n, false)),
-                |n| translate::node_info(n, &kept.resources).is_some(),
+                |n| translate::node_info(n, &state.resources).is_some(),
             )?;
         }
         Ok(())
@@ -1267,10 +1334,10 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// Looking only at changed and overlaid keys feeds the engine
-        /// exactly what looking at every key does.
+        /// Looking only at changed and overlaid keys brings the engine to
+        /// exactly the state looking at every key does.
         #[test]
-        fn looking_at_changed_keys_feeds_what_looking_at_every_key_does(
+        fn looking_at_changed_keys_brings_the_engine_where_looking_at_every_key_does(
             steps in prop::collection::vec(step(), 1..60)
         ) {
             run(&steps)?;
@@ -1281,9 +1348,14 @@ mod tests {
     /// creates and the statuses it wants into the caches as the watch
     /// would show them, until a pass wants nothing more written (at most
     /// five). No pass may admit, evict or give back anything.
-    fn settle(cluster: &mut Cluster, kept: &mut Kept, overlay: &mut Overlay, now: Timestamp) {
+    fn settle(
+        cluster: &mut Cluster,
+        state: &mut EngineState,
+        overlay: &mut Overlay,
+        now: Timestamp,
+    ) {
         for _ in 0..5 {
-            let plan = kept
+            let plan = state
                 .sync(&cluster.caches, overlay, &[], now, Instant::now())
                 .engine
                 .decide();
@@ -1330,7 +1402,7 @@ mod tests {
     #[test]
     fn deleting_the_default_class_rejects_its_queue_and_recreating_it_restores_the_order() {
         let mut cluster = Cluster::new();
-        let (mut kept, mut overlay) = (Kept::default(), Overlay::default());
+        let (mut engine_state, mut overlay) = (EngineState::default(), Overlay::default());
         let now = Timestamp::from_second(1_800_000_000).expect("timestamp");
         let class = class_object("gpupool/slot", "1");
         let classes = cluster.caches.changes.classes.clone();
@@ -1413,7 +1485,7 @@ mod tests {
                 last = seq;
             }
         };
-        settle(&mut cluster, &mut kept, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut overlay, now);
         assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
         queued_in_order(&cluster, &stamps[1..3]);
         let first_sequences: Vec<Option<u64>> = stamps[1..3]
@@ -1426,9 +1498,9 @@ mod tests {
             &classes,
             watcher::Event::Delete(class),
         );
-        settle(&mut cluster, &mut kept, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut overlay, now);
         pod_object(&mut cluster, 4, stamps[3]);
-        settle(&mut cluster, &mut kept, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut overlay, now);
         let (phase, seq, _, _) = lease(&cluster, "a");
         assert_eq!(
             (phase, seq),
@@ -1448,14 +1520,20 @@ mod tests {
                 "{name}"
             );
             assert!(
-                kept.engine().pod(&ObjectKey::new("ns", *name)).is_some(),
+                engine_state
+                    .engine()
+                    .pod(&ObjectKey::new("ns", *name))
+                    .is_some(),
                 "{name} stays in the engine"
             );
         }
         // Whether a pod that names no class may queue is the default
         // class's to say; it must only be there to ask once it is back.
         let d = ObjectKey::new("ns", "d");
-        assert!(kept.engine().pod(&d).is_some(), "d is in the engine");
+        assert!(
+            engine_state.engine().pod(&d).is_some(),
+            "d is in the engine"
+        );
 
         let rv = cluster.next_version();
         Cluster::event(
@@ -1463,12 +1541,12 @@ mod tests {
             &classes,
             watcher::Event::Apply(class_object("gpupool/slot", &rv)),
         );
-        settle(&mut cluster, &mut kept, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut overlay, now);
         assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
         queued_in_order(&cluster, &stamps[1..]);
     }
 
-    /// The scheduler's word reaches the engine through the kept pod: an
+    /// The scheduler's word reaches the engine through the cached pod: an
     /// admitted pod it could not place for the class's timeout is given
     /// back, and once the delete is recorded (the pod terminating before
     /// the watch shows it), the next pass neither asks again nor counts
@@ -1476,7 +1554,7 @@ mod tests {
     #[test]
     fn an_unplaceable_pod_is_given_back_once_and_its_slot_goes_to_the_next() {
         let mut cluster = Cluster::new();
-        let (mut kept, mut overlay) = (Kept::default(), Overlay::default());
+        let (mut engine_state, mut overlay) = (EngineState::default(), Overlay::default());
         let now: Timestamp = "2026-01-01T00:10:00Z".parse().expect("timestamp");
         let classes = cluster.caches.changes.classes.clone();
         Cluster::event(
@@ -1524,7 +1602,7 @@ mod tests {
         }
         let a = ObjectKey::new("ns", "a");
 
-        let plan = kept
+        let plan = engine_state
             .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
             .engine
             .decide();
@@ -1548,7 +1626,7 @@ mod tests {
 
         // The delete went through; the watch has not shown it yet.
         overlay.record_evicted(a.clone(), "pod-1".into(), Instant::now());
-        let plan = kept
+        let plan = engine_state
             .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
             .engine
             .decide();
