@@ -65,7 +65,7 @@ const CONCURRENCY: usize = 64;
 /// takes a slot the moment one frees, even while a pass is being decided.
 /// Any more wait in [`Applier`]'s queue as their data alone: a burst of
 /// thousands of pods to give leases would otherwise hold a task and its
-/// future (about a kilobyte) for each lease create not yet begun.
+/// future for each lease create not yet begun.
 const SPAWNED_AHEAD: usize = CONCURRENCY;
 /// Longest one object's chain of writes may take before it is abandoned
 /// (and retried by a later pass), so one stuck request never stalls admission.

@@ -3,9 +3,9 @@
 //!
 //! A release has no Event: a lease is released only when its pod has
 //! finished (the pod's own phase says so) or is gone (no one is left to
-//! show it to), and the lease's phase records it either way. At 10,000
-//! queued pods such an Event was one API write in three of those spent on
-//! Events, written just as the freed slot's next pod is admitted.
+//! show it to), and the lease's phase records it either way. Leaving it out
+//! spares the API server a write just as the freed slot's next pod is
+//! admitted.
 //!
 //! Events are published off the decision path by one task with a bounded
 //! queue, [`IN_FLIGHT`] writes at a time: a slow or failing Events API
@@ -15,9 +15,8 @@
 //!
 //! The task writes `events.k8s.io/v1` Events itself rather than through
 //! kube's `Recorder`, which keeps every event it published in the last six
-//! minutes and scans them all on each publish: at 10,000 queued pods that
-//! was 30,000 kept events (a 6 MiB table) and a scan of all of them per
-//! event. Here an event that repeats one of the last [`RECENT`] (same
+//! minutes and scans them all on each publish, so its memory and the cost
+//! of each event grow with the queue. Here an event that repeats one of the last [`RECENT`] (same
 //! object, reason and note, within [`SERIES_WINDOW`]) counts up that
 //! event's `series` instead of creating another object, so a pod that flaps
 //! does not fill its namespace with Events, and memory stays bounded.
@@ -42,9 +41,9 @@ use crate::metrics::Metrics;
 const QUEUE: usize = 4096;
 /// Urgent events (see [`PodEvent::is_urgent`]) waiting before new ones are dropped.
 const URGENT_QUEUE: usize = 256;
-/// Events written at once. One at a time fell behind when 10,000 pods were
-/// created together: on 2 cores the queue filled and 5,384–5,527 of about
-/// 30,000 events were dropped in such a run.
+/// Events written at once: more than one, so that a burst of pod creates
+/// does not fill the queue and drop events while each write waits on the
+/// API server.
 pub const IN_FLIGHT: usize = 4;
 
 /// Published events remembered for series, at most.
@@ -133,8 +132,8 @@ impl PodEvent {
 /// What an event is about. A pod is held by the key the index holds it
 /// under, whose strings it shares: in a create burst the queue holds
 /// thousands of events, and a full `ObjectReference` and a log name for
-/// each were seven copies of strings the index already has (about 0.3 KiB
-/// an event). The reference is built when the event is written.
+/// each would be seven copies of strings the index already has. The
+/// reference is built when the event is written.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Regarding {
     /// A pod.

@@ -12,8 +12,8 @@
 //! phase; a refused or failed write is dropped, and the next pass offers it
 //! again if it is still wanted. The patch body is built only when the write
 //! is made, from the latest wanted status and the lease it was decided on:
-//! a pass that moves 10,000 positions hands over 10,000 statuses, not
-//! 10,000 JSON documents, and a status replaced before its turn costs
+//! a pass that moves every position of a long queue hands over statuses,
+//! not JSON documents, and a status replaced before its turn costs
 //! nothing.
 //!
 //! The writer's own writes reach the watch caches a little later than the

@@ -2,15 +2,15 @@
 //! and the admission patch read, deserialized straight from the API
 //! server's JSON.
 //!
-//! A `k8s_openapi` Pod costs about 6 KiB in memory even after its big
-//! fields are cleared, because every optional field of the pod, its spec
-//! and each container has room reserved inline. At 10,000 queued pods that
-//! was the largest item of the operator's heap. This type never allocates
-//! what it does not keep: unknown fields are skipped by the deserializer.
+//! A `k8s_openapi` Pod stays large in memory even after its big fields are
+//! cleared, because every optional field of the pod, its spec and each
+//! container has room reserved inline, and a queued cluster keeps one per
+//! pod. This type never allocates what it does not keep: unknown fields
+//! are skipped by the deserializer.
 //!
 //! Its metadata is likewise only the identity and timestamps the rules
-//! read ([`CachedMeta`]): an `ObjectMeta` reserves 360 bytes inline, most of
-//! them empty options, for every pod. A watch or a write reads the JSON
+//! read ([`CachedMeta`]): an `ObjectMeta` reserves room inline for every
+//! field, most of them empty options, for every pod. A watch or a write reads the JSON
 //! into a [`WatchedPod`] (kube's watcher needs an `ObjectMeta` to follow
 //! resourceVersions), which becomes the kept [`CachedPod`] at once; its
 //! metadata is read with [`kept_metadata`], so the managed fields, owner
@@ -43,8 +43,8 @@ use super::watched::{KEPT_ANNOTATIONS, KEPT_LABELS, kept_metadata, watched_form_
 /// keys, the admission gate, the default resource, the roles, the phases,
 /// the node pin's key, the small whole quantities a GPU request is and
 /// what the `PodScheduled` condition of a gated or unplaceable pod says. A
-/// pod keeps a borrowed one instead of a copy of its own: at 10,000 queued
-/// pods that is about ten allocations per pod fewer. Any other string (a
+/// pod keeps a borrowed one instead of a copy of its own, so these cost no
+/// allocation however many pods are cached. Any other string (a
 /// class or a node's name, a tenant's own values) is the pod's own, so no
 /// tenant can grow this list.
 const KNOWN: [&str; 28] = [
@@ -102,8 +102,8 @@ fn kept_str(s: String) -> KeptStr {
 pub struct CachedPod {
     /// Identity, resourceVersion and timestamps.
     pub metadata: CachedMeta,
-    /// The class and role labels, as a short sorted list (a map costs a
-    /// 0.5 KiB node even for one entry, and every queued pod has one).
+    /// The class and role labels, as a short sorted list (a map allocates
+    /// a whole node even for one entry, and every queued pod has one).
     pub labels: SmallMap<KeptStr, KeptStr>,
     /// The enqueue stamp annotation, likewise.
     pub annotations: SmallMap<KeptStr, KeptStr>,
@@ -138,8 +138,8 @@ pub struct CachedPodSpec {
     #[serde(default)]
     pub node_name: Option<String>,
     /// The pod's own node selector (and the operator's pin), as a short
-    /// sorted list rather than a map (a map costs a 0.5 KiB node even for
-    /// the one pin).
+    /// sorted list rather than a map (a map allocates a whole node even
+    /// for the one pin).
     #[serde(default, deserialize_with = "string_map")]
     pub node_selector: Option<SmallMap<KeptStr, KeptStr>>,
     /// Kept whole but boxed: most pods have none.
@@ -170,8 +170,8 @@ pub struct CachedContainer {
     /// Named in errors about its request.
     #[serde(default)]
     pub name: String,
-    /// Requests and limits, as short lists rather than maps: a map costs
-    /// a 0.5 KiB node even for one entry.
+    /// Requests and limits, as short lists rather than maps: a map
+    /// allocates a whole node even for one entry.
     #[serde(default)]
     pub resources: Option<CachedResources>,
     /// `Always` marks a sidecar init container, whose request adds up.

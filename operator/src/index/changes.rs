@@ -18,8 +18,7 @@ use crate::engine::{KeyParts, ObjectKey};
 /// Keys a log holds before it gives up naming them and asks for a full
 /// look instead. A replica that does not lead never takes from its logs,
 /// and every pod deleted while it follows would otherwise stay named; past
-/// this many changes, a full look (a few milliseconds at 16,000 objects)
-/// is no dearer than looking at each.
+/// this many changes, a full look is no dearer than looking at each.
 pub const MAX_KEYS: usize = 16_384;
 
 /// What changed in one watch cache since [`ChangeLog::take`] last ran.
@@ -61,8 +60,8 @@ impl ChangeLog {
     /// Records one watch event, after the cache has applied it. `held` is
     /// the key the cache keeps the object under (see
     /// [`IndexWriter::apply`](super::store::IndexWriter::apply)): the log
-    /// shares it rather than building one, which at 10,000 pods created at
-    /// once is two allocations per pending key.
+    /// shares it rather than building one, so a pending key allocates
+    /// nothing of its own.
     pub fn record<K: Identity>(&self, event: &watcher::Event<K>, held: Option<&ObjectKey>) {
         match event {
             watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {

@@ -1,11 +1,10 @@
 //! One watch cache: the objects of one kind, by the engine's key.
 //!
 //! kube's reflector store keys each object by an `ObjectRef`, which holds
-//! the name, namespace, resourceVersion and UID as strings of its own and
-//! takes 96 bytes per hash slot. At 10,000 pods and leases that was about
-//! 5 MB of the operator's heap for keys alone. Here the key is an
-//! [`ObjectKey`] (two shared strings, 32 bytes), kept from the first time
-//! the object was seen, and a lookup by name builds no key. The object
+//! the name, namespace, resourceVersion and UID as strings of its own, so
+//! every cached object pays for a second copy of its identity. Here the key
+//! is an [`ObjectKey`] (two shared strings), kept from the first time the
+//! object was seen, and a lookup by name builds no key. The object
 //! kept holds the key's strings rather than copies where its form can
 //! ([`Identity::share_key`]), and every key of one namespace holds the same
 //! string for it: a namespace's name is kept once, not once per object.
@@ -280,10 +279,10 @@ fn upsert<K: Identity + Clone>(
     obj: &K,
 ) -> Option<(ObjectKey, Option<Arc<K>>)> {
     let parts = parts_of(obj)?;
-    // A copy, on purpose: the watch's own object, read from JSON among the
-    // parser's scratch allocations and with its lists' spare capacity, kept
-    // the operator's peak RSS 1.5 MiB higher at 10,000 pods than this
-    // compact copy (see the performance log, 2026-11-28).
+    // A copy, on purpose: the watch's own object was read from JSON among
+    // the parser's scratch allocations and carries its lists' spare
+    // capacity; the copy holds exactly what it needs, so the cache keeps
+    // nothing the parser left behind (see the performance log, 2026-11-28).
     let mut value = obj.clone();
     if let Some((key, _)) = objects.get_key_value(&parts as &dyn KeyParts) {
         let key = key.clone();
