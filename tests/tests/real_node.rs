@@ -195,6 +195,11 @@ async fn run_steps(bed: &mut Bed) {
     )
     .await;
     step(
+        "a pod the kubelet refuses: its lease and a Warning Event say why",
+        kubelet_refusal(bed),
+    )
+    .await;
+    step(
         "helm upgrade loses no queued or running pod; uninstall leaves what the docs say",
         upgrade_and_uninstall(bed),
     )
@@ -856,6 +861,115 @@ async fn gpu_health(bed: &Bed) {
     );
     bed.delete_pod("both").await;
     bed.wait_pod_gone("both", 60).await;
+}
+
+/// Whether the plugin's GPU annotation on the node says GPU `index` is
+/// healthy (`None` before it says anything of it).
+async fn annotated_health(bed: &Bed, index: u32) -> Option<bool> {
+    let nodes: Api<Node> = Api::all(bed.client.clone());
+    let node = nodes.get(&bed.node).await.ok()?;
+    let value = node
+        .metadata
+        .annotations?
+        .get(gpupool_api::names::ANNOTATION_NODE_GPUS)?
+        .clone();
+    let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
+    gpus.iter().find(|g| g.index == index).map(|g| g.healthy)
+}
+
+/// The Warning Events on pod `name`: (reason, note).
+async fn warnings(bed: &Bed, name: &str) -> Vec<(String, String)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), NS);
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// A GPU turns unhealthy just as a 2-slot pod is admitted: the kubelet's
+/// device manager knows at once, but the Node's allocatable follows only
+/// at its next status update, so the operator admits the pod and the
+/// kubelet refuses it (`UnexpectedAdmissionError`). The lease is Released
+/// quoting the kubelet, and a Warning Event says the same. Should the
+/// allocatable be current first (the pod then waits instead), the round
+/// is tried again.
+async fn kubelet_refusal(bed: &Bed) {
+    for round in 1..=3 {
+        set_static_gpus(bed, [true, false]).await;
+        wait_for("the plugin reports GPU 1 unhealthy", 120, || async {
+            (annotated_health(bed, 1).await == Some(false)).then_some(())
+        })
+        .await;
+        bed.create_pod(workload("refused", 2, json!({}), PRINT_ENV_AND_WAIT))
+            .await;
+        let refused = wait_for("the kubelet refuses the pod, or it waits", 90, || async {
+            let pod = bed.pods().get_opt("refused").await.ok().flatten()?;
+            match pod_phase(&pod).as_str() {
+                "Failed" => Some(true),
+                "Running" => Some(false),
+                _ => {
+                    let lease = bed.lease("refused").await?;
+                    let queued = lease.status?.phase == LeasePhase::Queued;
+                    (queued && gated_pod(&pod)).then_some(false)
+                }
+            }
+        })
+        .await;
+        if refused {
+            let lease = bed.wait_lease("refused", LeasePhase::Released, 60).await;
+            let message = lease.status.and_then(|s| s.message).unwrap_or_default();
+            assert!(
+                message.starts_with("released: pod failed: UnexpectedAdmissionError"),
+                "the lease quotes the kubelet: {message}"
+            );
+            let warned = wait_for("the operator's Warning Event on the pod", 60, || async {
+                let w = warnings(bed, "refused").await;
+                w.iter()
+                    .any(|(reason, note)| {
+                        reason == "Failed"
+                            && note.starts_with("released: pod failed: UnexpectedAdmissionError")
+                    })
+                    .then_some(w)
+            })
+            .await;
+            eprintln!("round {round}: refused; warnings {warned:?}");
+        }
+        bed.delete_pod("refused").await;
+        bed.wait_pod_gone("refused", 60).await;
+        set_static_gpus(bed, [true, true]).await;
+        // The Node's allocatable may still say 2 from before the GPU
+        // turned unhealthy: the plugin's word that it is healthy again is
+        // what tells the kubelet.
+        wait_for("the plugin reports GPU 1 healthy again", 120, || async {
+            (annotated_health(bed, 1).await == Some(true)).then_some(())
+        })
+        .await;
+        bed.wait_allocatable("2", 120).await;
+        if refused {
+            return;
+        }
+        eprintln!("round {round}: the Node's allocatable was current before the pod came");
+    }
+    panic!("in three rounds the kubelet never saw the pod before its allocatable shrank");
+}
+
+/// Whether the pod still carries gpupool's scheduling gate.
+fn gated_pod(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| {
+            g.iter()
+                .any(|g| g.name == gpupool_api::names::SCHEDULING_GATE)
+        })
 }
 
 async fn upgrade_and_uninstall(bed: &Bed) {
