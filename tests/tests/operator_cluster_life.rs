@@ -284,3 +284,101 @@ async fn a_lease_lost_while_the_operator_is_down_comes_back_in_its_place() {
     assert!(gated(&sim.get_pod("second").await.expect("second")));
     sim.stop().await;
 }
+
+/// Whether the device plugin's GPU annotation on `node` says GPU `index`
+/// is healthy (`None` before it says anything of it).
+async fn annotated_health(sim: &Sim, node: &str, index: u32) -> Option<bool> {
+    let nodes: Api<Node> = Api::all(sim.client.clone());
+    let node = nodes.get(node).await.ok()?;
+    let value = node
+        .metadata
+        .annotations?
+        .get(gpupool_api::names::ANNOTATION_NODE_GPUS)?
+        .clone();
+    let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
+    gpus.iter().find(|g| g.index == index).map(|g| g.healthy)
+}
+
+/// A GPU turns unhealthy just as a 2-slot pod comes: the kubelet's device
+/// manager knows at once, the Node's allocatable only at its next status
+/// update, so the pod is admitted on the stale figure and the kubelet
+/// refuses it. Its lease is Released quoting the kubelet, and a Warning
+/// Event says the same. A round in which the allocatable was current
+/// first (the webhook then refuses the pod, or it waits) is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_kubelet_refuses_has_its_lease_and_an_event_say_why() {
+    let mut sim = Sim::start(1, 2).await;
+    sim.class("default", json!({"default": true})).await;
+    let node = "node-1";
+    for round in 1..=3 {
+        sim.cluster
+            .set_gpu_health(node, 1, false)
+            .expect("GPU 1 unhealthy");
+        wait_for("the plugin reports GPU 1 unhealthy", 60, || async {
+            (annotated_health(&sim, node, 1).await == Some(false)).then_some(())
+        })
+        .await;
+        let refused = match sim.try_pod(PodSpec::primary("refused", 2)).await {
+            Err(denied) => {
+                eprintln!("round {round}: the webhook saw the current allocatable: {denied}");
+                false
+            }
+            Ok(pod) => {
+                let uid = pod.metadata.uid.unwrap_or_default();
+                // Refused (Released), running (Bound), or waiting for a
+                // node big enough: this pod's lease, not an earlier round's.
+                let lease = wait_for("the pod refused, running or waiting", 60, || async {
+                    let lease = sim
+                        .lease("refused")
+                        .await
+                        .filter(|l| l.spec.pod_uid == uid)?;
+                    let status = lease.status.as_ref()?;
+                    let waits = status.phase == LeasePhase::Queued
+                        && status
+                            .message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("largest"));
+                    (waits || matches!(status.phase, LeasePhase::Released | LeasePhase::Bound))
+                        .then_some(lease)
+                })
+                .await;
+                let status = lease.status.expect("status");
+                if status.phase == LeasePhase::Released {
+                    let message = status.message.unwrap_or_default();
+                    assert!(
+                        message.starts_with("released: pod failed: UnexpectedAdmissionError"),
+                        "the lease quotes the kubelet: {message}"
+                    );
+                    wait_for("the operator's Warning Event", 30, || async {
+                        sim.events("refused")
+                            .await
+                            .iter()
+                            .any(|(reason, note)| {
+                                reason == "Failed"
+                                    && note.starts_with(
+                                        "released: pod failed: UnexpectedAdmissionError",
+                                    )
+                            })
+                            .then_some(())
+                    })
+                    .await;
+                }
+                sim.delete_pod("refused").await;
+                status.phase == LeasePhase::Released
+            }
+        };
+        if refused {
+            sim.stop().await;
+            return;
+        }
+        sim.cluster
+            .set_gpu_health(node, 1, true)
+            .expect("GPU 1 healthy");
+        wait_for("the pod gone and GPU 1 healthy", 60, || async {
+            let gone = sim.get_pod("refused").await.is_none();
+            (gone && annotated_health(&sim, node, 1).await == Some(true)).then_some(())
+        })
+        .await;
+    }
+    panic!("in three rounds the kubelet never saw the pod before its allocatable shrank");
+}

@@ -908,21 +908,41 @@ async fn kubelet_refusal(bed: &Bed) {
             (annotated_health(bed, 1).await == Some(false)).then_some(())
         })
         .await;
-        bed.create_pod(workload("refused", 2, json!({}), PRINT_ENV_AND_WAIT))
-            .await;
-        let refused = wait_for("the kubelet refuses the pod, or it waits", 90, || async {
-            let pod = bed.pods().get_opt("refused").await.ok().flatten()?;
-            match pod_phase(&pod).as_str() {
-                "Failed" => Some(true),
-                "Running" => Some(false),
-                _ => {
-                    let lease = bed.lease("refused").await?;
-                    let queued = lease.status?.phase == LeasePhase::Queued;
-                    (queued && gated_pod(&pod)).then_some(false)
-                }
+        let pod: Pod =
+            serde_json::from_value(workload("refused", 2, json!({}), PRINT_ENV_AND_WAIT))
+                .expect("pod");
+        let refused = match bed.pods().create(&PostParams::default(), &pod).await {
+            // The webhook saw the current allocatable: too big for the node.
+            Err(denied) => {
+                eprintln!("round {round}: refused at creation: {denied}");
+                false
             }
-        })
-        .await;
+            Ok(pod) => {
+                let uid = pod.metadata.uid.unwrap_or_default();
+                wait_for(
+                    "the kubelet refuses the pod, or it runs or waits",
+                    90,
+                    || async {
+                        let pod = bed.pods().get_opt("refused").await.ok().flatten()?;
+                        match pod_phase(&pod).as_str() {
+                            "Failed" => Some(true),
+                            "Running" => Some(false),
+                            _ => {
+                                // Waiting for a node big enough (this pod's lease,
+                                // not an earlier round's).
+                                let lease = bed.lease("refused").await?;
+                                let status = lease.status?;
+                                let waits = lease.spec.pod_uid == uid
+                                    && status.phase == LeasePhase::Queued
+                                    && status.message.is_some_and(|m| m.contains("largest"));
+                                waits.then_some(false)
+                            }
+                        }
+                    },
+                )
+                .await
+            }
+        };
         if refused {
             let lease = bed.wait_lease("refused", LeasePhase::Released, 60).await;
             let message = lease.status.and_then(|s| s.message).unwrap_or_default();
@@ -959,17 +979,6 @@ async fn kubelet_refusal(bed: &Bed) {
         eprintln!("round {round}: the Node's allocatable was current before the pod came");
     }
     panic!("in three rounds the kubelet never saw the pod before its allocatable shrank");
-}
-
-/// Whether the pod still carries gpupool's scheduling gate.
-fn gated_pod(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| {
-            g.iter()
-                .any(|g| g.name == gpupool_api::names::SCHEDULING_GATE)
-        })
 }
 
 async fn upgrade_and_uninstall(bed: &Bed) {

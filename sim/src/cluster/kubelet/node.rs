@@ -81,9 +81,11 @@ fn patch_params() -> PatchParams {
     }
 }
 
-/// Writes the device resources' capacity and allocatable whenever the
-/// devices change, coalescing bursts, until cancelled. A failed write is
-/// retried, so the Node converges to the book.
+/// Writes the device resources' capacity and allocatable until cancelled:
+/// at once when a plugin registers, first lists its devices or goes away,
+/// and otherwise every 10 s, the kubelet's node status update period, so a
+/// device's health reaches allocatable as late as it does with kubelet. A
+/// failed write is retried, so the Node converges to the book.
 pub async fn keep_status(shared: Arc<Shared>, cancel: CancellationToken) {
     let api: Api<Node> = Api::all(shared.client.clone());
     let mut last: Option<serde_json::Value> = None;

@@ -128,6 +128,11 @@ async fn watch_devices(
             return;
         }
     };
+    // The first list is written to the Node at once; later changes (a
+    // device's health) reach its allocatable at the next status update, as
+    // with kubelet, whose device manager admits pods against them at once:
+    // a pod bound in between is refused (UnexpectedAdmissionError).
+    let mut listed_once = false;
     loop {
         match stream.message().await {
             Ok(Some(update)) => {
@@ -155,7 +160,9 @@ async fn watch_devices(
                     return;
                 }
                 tracing::info!(node = %shared.node_name, resource, devices = update.devices.len(), "device list updated");
-                shared.node_dirty.notify_one();
+                if !std::mem::replace(&mut listed_once, true) {
+                    shared.node_dirty.notify_one();
+                }
             }
             Ok(None) => break,
             Err(e) => {
