@@ -56,9 +56,9 @@ pub enum Change<V> {
 }
 
 /// For one kind, the object each of the engine's entries was translated
-/// from, by key. An object that does not translate (a pod that asks for no class's
-/// resource, say) is not remembered: a cluster's other pods cost nothing
-/// here, and a pass looks at such a key again only when it changes.
+/// from, by key. An object that does not translate (a pod that asks for no
+/// class's resource, say) is not remembered: a cluster's other pods cost
+/// nothing here, and a pass looks at such a key again only when it changes.
 pub struct EntrySources<K> {
     by_key: HashMap<ObjectKey, EntrySource<K>>,
 }
@@ -149,9 +149,10 @@ impl<K> EntrySources<K> {
 }
 
 /// The keys a pass looks at for one kind: those a watch changed (or every
-/// cached key and every key with an entry after a re-list), those the overlay holds something
-/// for now, and those it held when the last pass ended (`last`, which this
-/// empties: the overlay may have let go of them since).
+/// cached key and every key with an entry after a re-list), those the
+/// overlay holds something for now, and those it held when the last pass
+/// ended (`last`, which this empties: the overlay may have let go of them
+/// since).
 fn keys_to_look_at<K>(
     changes: Changes,
     store: &Index<K>,
@@ -346,7 +347,8 @@ impl Kind for Nodes<'_> {
 
 /// Leases, with the controller's writes laid over them, held a while after
 /// they vanish while their pods are still cached (see
-/// [`Overlay::lease_with_own_writes`]); flagged when missing (to be made again).
+/// [`Overlay::lease_with_own_writes`]); flagged when missing (to be made
+/// again).
 struct Leases<'c> {
     cache: &'c Index<CachedLease>,
     pods: &'c Index<CachedPod>,
