@@ -669,11 +669,11 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// The class a retired lease `ns/name` has: the one the ticket a pass
+    /// The class an inert lease `ns/name` has: the one the ticket a pass
     /// over it would build says.
     pub fn retired_class(&self, key: &str) -> Option<usize> {
         let (ns, name) = key.split_once('/')?;
-        let entry = self.view.retired?.get(&ObjectKey::new(ns, name))?;
+        let entry = self.view.inert?.get(&ObjectKey::new(ns, name))?;
         let lease = entry.lease.as_deref()?;
         let pod = entry.pod.as_deref();
         let facts = self.derive_facts(pod, Some(lease));
@@ -719,10 +719,10 @@ pub(crate) struct View<'a> {
     pub nodes: Vec<&'a NodeInfo>,
     /// Pods and leases joined by key, in key order.
     pub entries: Vec<PodLease<'a>>,
-    /// Entries the kept state set apart as retired (see
+    /// Entries the kept state set apart as inert (see
     /// [`crate::Engine`]): no ticket is built for them.
-    pub retired: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
-    /// The sequences of the leases the pass does not visit (retired,
+    pub inert: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
+    /// The sequences of the leases the pass does not visit (inert,
     /// parked or set apart), each with how many carry it.
     pub set_apart_sequences: Option<&'a BTreeMap<u64, usize>>,
     /// The kept state's parked leases, when the pass walks them in their
@@ -744,7 +744,7 @@ impl<'a> View<'a> {
             classes,
             nodes: Vec::new(),
             entries: Vec::new(),
-            retired: None,
+            inert: None,
             set_apart_sequences: None,
             parked: None,
             quiet_primaries: None,
@@ -764,7 +764,7 @@ impl<'a> View<'a> {
             classes: sorted_unique(&snapshot.classes, |c| c.name.as_str()),
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             entries: pair_by_key(&pods, &leases),
-            retired: None,
+            inert: None,
             set_apart_sequences: None,
             parked: None,
             quiet_primaries: None,

@@ -24,7 +24,7 @@ pub(crate) struct Entry {
     pub pod: Option<Box<PodInfo>>,
     pub lease: Option<Box<LeaseInfo>>,
     /// What a pass derives from the two and the kept classes: current
-    /// while the entry is live, derived again when a retired one returns.
+    /// while the entry is live, derived again when an inert one returns.
     pub facts: Facts,
 }
 
@@ -35,7 +35,7 @@ impl Entry {
 
     /// True when no pass can act on this entry until it changes (see
     /// [`pass::is_inert`]).
-    fn is_retired(&self) -> bool {
+    fn is_inert(&self) -> bool {
         pass::is_inert(self.pod.as_deref(), self.lease.as_deref())
     }
 
@@ -111,8 +111,8 @@ pub struct Engine {
     /// already paired.
     entries: BTreeMap<ObjectKey, Entry>,
     /// Retired entries, by key; never in `entries` at the same time.
-    retired: BTreeMap<ObjectKey, Entry>,
-    /// Parked entries; never in `entries` or `retired` at the same time.
+    inert: BTreeMap<ObjectKey, Entry>,
+    /// Parked entries; never in `entries` or `inert` at the same time.
     parked: Parked,
     /// Quiet primaries set apart by node; in no other map at the same time.
     quiet_primaries: QuietPrimaries,
@@ -121,7 +121,7 @@ pub struct Engine {
     /// back for them, and a victim's grace may be theirs), so they are
     /// neither parked nor set apart.
     preempted_for: BTreeMap<ObjectKey, usize>,
-    /// The sequences of the leases a pass does not visit (retired, parked
+    /// The sequences of the leases a pass does not visit (inert, parked
     /// or set apart), each with how many carry it: no new lease takes a
     /// number any lease carries.
     set_apart_sequences: BTreeMap<u64, usize>,
@@ -217,7 +217,7 @@ impl Engine {
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
             entries: self.entries.values().map(as_entry).collect(),
-            retired: Some(&self.retired),
+            inert: Some(&self.inert),
             set_apart_sequences: Some(&self.set_apart_sequences),
             parked: (self.parked.len() > 0).then_some(&self.parked),
             quiet_primaries: (self.quiet_primaries.len() > 0).then_some(&self.quiet_primaries),
@@ -322,7 +322,7 @@ impl Engine {
     }
 
     /// Applies `change` to the entry `key` (an empty one if none is kept),
-    /// then keeps the entry where it now belongs: live, parked, retired, or
+    /// then keeps the entry where it now belongs: live, parked, inert, or
     /// gone when it holds neither pod nor lease.
     fn update<R>(&mut self, key: &ObjectKey, change: impl FnOnce(&mut Entry) -> R) -> R {
         let mut entry = self.take(key).unwrap_or_default();
@@ -343,19 +343,19 @@ impl Engine {
             .parked
             .remove(key)
             .or_else(|| self.quiet_primaries.remove(key))
-            .or_else(|| self.retired.remove(key))?;
+            .or_else(|| self.inert.remove(key))?;
         self.forget_sequence(&entry);
         Some(entry)
     }
 
     /// Keeps `entry` where it belongs (see [`Engine::update`]), its facts
-    /// derived again unless it is retired.
+    /// derived again unless it is inert.
     fn keep(&mut self, key: ObjectKey, mut entry: Entry) {
         if entry.is_empty() {
             return;
         }
-        if entry.is_retired() {
-            self.retire(key, entry);
+        if entry.is_inert() {
+            self.set_inert_apart(key, entry);
             return;
         }
         let pass = classes_only(&self.classes);
@@ -418,9 +418,9 @@ impl Engine {
         }
     }
 
-    fn retire(&mut self, key: ObjectKey, entry: Entry) {
+    fn set_inert_apart(&mut self, key: ObjectKey, entry: Entry) {
         self.count_sequence(&entry);
-        self.retired.insert(key, entry);
+        self.inert.insert(key, entry);
     }
 
     /// Counts the sequence of an entry a pass will not visit.
@@ -490,14 +490,14 @@ impl Engine {
             .get(key)
             .or_else(|| self.parked.get(key))
             .or_else(|| self.quiet_primaries.get(key))
-            .or_else(|| self.retired.get(key))
+            .or_else(|| self.inert.get(key))
     }
 
-    /// Every entry, live, parked and retired, in key order.
+    /// Every entry, live, parked and inert, in key order.
     fn all_entries(&self) -> impl Iterator<Item = &Entry> {
         let set_apart = merge_by_key(self.parked.iter(), self.quiet_primaries.iter());
         let live = merge_by_key(self.entries.iter(), set_apart);
-        merge_by_key(live, self.retired.iter()).map(|(_, e)| e)
+        merge_by_key(live, self.inert.iter()).map(|(_, e)| e)
     }
 
     /// How many leases are parked (see [`Engine`]).
@@ -506,7 +506,7 @@ impl Engine {
     }
 
     /// How many quiet primaries are set apart (see [`Engine`]).
-    pub fn quiet_holder_count(&self) -> usize {
+    pub fn quiet_primary_count(&self) -> usize {
         self.quiet_primaries.len()
     }
 
@@ -530,9 +530,9 @@ impl Engine {
         self.all_entries().filter_map(|e| e.lease.as_deref())
     }
 
-    /// How many entries a pass skips as retired (see [`Engine`]).
-    pub fn retired_count(&self) -> usize {
-        self.retired.len()
+    /// How many entries a pass skips as inert (see [`Engine`]).
+    pub fn inert_count(&self) -> usize {
+        self.inert.len()
     }
 
     /// How many pods are kept.
@@ -613,7 +613,7 @@ mod tests {
         engine.upsert_lease(lease(&done, "default", released(7)));
         // A finished pod whose lease is gone.
         engine.upsert_pod(finished("orphan"));
-        assert_eq!(engine.retired_count(), 2);
+        assert_eq!(engine.inert_count(), 2);
         assert_eq!((engine.pod_count(), engine.lease_count()), (2, 1));
         assert!(engine.entries.is_empty(), "a pass visits neither");
         let plan = assert_decides_as_a_full_pass(&mut engine);
@@ -636,25 +636,25 @@ mod tests {
             st.preempted_by = Some("team/new".into());
         }
         engine.upsert_lease(preempted);
-        assert_eq!(engine.retired_count(), 1);
+        assert_eq!(engine.inert_count(), 1);
         assert_decides_as_a_full_pass(&mut engine);
         engine.upsert_lease(lease(&done, "default", released(7)));
-        assert_eq!(engine.retired_count(), 2);
+        assert_eq!(engine.inert_count(), 2);
 
         // A pod replaced under the same name is live again.
         engine.upsert_pod(PodInfo {
             uid: "uid-done-2".into(),
             ..pod("done", 1, 60)
         });
-        assert_eq!(engine.retired_count(), 1);
+        assert_eq!(engine.inert_count(), 1);
         let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.delete_leases.len(), 1, "the old lease goes first");
 
-        // Removing what is kept removes retired entries too.
+        // Removing what is kept removes inert entries too.
         assert!(engine.remove_pod(&key("orphan")).is_some());
         assert!(engine.remove_lease(&key("done")).is_some());
         assert!(engine.remove_pod(&key("done")).is_some());
-        assert_eq!(engine.retired_count(), 0);
+        assert_eq!(engine.inert_count(), 0);
         assert!(engine.set_apart_sequences.is_empty());
         assert_eq!(
             engine
@@ -727,7 +727,7 @@ mod tests {
             }),
         ));
         engine.upsert_pod(helper);
-        assert_eq!(engine.retired_count(), 1, "the primary is retired");
+        assert_eq!(engine.inert_count(), 1, "the primary is inert");
         let plan = assert_decides_as_a_full_pass(&mut engine);
         assert_eq!(plan.evictions.len(), 1);
         assert_eq!(plan.evictions[0].grace_period_seconds, 7);
@@ -908,7 +908,7 @@ mod tests {
         let mut engine = one_running_and_waiting(30);
         assert_eq!(engine.parked_count(), 30, "every waiting lease is parked");
         assert_eq!(
-            engine.quiet_holder_count(),
+            engine.quiet_primary_count(),
             1,
             "the running primary is set apart"
         );

@@ -213,9 +213,9 @@ async fn pass(
     tracing::debug!(
         pods = input.engine.pod_count(),
         leases = input.engine.lease_count(),
-        retired = input.engine.retired_count(),
+        inert = input.engine.inert_count(),
         parked = input.engine.parked_count(),
-        quiet_holders = input.engine.quiet_holder_count(),
+        quiet_primaries = input.engine.quiet_primary_count(),
         creates = plan.create_leases.len(),
         deletes = plan.delete_leases.len(),
         admissions = plan.admissions.len(),
