@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpupool_api::{GpuLease, GpuLeaseClass};
-use gpupool_sim::control_plane::{self, ControlPlane, ControlPlaneConfig};
+use gpupool_sim::control_plane::{ControlPlane, ControlPlaneConfig};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -146,7 +146,8 @@ async fn ok(kubeconfig: &Path, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn view_and_edit_tenants_see_their_namespace_on_a_real_control_plane() {
-    let Some(assets) = control_plane::assets_for_test("the real-tenant suite") else {
+    let Some(assets) = gpupool_sim_apiserver::tool_check::kube_assets("the real-tenant suite")
+    else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

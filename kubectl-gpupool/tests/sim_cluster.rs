@@ -488,8 +488,9 @@ async fn queue_top_and_why_show_waiting_primaries_helpers_and_a_preemption() {
         let top = via_kubectl(&kc, &["top"]).await;
         assert!(top.contains("ml/backfill"), "{top}");
     } else {
-        gpupool_sim::tool_check::missing(
+        gpupool_sim_apiserver::tool_check::missing(
             "kubectl gpupool through kubectl",
+            "kubectl",
             "kubectl is not on the PATH (the binary itself was tested)",
         );
     }

@@ -14,4 +14,3 @@ pub mod cluster;
 pub mod control_plane;
 pub mod real_node;
 pub mod text;
-pub mod tool_check;

@@ -18,17 +18,9 @@ use tokio::process::Command;
 const SIM: &str = env!("CARGO_BIN_EXE_gpupool-sim");
 
 fn prerequisites() -> Option<PathBuf> {
-    let assets = gpupool_sim::control_plane::assets_for_test("the real `gpupool-sim up` suite")?;
-    if std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        gpupool_sim::tool_check::missing(
-            "the real `gpupool-sim up` suite",
-            "kubectl is not on the PATH",
-        );
+    let test = "the real `gpupool-sim up` suite";
+    let assets = gpupool_sim_apiserver::tool_check::kube_assets(test)?;
+    if !gpupool_sim_apiserver::tool_check::runs(test, "kubectl", &["version", "--client"]) {
         return None;
     }
     let dir = Path::new(SIM).parent().expect("target dir");

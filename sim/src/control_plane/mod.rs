@@ -150,22 +150,6 @@ pub fn assets_from_env() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// The assets directory for `test`, which needs a real control plane; when
-/// [`ASSETS_ENV`] is unset, `None` after [`crate::tool_check::missing`] has
-/// said so (a failure in CI, a skip line elsewhere).
-pub fn assets_for_test(test: &str) -> Option<PathBuf> {
-    let found = assets_from_env();
-    if found.is_none() {
-        crate::tool_check::missing(
-            test,
-            &format!(
-                "{ASSETS_ENV} is not set (bash .ci/install-k8s.sh prepares a real control plane)"
-            ),
-        );
-    }
-    found
-}
-
 /// A running control plane. Stop it with [`ControlPlane::stop`]; dropping
 /// it kills every process.
 pub struct ControlPlane {
