@@ -12,7 +12,7 @@
 //! creationTimestamp, namespace/name) order. A sequence, once persisted,
 //! never changes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use gpupool_api::{LeasePhase, Role};
 use jiff::Timestamp;
@@ -46,16 +46,24 @@ impl<'a> Pass<'a> {
             stamp(a).cmp(&stamp(b)).then_with(|| a.key.cmp(b.key))
         });
         let floors = self.admitted_floors();
-        let mut taken = Taken::of(&self.view);
-        for i in pending {
-            let t = &self.tickets[i];
-            let Some(pod) = t.pod else { continue };
+        let first_of = |t: &super::pass::Ticket<'a>| {
+            let pod = t.pod?;
             let mut sequence = stamp_sequence(pod.enqueued_at.unwrap_or(pod.created_at));
             if let Some(&floor) = floors.get(&(t.class_name, t.role)) {
                 sequence = sequence.max(floor.saturating_add(1));
             }
-            let sequence = taken.first_free_from(sequence);
-            self.tickets[i].sequence = Some(sequence);
+            Some(sequence)
+        };
+        let firsts: Vec<Option<u64>> = pending
+            .iter()
+            .map(|&i| first_of(&self.tickets[i]))
+            .collect();
+        let lowest = firsts.iter().flatten().copied().min().unwrap_or(u64::MAX);
+        let mut taken = Taken::at_or_above(&self.view, lowest);
+        for (i, first) in pending.into_iter().zip(firsts) {
+            if let Some(first) = first {
+                self.tickets[i].sequence = Some(taken.first_free_from(first));
+            }
         }
     }
 
@@ -81,20 +89,26 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// Every sequence a lease carries: those the pass visits and those the
-/// kept engine set apart.
+/// Every sequence a lease carries from some number on: those the pass
+/// visits and those the kept engine set apart.
 struct Taken<'p> {
-    visited: BTreeSet<u64>,
+    /// The visited leases' sequences from `lowest` on, and those handed
+    /// out since, in order: new sequences come from recent stamps, so few
+    /// leases carry one as high.
+    visited: Vec<u64>,
     set_apart: Option<&'p BTreeMap<u64, usize>>,
 }
 
 impl<'p> Taken<'p> {
-    fn of(view: &View<'p>) -> Self {
-        let visited = view
+    /// The sequences `view` shows from `lowest` on.
+    fn at_or_above(view: &View<'p>, lowest: u64) -> Self {
+        let mut visited: Vec<u64> = view
             .entries
             .iter()
             .filter_map(|(_, l, _)| l.and_then(|l| l.status()).and_then(|s| s.sequence))
+            .filter(|&s| s >= lowest)
             .collect();
+        visited.sort_unstable();
         Self {
             visited,
             set_apart: view.set_apart_sequences,
@@ -102,7 +116,7 @@ impl<'p> Taken<'p> {
     }
 
     fn contains(&self, sequence: u64) -> bool {
-        self.visited.contains(&sequence)
+        self.visited.binary_search(&sequence).is_ok()
             || self.set_apart.is_some_and(|s| s.contains_key(&sequence))
     }
 
@@ -112,7 +126,9 @@ impl<'p> Taken<'p> {
         while self.contains(sequence) {
             sequence = sequence.saturating_add(1);
         }
-        self.visited.insert(sequence);
+        if let Err(at) = self.visited.binary_search(&sequence) {
+            self.visited.insert(at, sequence);
+        }
         sequence
     }
 }
