@@ -382,3 +382,34 @@ async fn a_pod_the_kubelet_refuses_has_its_lease_and_an_event_say_why() {
     }
     panic!("in three rounds the kubelet never saw the pod before its allocatable shrank");
 }
+
+/// A pod that names its class but asks for a resource one letter off the
+/// class's (`gpupool/slots` for `gpupool/slot`) would wait for ever without
+/// a lease: the webhook refuses it, naming both resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_miss_of_the_class_resource_is_refused_naming_both() {
+    let sim = Sim::start(1, 1).await;
+    sim.class("default", json!({"default": true})).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "typo", "namespace": NS,
+                     "labels": {"gpupool.io/class": "default"}},
+        "spec": {"containers": [{"name": "work", "image": "busybox",
+            "resources": {"limits": {"gpupool/slots": "1"}}}]}
+    }))
+    .expect("pod");
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NS);
+    let denied = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect_err("the webhook refuses the near miss")
+        .to_string();
+    assert!(
+        denied.contains("gpupool/slots") && denied.contains("did you mean gpupool/slot?"),
+        "{denied}"
+    );
+    assert!(
+        sim.lease("typo").await.is_none(),
+        "no lease for a refused pod"
+    );
+    sim.stop().await;
+}
