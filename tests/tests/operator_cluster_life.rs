@@ -12,7 +12,7 @@ use gpupool_api::{GpuLease, GpuLeaseClass, LeasePhase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use operator_support::{NS, PodSpec, Sim, gated, wait_for};
+use operator_support::{NS, PodSpec, Sim, annotated_health, gated, wait_for};
 use serde_json::json;
 
 /// The lease's message, or "" before it has one.
@@ -285,20 +285,6 @@ async fn a_lease_lost_while_the_operator_is_down_comes_back_in_its_place() {
     sim.stop().await;
 }
 
-/// Whether the device plugin's GPU annotation on `node` says GPU `index`
-/// is healthy (`None` before it says anything of it).
-async fn annotated_health(sim: &Sim, node: &str, index: u32) -> Option<bool> {
-    let nodes: Api<Node> = Api::all(sim.client.clone());
-    let node = nodes.get(node).await.ok()?;
-    let value = node
-        .metadata
-        .annotations?
-        .get(gpupool_api::names::ANNOTATION_NODE_GPUS)?
-        .clone();
-    let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
-    gpus.iter().find(|g| g.index == index).map(|g| g.healthy)
-}
-
 /// A GPU turns unhealthy just as a 2-slot pod comes: the kubelet's device
 /// manager knows at once, the Node's allocatable only at its next status
 /// update, so the pod is admitted on the stale figure and the kubelet
@@ -315,7 +301,7 @@ async fn a_pod_the_kubelet_refuses_has_its_lease_and_an_event_say_why() {
             .set_gpu_health(node, 1, false)
             .expect("GPU 1 unhealthy");
         wait_for("the plugin reports GPU 1 unhealthy", 60, || async {
-            (annotated_health(&sim, node, 1).await == Some(false)).then_some(())
+            (annotated_health(&sim.client, node, 1).await == Some(false)).then_some(())
         })
         .await;
         let refused = match sim.try_pod(PodSpec::primary("refused", 2)).await {
@@ -376,7 +362,7 @@ async fn a_pod_the_kubelet_refuses_has_its_lease_and_an_event_say_why() {
             .expect("GPU 1 healthy");
         wait_for("the pod gone and GPU 1 healthy", 60, || async {
             let gone = sim.get_pod("refused").await.is_none();
-            (gone && annotated_health(&sim, node, 1).await == Some(true)).then_some(())
+            (gone && annotated_health(&sim.client, node, 1).await == Some(true)).then_some(())
         })
         .await;
     }

@@ -32,7 +32,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use operator_support::wait_for;
+use operator_support::{annotated_health, wait_for};
 use serde_json::{Value, json};
 
 /// The chart's release and namespace.
@@ -863,20 +863,6 @@ async fn gpu_health(bed: &Bed) {
     bed.wait_pod_gone("both", 60).await;
 }
 
-/// Whether the plugin's GPU annotation on the node says GPU `index` is
-/// healthy (`None` before it says anything of it).
-async fn annotated_health(bed: &Bed, index: u32) -> Option<bool> {
-    let nodes: Api<Node> = Api::all(bed.client.clone());
-    let node = nodes.get(&bed.node).await.ok()?;
-    let value = node
-        .metadata
-        .annotations?
-        .get(gpupool_api::names::ANNOTATION_NODE_GPUS)?
-        .clone();
-    let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
-    gpus.iter().find(|g| g.index == index).map(|g| g.healthy)
-}
-
 /// The Warning Events on pod `name`: (reason, note).
 async fn warnings(bed: &Bed, name: &str) -> Vec<(String, String)> {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), NS);
@@ -905,7 +891,7 @@ async fn kubelet_refusal(bed: &Bed) {
     for round in 1..=3 {
         set_static_gpus(bed, [true, false]).await;
         wait_for("the plugin reports GPU 1 unhealthy", 120, || async {
-            (annotated_health(bed, 1).await == Some(false)).then_some(())
+            (annotated_health(&bed.client, &bed.node, 1).await == Some(false)).then_some(())
         })
         .await;
         let pod: Pod =
@@ -969,7 +955,7 @@ async fn kubelet_refusal(bed: &Bed) {
         // turned unhealthy: the plugin's word that it is healthy again is
         // what tells the kubelet.
         wait_for("the plugin reports GPU 1 healthy again", 120, || async {
-            (annotated_health(bed, 1).await == Some(true)).then_some(())
+            (annotated_health(&bed.client, &bed.node, 1).await == Some(true)).then_some(())
         })
         .await;
         bed.wait_allocatable("2", 120).await;

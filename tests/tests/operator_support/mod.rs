@@ -449,3 +449,17 @@ pub fn phase_of(l: &GpuLease) -> (Option<LeasePhase>, Option<u32>) {
         l.status.as_ref().and_then(|s| s.position),
     )
 }
+
+/// Whether the device plugin's GPU annotation on `node` says GPU `index`
+/// is healthy (`None` before it says anything of it).
+pub async fn annotated_health(client: &Client, node: &str, index: u32) -> Option<bool> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get(node).await.ok()?;
+    let value = node
+        .metadata
+        .annotations?
+        .get(gpupool_api::names::ANNOTATION_NODE_GPUS)?
+        .clone();
+    let gpus = gpupool_api::node_gpus::parse(&value).ok()?;
+    gpus.iter().find(|g| g.index == index).map(|g| g.healthy)
+}
