@@ -1142,24 +1142,38 @@ impl World {
                     self.s.pods.iter().find(|p| p.key == above.key)
                 );
             }
+            // A lease holds slots when its status says so, or when its pod
+            // runs without the gate though the status write was lost.
             let floor = self
                 .s
                 .leases
                 .iter()
                 .filter(same_queue)
-                .filter(holding)
+                .filter(|l| holding(l) || runs(l))
                 .filter_map(|l| l.status()?.sequence)
                 .max()
                 .map_or(base, |f| base.max(f + 1));
-            let waits_behind = self.s.leases.iter().filter(same_queue).find(|l| {
-                let Some(theirs) = l.status().filter(|s| s.phase == LeasePhase::Queued) else {
-                    return false;
-                };
-                theirs
-                    .sequence
-                    .is_some_and(|s| s < seq && s > floor + taken_count as u64)
-                    && stamp_of(&l.key).is_some_and(|t| t > stamp)
-            });
+            let waits = |l: &&LeaseInfo| {
+                self.s
+                    .pods
+                    .iter()
+                    .any(|p| p.key == l.key && p.uid == l.spec().pod_uid && p.gated && is_live(p))
+            };
+            let waits_behind = self
+                .s
+                .leases
+                .iter()
+                .filter(same_queue)
+                .filter(waits)
+                .find(|l| {
+                    let Some(theirs) = l.status().filter(|s| s.phase == LeasePhase::Queued) else {
+                        return false;
+                    };
+                    theirs
+                        .sequence
+                        .is_some_and(|s| s < seq && s > floor + taken_count as u64)
+                        && stamp_of(&l.key).is_some_and(|t| t > stamp)
+                });
             prop_assert!(
                 waits_behind.is_none(),
                 "{} (sequence {seq}) queued behind {:?}, stamped later",
