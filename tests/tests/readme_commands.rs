@@ -450,7 +450,7 @@ fn words(line: &str) -> Vec<&str> {
 /// the README and `docs/`.
 fn transcripts() -> Vec<(String, String, Vec<String>)> {
     let mut out = Vec::new();
-    for block in readme_and_docs().iter().flat_map(|f| blocks(f)) {
+    for block in documents().iter().flat_map(|f| blocks(f)) {
         if !block.info.is_empty() {
             continue;
         }
@@ -512,7 +512,7 @@ async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
     }
 
     let all = transcripts();
-    assert!(all.len() >= 6, "the README shows {} commands", all.len());
+    assert!(all.len() >= 6, "the documents show {} commands", all.len());
     for (at, cmd, shown) in all {
         let script = cmd.clone();
         let env = env.clone();
