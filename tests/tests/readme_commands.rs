@@ -1,8 +1,7 @@
 //! Every command the READMEs and `docs/*.md` show, as written.
 //!
 //! - A ```` ```sh ```` block (in `README.md`, `examples/README.md` or any
-//!   `docs/*.md`) either runs as written (bash, `-euo pipefail`,
-//!   the workspace's binaries and `.tools/bin` first on the PATH, its own
+//!   `docs/*.md`) either runs as written (bash, `-euo pipefail`, its own
 //!   process group, killed afterwards so a `&` leaves nothing behind) or
 //!   opens with `# needs: <what and why>`. Such a block needs something these
 //!   machines lack (Docker, a GPU cluster, an installed release); it still
@@ -13,6 +12,11 @@
 //!   flags (it would start real nodes as root), `cargo test --test T`
 //!   needs the suite `T` (it would run it inside this one), and every file
 //!   a command names must exist.
+//! - A block runs with the reader's PATH: the caller's, less this
+//!   checkout's `target/debug` and `.tools/bin`, plus whatever `export
+//!   PATH=` lines the README's blocks above it ran. So a block that calls
+//!   `helm` or `kubectl gpupool` fails here when the README never said how
+//!   to put them on the PATH.
 //! - `cargo build --workspace --bins` on a line of its own is the first
 //!   half of the test command, done before this test ran; it is not run
 //!   again (cargo would wait for the lock the running tests hold).
@@ -79,18 +83,22 @@ impl Block {
         self.body.first()?.strip_prefix(NEEDS)
     }
 
+    /// The block as a reader runs it: what the README had them set, then
+    /// the block's lines.
     fn script(&self) -> String {
-        self.body
-            .iter()
-            .map(|line| {
-                if line.trim() == BUILD_COMMAND {
-                    ": built by the test command before this test"
-                } else {
-                    line
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        reader_setup(&self.file, self.line)
+            + &self
+                .body
+                .iter()
+                .map(|line| {
+                    if line.trim() == BUILD_COMMAND {
+                        ": built by the test command before this test"
+                    } else {
+                        line
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
             + "\n"
     }
 
@@ -158,15 +166,33 @@ fn kubectl_available(test: &str) -> bool {
     gpupool_sim_apiserver::tool_check::runs(test, "kubectl", &["version", "--client"])
 }
 
-/// The PATH a reader has after the README's build: the workspace's
-/// binaries and the installed helm first.
+/// The PATH a reader starts with: theirs, without this checkout's
+/// `target/debug` and `.tools/bin`, which only the README's own
+/// `export PATH=` line may add.
 fn reader_path() -> OsString {
     let root = repo_root();
-    let mut dirs = vec![root.join("target/debug"), root.join(".tools/bin")];
-    dirs.extend(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    ));
-    std::env::join_paths(dirs).expect("PATH joins")
+    let ours = [root.join("target/debug"), root.join(".tools/bin")];
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    };
+    let theirs: Vec<_> = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .filter(|dir| !ours.iter().any(|o| same(dir, o)))
+        .collect();
+    std::env::join_paths(theirs).expect("PATH joins")
+}
+
+/// What a reader has set by the time they reach line `line` of `file`:
+/// the `export PATH=` lines of the README's runnable blocks above it (all
+/// of them for the other documents, which a reader opens after the README).
+fn reader_setup(file: &str, line: usize) -> String {
+    blocks("README.md")
+        .into_iter()
+        .filter(|b| b.is_shell() && b.needs().is_none())
+        .filter(|b| file != "README.md" || b.line < line)
+        .flat_map(|b| b.body)
+        .filter(|l| l.trim_start().starts_with("export PATH="))
+        .map(|l| l + "\n")
+        .collect()
 }
 
 /// What one script left.
@@ -187,6 +213,7 @@ fn run_script(script: &str, envs: &[(&str, OsString)]) -> Ran {
         .arg(format!("set -euo pipefail\n{script}"))
         .current_dir(repo_root())
         .env("PATH", reader_path())
+        .env("PWD", repo_root())
         .env_remove("KUBECONFIG")
         .env("TMPDIR", tmp.path())
         .env("NO_COLOR", "1")
@@ -514,7 +541,8 @@ async fn the_examples_and_the_transcripts_hold_on_the_simulator() {
     let all = transcripts();
     assert!(all.len() >= 6, "the documents show {} commands", all.len());
     for (at, cmd, shown) in all {
-        let script = cmd.clone();
+        // A transcript shows a reader who has followed the README.
+        let script = reader_setup("examples/README.md", 0) + &cmd;
         let env = env.clone();
         let ran = tokio::task::spawn_blocking(move || run_script(&script, &env))
             .await
