@@ -14,6 +14,16 @@
 //! first pass every key is looked at, by the same rule; when the classes'
 //! resources change, every node is (a pod's translation does not depend on
 //! them).
+//!
+//! The walk over a kind's keys is written once (`EntrySync::sync_kind`);
+//! each of the four kinds keeps its own impl of the `Kind` trait because
+//! what is left in it is exactly what differs and cannot be said once: how
+//! the overlay is laid over the cache (not at all for nodes, with a held
+//! and a confirmed lease for leases, with an eviction flag for pods), what
+//! its translation needs (the classes' resources, the unmanaged namespaces,
+//! the pass's time), and how the flag reaches the engine's entry. What the
+//! impls still share is the trait's outline; a macro or a table of closures
+//! would save those few lines by hiding the differences a reader comes for.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
