@@ -67,6 +67,11 @@ pub mod tool_check;
 mod util;
 
 pub use objects::patch;
+/// Standard base64 (RFC 4648 alphabet, `=` padded), as the server writes
+/// Secret data and kubeconfig certificates. Public so that the test
+/// webhooks encode their patches and CA bundles with the server's own
+/// encoder rather than a copy of it.
+pub use util::base64_encode;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

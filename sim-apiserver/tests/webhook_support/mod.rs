@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use gpupool_sim_apiserver::base64_encode;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
@@ -51,40 +52,13 @@ pub enum Offer {
     Http2,
 }
 
-/// Standard base64 with padding.
-pub fn b64(data: &[u8]) -> String {
-    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(T[(n >> 18) as usize & 63] as char);
-        out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            T[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            T[n as usize & 63] as char
-        } else {
-            '='
-        });
-    }
-    out
-}
-
 fn answer(path: &str, review: &Value) -> Value {
     let uid = review["request"]["uid"].clone();
     let response = match path {
         "/mutate" => {
             let patch =
                 json!([{"op": "add", "path": "/metadata/labels", "value": {"mutated": "yes"}}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": base64_encode(patch.to_string().as_bytes())})
         }
         "/deny" => {
             json!({"uid": uid, "allowed": false, "status": {"code": 403, "message": "no GPUs for you"}})
@@ -96,12 +70,12 @@ fn answer(path: &str, review: &Value) -> Value {
         // Gates every pod, as the operator's pod webhook does.
         "/gate" => {
             let patch = json!([{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpupool.io/admission"}]}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": base64_encode(patch.to_string().as_bytes())})
         }
         // Adds a field ConfigMaps do not declare.
         "/unknown" => {
             let patch = json!([{"op": "add", "path": "/colour", "value": "red"}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": base64_encode(patch.to_string().as_bytes())})
         }
         // Records what it saw of the label `/second` sets.
         "/first" => {
@@ -109,7 +83,7 @@ fn answer(path: &str, review: &Value) -> Value {
             let saw = labels["second"].as_str().unwrap_or("absent").to_string();
             labels["first"] = json!(saw);
             let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": base64_encode(patch.to_string().as_bytes())})
         }
         // Counts its own calls in a label, so every call changes the object.
         "/second" => {
@@ -120,7 +94,7 @@ fn answer(path: &str, review: &Value) -> Value {
                 .unwrap_or(0);
             labels["second"] = json!((n + 1).to_string());
             let patch = json!([{"op": "add", "path": "/metadata/labels", "value": labels}]);
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": b64(patch.to_string().as_bytes())})
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": base64_encode(patch.to_string().as_bytes())})
         }
         _ => json!({"uid": uid, "allowed": true}),
     };
@@ -138,7 +112,7 @@ fn tls_acceptor(offer: Offer) -> (tokio_rustls::TlsAcceptor, String) {
     ])
     .expect("params");
     let cert = params.self_signed(&key).expect("cert");
-    let ca_b64 = b64(cert.pem().as_bytes());
+    let ca_b64 = base64_encode(cert.pem().as_bytes());
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
