@@ -23,6 +23,7 @@ mod preempt;
 mod queue;
 mod room;
 mod sequence;
+mod set_apart;
 mod small_map;
 mod state;
 mod status;

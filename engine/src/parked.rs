@@ -25,6 +25,7 @@ use super::fit;
 use super::message::Settled;
 use super::model::{ObjectKey, RoleLabel};
 use super::pass::{Pass, is_live};
+use super::set_apart::count_down;
 use super::state::Entry;
 
 /// Where a parked lease waits: its class, its role and its sequence.
@@ -61,7 +62,7 @@ pub(crate) struct Lease {
 
 /// A FIFO of parked leases, by (sequence, key): the queue step's order,
 /// with what the queue step reads of all of them at once.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Fifo {
     pub leases: BTreeMap<(u64, ObjectKey), Lease>,
     /// How many leases ask for each number of slots.
@@ -71,6 +72,14 @@ pub(crate) struct Fifo {
 }
 
 impl Fifo {
+    const fn new() -> Self {
+        Self {
+            leases: BTreeMap::new(),
+            slots: BTreeMap::new(),
+            tolerating: 0,
+        }
+    }
+
     fn insert(&mut self, place: (u64, ObjectKey), lease: Lease) {
         *self.slots.entry(lease.summary.slots).or_default() += 1;
         self.tolerating += usize::from(lease.summary.tolerates);
@@ -91,13 +100,20 @@ impl Fifo {
 }
 
 /// One class's parked leases.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct ClassFifos {
     pub primaries: Fifo,
     pub helpers: Fifo,
 }
 
 impl ClassFifos {
+    const fn new() -> Self {
+        Self {
+            primaries: Fifo::new(),
+            helpers: Fifo::new(),
+        }
+    }
+
     fn fifo_mut(&mut self, role: Role) -> &mut Fifo {
         match role {
             Role::Primary => &mut self.primaries,
@@ -115,7 +131,7 @@ impl ClassFifos {
 
 /// Every parked lease with its pod, in FIFO order per class, and where
 /// each is by key.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Parked {
     places: BTreeMap<ObjectKey, FifoPlace>,
     /// By class name.
@@ -123,12 +139,20 @@ pub(crate) struct Parked {
 }
 
 impl Parked {
+    /// Nothing parked.
+    pub const fn new() -> Self {
+        Self {
+            places: BTreeMap::new(),
+            fifos: BTreeMap::new(),
+        }
+    }
+
     /// Parks `entry` at `place`.
     pub fn insert(&mut self, key: ObjectKey, place: FifoPlace, entry: Entry) {
         let summary = summarize(&entry);
         self.fifos
             .entry(place.class.clone())
-            .or_default()
+            .or_insert_with(ClassFifos::new)
             .fifo_mut(place.role)
             .insert(
                 (place.sequence, key.clone()),
@@ -201,16 +225,6 @@ impl Parked {
     /// How many leases are parked.
     pub fn len(&self) -> usize {
         self.places.len()
-    }
-}
-
-/// Takes one from the count of `key`, forgetting it at zero.
-pub(crate) fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: K) {
-    if let std::collections::btree_map::Entry::Occupied(mut n) = counts.entry(key) {
-        *n.get_mut() -= 1;
-        if *n.get() == 0 {
-            n.remove();
-        }
     }
 }
 

@@ -17,8 +17,7 @@ use super::model::{
     BlockedEvictions, ClassInfo, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, PodPhase,
     RoleLabel, Snapshot, StaleLease,
 };
-use super::parked::Parked;
-use super::quiet_primaries::QuietPrimaries;
+use super::set_apart::{NOTHING_SET_APART, SetApart};
 
 /// Who a preempted helper makes room for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,10 +242,7 @@ impl<'a> Pass<'a> {
     /// Takes what the quiet primaries set apart hold on their nodes, as
     /// visiting each would have.
     fn count_quiet_holders(&mut self) {
-        let Some(holders) = self.view.quiet_primaries else {
-            return;
-        };
-        for (node, usage) in &holders.usage {
+        for (node, usage) in self.view.set_apart.quiet_usage() {
             let Some(node) = self.nodes.find(node) else {
                 continue;
             };
@@ -261,10 +257,7 @@ impl<'a> Pass<'a> {
     /// Builds the tickets of the quiet primaries set apart on `node`, as
     /// [`Pass::join`] would have (their capacity is already counted).
     pub fn materialize_quiet_holders(&mut self, node: &str) {
-        let Some(on_node) = self.view.quiet_primaries.and_then(|h| h.by_node.get(node)) else {
-            return;
-        };
-        for entry in on_node.values() {
+        for entry in self.view.set_apart.quiet_on_node(node) {
             let (Some(pod), Some(lease)) = (entry.pod.as_deref(), entry.lease.as_deref()) else {
                 continue;
             };
@@ -673,7 +666,7 @@ impl<'a> Pass<'a> {
     /// over it would build says.
     pub fn retired_class(&self, key: &str) -> Option<usize> {
         let (ns, name) = key.split_once('/')?;
-        let entry = self.view.inert?.get(&ObjectKey::new(ns, name))?;
+        let entry = self.view.set_apart.inert(&ObjectKey::new(ns, name))?;
         let lease = entry.lease.as_deref()?;
         let pod = entry.pod.as_deref();
         let facts = self.derive_facts(pod, Some(lease));
@@ -719,18 +712,9 @@ pub(crate) struct View<'a> {
     pub nodes: Vec<&'a NodeInfo>,
     /// Pods and leases joined by key, in key order.
     pub entries: Vec<PodLease<'a>>,
-    /// Entries the kept state set apart as inert (see
-    /// [`crate::Engine`]): no ticket is built for them.
-    pub inert: Option<&'a BTreeMap<ObjectKey, crate::state::Entry>>,
-    /// The sequences of the leases the pass does not visit (inert,
-    /// parked or set apart), each with how many carry it.
-    pub set_apart_sequences: Option<&'a BTreeMap<u64, usize>>,
-    /// The kept state's parked leases, when the pass walks them in their
-    /// FIFOs rather than as entries (see [`crate::parked`]).
-    pub parked: Option<&'a Parked>,
-    /// The kept state's quiet primaries, when the pass reads their sums
-    /// rather than visiting them (see [`crate::quiet_primaries`]).
-    pub quiet_primaries: Option<&'a QuietPrimaries>,
+    /// What the kept state set apart rather than list in `entries`
+    /// (see [`crate::set_apart`]); nothing for a pass over a snapshot.
+    pub set_apart: &'a SetApart,
     pub blocked_evictions: &'a BlockedEvictions,
     pub progress_limit: Option<usize>,
 }
@@ -744,10 +728,7 @@ impl<'a> View<'a> {
             classes,
             nodes: Vec::new(),
             entries: Vec::new(),
-            inert: None,
-            set_apart_sequences: None,
-            parked: None,
-            quiet_primaries: None,
+            set_apart: &NOTHING_SET_APART,
             blocked_evictions: &NO_EVICTIONS,
             progress_limit: None,
         }
@@ -764,10 +745,7 @@ impl<'a> View<'a> {
             classes: sorted_unique(&snapshot.classes, |c| c.name.as_str()),
             nodes: sorted_unique(&snapshot.nodes, |n| n.name.as_str()),
             entries: pair_by_key(&pods, &leases),
-            inert: None,
-            set_apart_sequences: None,
-            parked: None,
-            quiet_primaries: None,
+            set_apart: &NOTHING_SET_APART,
             blocked_evictions: &snapshot.blocked_evictions,
             progress_limit: snapshot.progress_limit,
         }

@@ -69,7 +69,7 @@ impl<'a> Merge<'a> {
         let mut slots = fifo.slots.clone();
         let mut tolerating = fifo.tolerating;
         for (_, lease) in fifo.leases.iter().take(self.taken) {
-            crate::parked::count_down(&mut slots, lease.summary.slots);
+            crate::set_apart::count_down(&mut slots, lease.summary.slots);
             tolerating -= usize::from(lease.summary.tolerates);
         }
         Some(Rest {
@@ -244,12 +244,12 @@ impl<'a> Pass<'a> {
             q.helpers
                 .sort_unstable_by_key(|&i| (self.tickets[i].sequence, i));
         }
-        let parked = self.view.parked;
+        let set_apart = self.view.set_apart;
         let fifos: Vec<Option<&'a ClassFifos>> = self
             .classes
             .list
             .iter()
-            .map(|c| parked.and_then(|p| p.fifos.get(c.name())))
+            .map(|c| set_apart.class_fifos(c.name()))
             .collect();
         self.reserve_for_preemptions();
         self.requeue_contested_redrives(&mut by_class, &fifos);

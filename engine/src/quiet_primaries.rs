@@ -18,8 +18,8 @@ use gpupool_api::Role;
 
 use super::facts::Resolved;
 use super::model::{ObjectKey, RoleLabel};
-use super::parked::count_down;
 use super::pass::Pass;
+use super::set_apart::count_down;
 use super::state::Entry;
 
 /// Where a quiet primary holds slots.
@@ -31,7 +31,7 @@ pub(crate) struct HolderPlace {
 }
 
 /// Every quiet primary, by node, with what a pass reads of all of them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct QuietPrimaries {
     places: BTreeMap<ObjectKey, HolderPlace>,
     /// By node name, then (sequence, key).
@@ -46,6 +46,17 @@ pub(crate) struct QuietPrimaries {
 }
 
 impl QuietPrimaries {
+    /// None set apart.
+    pub const fn new() -> Self {
+        Self {
+            places: BTreeMap::new(),
+            by_node: BTreeMap::new(),
+            usage: BTreeMap::new(),
+            per_class: BTreeMap::new(),
+            sequences: BTreeMap::new(),
+        }
+    }
+
     /// Sets `entry` apart at `place`.
     pub fn insert(&mut self, key: ObjectKey, place: HolderPlace, entry: Entry) {
         if let Some(pod) = entry.pod.as_deref() {

@@ -18,6 +18,7 @@ use gpupool_api::{LeasePhase, Role};
 use jiff::Timestamp;
 
 use super::pass::{Pass, View};
+use super::set_apart::SetApart;
 
 /// The first number of a pod's sequence: its stamp in microseconds since
 /// the Unix epoch, at least 1.
@@ -80,10 +81,8 @@ impl<'a> Pass<'a> {
                 raise((t.class_name, t.role), sequence);
             }
         }
-        if let Some(holders) = self.view.quiet_primaries {
-            for (class, highest) in holders.highest_sequences() {
-                raise((class, Role::Primary), highest);
-            }
+        for (class, highest) in self.view.set_apart.quiet_highest_sequences() {
+            raise((class, Role::Primary), highest);
         }
         floors
     }
@@ -96,7 +95,7 @@ struct Taken<'p> {
     /// out since, in order: new sequences come from recent stamps, so few
     /// leases carry one as high.
     visited: Vec<u64>,
-    set_apart: Option<&'p BTreeMap<u64, usize>>,
+    set_apart: &'p SetApart,
 }
 
 impl<'p> Taken<'p> {
@@ -111,13 +110,12 @@ impl<'p> Taken<'p> {
         visited.sort_unstable();
         Self {
             visited,
-            set_apart: view.set_apart_sequences,
+            set_apart: view.set_apart,
         }
     }
 
     fn contains(&self, sequence: u64) -> bool {
-        self.visited.binary_search(&sequence).is_ok()
-            || self.set_apart.is_some_and(|s| s.contains_key(&sequence))
+        self.visited.binary_search(&sequence).is_ok() || self.set_apart.carries_sequence(sequence)
     }
 
     /// The first number from `sequence` on that no lease carries, now

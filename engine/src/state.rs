@@ -12,9 +12,8 @@ use super::model::{
     BlockedEvictions, ClassInfo, Eviction, LeaseInfo, NodeInfo, ObjectKey, Plan, PodInfo, Refusals,
     Snapshot,
 };
-use super::parked::{self, Parked};
 use super::pass::{self, Pass, View};
-use super::quiet_primaries::{self, QuietPrimaries};
+use super::set_apart::{SetApart, merge_by_key};
 
 /// A pod and its lease as kept; an entry with neither is removed. Boxed,
 /// so the map's nodes hold two pointers per key rather than both objects
@@ -40,7 +39,7 @@ impl Entry {
     }
 
     /// The sequence the entry's lease carries: no new lease takes it.
-    fn sequence(&self) -> Option<u64> {
+    pub(crate) fn sequence(&self) -> Option<u64> {
         self.lease.as_ref()?.status()?.sequence
     }
 
@@ -86,15 +85,14 @@ fn replace<T>(slot: &mut Option<Box<T>>, value: T) -> bool {
 /// The cluster as the engine keeps it between passes: one entry per class
 /// and node name and one per pod/lease key, each kept in order.
 ///
-/// Entries no pass can act on (finished pods and their Released leases,
-/// unless released for a preemption) are kept apart, so a pass costs what
-/// is live and queued, not every pod that ever ran and is not yet deleted.
-/// Plainly queued leases of StrictFIFO classes are parked in their FIFO
-/// order (see the `parked` module), so a pass builds tickets for the few
-/// the queue step may admit, not for every lease that waits; quiet
-/// running primaries are set apart by node (see the `quiet_primaries` module), so a
-/// pass reads their summed capacity rather than visiting each. A primary
-/// that a preempted helper names is never kept apart.
+/// Three kinds of entry are set apart (see the `set_apart` module), so a
+/// pass costs what can change, not what the cluster holds: entries no pass
+/// can act on (finished pods and their Released leases, unless released
+/// for a preemption); plainly queued leases of StrictFIFO classes, parked
+/// in their FIFO order, so a pass builds tickets for the few the queue
+/// step may admit; and quiet running primaries, whose capacity a pass
+/// reads summed by node. A primary that a preempted helper names is never
+/// set apart.
 ///
 /// What a pass derives from a pod and its lease alone (their facts) is
 /// kept with the entry, derived again whenever the entry changes and, for
@@ -110,21 +108,14 @@ pub struct Engine {
     /// Each pod with its lease, by their shared key: a pass walks them
     /// already paired.
     entries: BTreeMap<ObjectKey, Entry>,
-    /// Retired entries, by key; never in `entries` at the same time.
-    inert: BTreeMap<ObjectKey, Entry>,
-    /// Parked entries; never in `entries` or `inert` at the same time.
-    parked: Parked,
-    /// Quiet primaries set apart by node; in no other map at the same time.
-    quiet_primaries: QuietPrimaries,
+    /// Inert, parked and quiet entries (see [`crate::set_apart`]); never
+    /// in `entries` at the same time.
+    set_apart: SetApart,
     /// Primaries that live entries' leases say they were preempted for,
     /// each with how many: a pass looks them up as tickets (slots are held
     /// back for them, and a victim's grace may be theirs), so they are
     /// neither parked nor set apart.
     preempted_for: BTreeMap<ObjectKey, usize>,
-    /// The sequences of the leases a pass does not visit (inert, parked
-    /// or set apart), each with how many carry it: no new lease takes a
-    /// number any lease carries.
-    set_apart_sequences: BTreeMap<u64, usize>,
     pod_count: usize,
     lease_count: usize,
     blocked_evictions: BlockedEvictions,
@@ -196,7 +187,7 @@ impl Engine {
             .collect();
         let plan = pass.plan;
         for (key, message) in settled {
-            self.parked.remember(&key, message);
+            self.set_apart.remember(&key, message);
         }
         plan
     }
@@ -217,10 +208,7 @@ impl Engine {
             classes: self.classes.values().collect(),
             nodes: self.nodes.values().collect(),
             entries: self.entries.values().map(as_entry).collect(),
-            inert: Some(&self.inert),
-            set_apart_sequences: Some(&self.set_apart_sequences),
-            parked: (self.parked.len() > 0).then_some(&self.parked),
-            quiet_primaries: (self.quiet_primaries.len() > 0).then_some(&self.quiet_primaries),
+            set_apart: &self.set_apart,
             blocked_evictions: &self.blocked_evictions,
             progress_limit: self.progress_limit,
         }
@@ -266,14 +254,7 @@ impl Engine {
     fn refresh_every_entry(&mut self) {
         // Every live entry is kept anew, counting what it names again.
         self.preempted_for.clear();
-        let set_apart: Vec<(ObjectKey, Entry)> = self
-            .parked
-            .take_all()
-            .chain(self.quiet_primaries.take_all())
-            .collect();
-        for (_, entry) in &set_apart {
-            self.forget_sequence(entry);
-        }
+        let set_apart = self.set_apart.take_every_live();
         let live: Vec<(ObjectKey, Entry)> = std::mem::take(&mut self.entries)
             .into_iter()
             .chain(set_apart)
@@ -339,13 +320,7 @@ impl Engine {
             }
             return Some(entry);
         }
-        let entry = self
-            .parked
-            .remove(key)
-            .or_else(|| self.quiet_primaries.remove(key))
-            .or_else(|| self.inert.remove(key))?;
-        self.forget_sequence(&entry);
-        Some(entry)
+        self.set_apart.take(key)
     }
 
     /// Keeps `entry` where it belongs (see [`Engine::update`]), its facts
@@ -355,23 +330,19 @@ impl Engine {
             return;
         }
         if entry.is_inert() {
-            self.set_inert_apart(key, entry);
+            self.set_apart.keep_inert(key, entry);
             return;
         }
         let pass = classes_only(&self.classes);
         refresh_facts(&pass, &mut entry);
-        if !self.preempted_for.contains_key(&key) {
-            if let Some(place) = parked::place_of(&pass, &entry) {
-                self.count_sequence(&entry);
-                self.parked.insert(key, place, entry);
-                return;
+        let (key, entry) = if self.preempted_for.contains_key(&key) {
+            (key, entry)
+        } else {
+            match self.set_apart.keep_live(&pass, key, entry) {
+                Some(visited) => visited,
+                None => return,
             }
-            if let Some(place) = quiet_primaries::place_of(&pass, &entry) {
-                self.count_sequence(&entry);
-                self.quiet_primaries.insert(key, place, entry);
-                return;
-            }
-        }
+        };
         let primary = entry.preempted_for();
         self.entries.insert(key, entry);
         if let Some(primary) = primary {
@@ -385,12 +356,8 @@ impl Engine {
         let n = self.preempted_for.entry(primary.clone()).or_default();
         *n += 1;
         if *n == 1
-            && let Some(entry) = self
-                .parked
-                .remove(&primary)
-                .or_else(|| self.quiet_primaries.remove(&primary))
+            && let Some(entry) = self.set_apart.take_live(&primary)
         {
-            self.forget_sequence(&entry);
             self.keep(primary, entry);
         }
     }
@@ -415,26 +382,6 @@ impl Engine {
                 self.forget_victim_of(named);
             }
             self.keep(primary, entry);
-        }
-    }
-
-    fn set_inert_apart(&mut self, key: ObjectKey, entry: Entry) {
-        self.count_sequence(&entry);
-        self.inert.insert(key, entry);
-    }
-
-    /// Counts the sequence of an entry a pass will not visit.
-    fn count_sequence(&mut self, entry: &Entry) {
-        if let Some(seq) = entry.sequence() {
-            *self.set_apart_sequences.entry(seq).or_default() += 1;
-        }
-    }
-
-    /// Forgets the sequence of an entry taken out of those a pass does not
-    /// visit.
-    fn forget_sequence(&mut self, entry: &Entry) {
-        if let Some(seq) = entry.sequence() {
-            parked::count_down(&mut self.set_apart_sequences, seq);
         }
     }
 
@@ -486,28 +433,22 @@ impl Engine {
     }
 
     fn entry(&self, key: &ObjectKey) -> Option<&Entry> {
-        self.entries
-            .get(key)
-            .or_else(|| self.parked.get(key))
-            .or_else(|| self.quiet_primaries.get(key))
-            .or_else(|| self.inert.get(key))
+        self.entries.get(key).or_else(|| self.set_apart.get(key))
     }
 
-    /// Every entry, live, parked and inert, in key order.
+    /// Every entry, visited or set apart, in key order.
     fn all_entries(&self) -> impl Iterator<Item = &Entry> {
-        let set_apart = merge_by_key(self.parked.iter(), self.quiet_primaries.iter());
-        let live = merge_by_key(self.entries.iter(), set_apart);
-        merge_by_key(live, self.inert.iter()).map(|(_, e)| e)
+        merge_by_key(self.entries.iter(), self.set_apart.iter()).map(|(_, e)| e)
     }
 
     /// How many leases are parked (see [`Engine`]).
     pub fn parked_count(&self) -> usize {
-        self.parked.len()
+        self.set_apart.parked_count()
     }
 
     /// How many quiet primaries are set apart (see [`Engine`]).
     pub fn quiet_primary_count(&self) -> usize {
-        self.quiet_primaries.len()
+        self.set_apart.quiet_primary_count()
     }
 
     /// The kept pod `key`.
@@ -532,7 +473,7 @@ impl Engine {
 
     /// How many entries a pass skips as inert (see [`Engine`]).
     pub fn inert_count(&self) -> usize {
-        self.inert.len()
+        self.set_apart.inert_count()
     }
 
     /// How many pods are kept.
@@ -544,22 +485,6 @@ impl Engine {
     pub fn lease_count(&self) -> usize {
         self.lease_count
     }
-}
-
-/// Two iterators over distinct keys, each in key order, as one in key order.
-fn merge_by_key<'a, A, B>(a: A, b: B) -> impl Iterator<Item = (&'a ObjectKey, &'a Entry)>
-where
-    A: Iterator<Item = (&'a ObjectKey, &'a Entry)>,
-    B: Iterator<Item = (&'a ObjectKey, &'a Entry)>,
-{
-    let (mut a, mut b) = (a.peekable(), b.peekable());
-    std::iter::from_fn(move || {
-        let take_a = match (a.peek(), b.peek()) {
-            (Some((x, _)), Some((y, _))) => x < y,
-            (x, _) => x.is_some(),
-        };
-        if take_a { a.next() } else { b.next() }
-    })
 }
 
 #[cfg(test)]
@@ -655,7 +580,7 @@ mod tests {
         assert!(engine.remove_lease(&key("done")).is_some());
         assert!(engine.remove_pod(&key("done")).is_some());
         assert_eq!(engine.inert_count(), 0);
-        assert!(engine.set_apart_sequences.is_empty());
+        assert_eq!(engine.set_apart.sequence_count(), 0);
         assert_eq!(
             engine
                 .pods()
@@ -912,7 +837,7 @@ mod tests {
             1,
             "the running primary is set apart"
         );
-        let counted: usize = engine.set_apart_sequences.values().sum();
+        let counted = engine.set_apart.sequence_count();
         assert_eq!(counted, 31, "each set-apart sequence is counted once");
         let pass = through_queue_step(&engine);
         assert_eq!(pass.joined, 0, "the pass visits no entry");

@@ -375,13 +375,11 @@ impl<'a> Pass<'a> {
     /// Class `c`'s lease counts: admitted, queued and preempting, by role.
     fn class_counts(&self, c: usize, visited: usize) -> GpuLeaseClassStatus {
         let mut status = GpuLeaseClassStatus::default();
-        if let Some(&n) = self
+        let quiet = self
             .view
-            .quiet_primaries
-            .and_then(|h| h.per_class.get(self.classes.list[c].name()))
-        {
-            status.admitted += n as u32;
-        }
+            .set_apart
+            .quiet_primaries_of(self.classes.list[c].name());
+        status.admitted += quiet as u32;
         for t in self.tickets[..visited]
             .iter()
             .filter(|t| t.class == Some(c))
@@ -417,7 +415,7 @@ impl<'a> Pass<'a> {
     /// are set apart.
     fn pictured_nodes(&self, built: &[bool]) -> std::collections::BTreeSet<u32> {
         let mut pictured = std::collections::BTreeSet::new();
-        if self.view.quiet_primaries.is_none() {
+        if self.view.set_apart.quiet_primary_count() == 0 {
             return pictured;
         }
         for (class, _) in self.classes.list.iter().zip(built).filter(|(_, b)| **b) {
