@@ -130,16 +130,49 @@ pub(crate) struct ClassView<'a> {
 /// What keeps plain pods off a class's guarded nodes, for a message to
 /// name: how many are cordoned, how many carry a taint that turns pods
 /// away, and the first such taint.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Guards<'a> {
+///
+/// `T` is how it holds the taint: `&Taint` in a pass's messages, `Taint`
+/// in the one the kept engine remembers (see [`crate::message::Settled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Guards<T> {
     pub cordoned: u32,
     pub tainted: u32,
-    pub taint: Option<&'a crate::model::Taint>,
+    pub taint: Option<T>,
+}
+
+impl<T> Default for Guards<T> {
+    fn default() -> Self {
+        Self {
+            cordoned: 0,
+            tainted: 0,
+            taint: None,
+        }
+    }
+}
+
+impl<T> Guards<T> {
+    /// The same guards, their taint borrowed.
+    pub fn as_ref(&self) -> Guards<&T> {
+        Guards {
+            cordoned: self.cordoned,
+            tainted: self.tainted,
+            taint: self.taint.as_ref(),
+        }
+    }
+
+    /// The same guards, their taint held as `f` makes it.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Guards<U> {
+        Guards {
+            cordoned: self.cordoned,
+            tainted: self.tainted,
+            taint: self.taint.map(f),
+        }
+    }
 }
 
 impl<'a> ClassView<'a> {
     /// What keeps plain pods off this class's guarded nodes.
-    pub fn guards(&self, nodes: &Nodes<'a>) -> Guards<'a> {
+    pub fn guards(&self, nodes: &Nodes<'a>) -> Guards<&'a crate::model::Taint> {
         let mut guards = Guards::default();
         for &n in &self.guarded_nodes {
             let node = nodes.list[n as usize];

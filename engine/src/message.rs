@@ -51,26 +51,9 @@ pub(crate) enum Message<'a> {
         why: Option<&'a str>,
         seconds: u32,
     },
-    /// No node matches the class.
-    NoClassNode(usize),
-    /// Nodes match the class but none passes the pod's own constraints;
-    /// `guards` says which of them are cordoned or tainted.
-    NoPodNode {
-        class: usize,
-        class_nodes: usize,
-        guards: Guards<'a>,
-    },
-    /// The request exceeds every matching node's allocatable.
-    TooLarge { slots: u32, largest: u32 },
-    /// Behind a blocked head in StrictFIFO.
-    Behind {
-        role: Role,
-        ahead: u32,
-        head: &'a ObjectKey,
-        head_slots: u32,
-        free: u64,
-        nodes: usize,
-    },
+    /// Waits for a reason that holds whatever its own pod asks beyond
+    /// its slots (see [`Waiting`]).
+    Waiting(Waiting<&'a ObjectKey, &'a Taint>),
     /// The first of its role that does not fit.
     NoFit {
         role: Role,
@@ -82,10 +65,8 @@ pub(crate) enum Message<'a> {
         /// class's nodes to this many, with this many free slots.
         own: Option<(usize, u64)>,
         /// Of the class's nodes, those cordoned or tainted against the pod.
-        guards: Guards<'a>,
+        guards: Guards<&'a Taint>,
     },
-    /// Helpers wait while primaries of the class do.
-    PrimariesWaiting { primaries: u32, class: usize },
     /// The helper fits nowhere but on nodes that waiting primaries of other
     /// classes could use.
     KeptForPrimaries { nodes: usize },
@@ -99,7 +80,7 @@ pub(crate) enum Message<'a> {
         /// As in `NoFit`.
         own: Option<(usize, u64)>,
         /// As in `NoFit`.
-        guards: Guards<'a>,
+        guards: Guards<&'a Taint>,
     },
 }
 
@@ -200,31 +181,7 @@ impl Message<'_> {
                 deadline,
             } => write_unplaceable(out, *node, *why, deadline),
             Message::GaveBack { node, why, seconds } => write_gave_back(out, *node, *why, seconds),
-            Message::NoClassNode(c) => write!(
-                out,
-                "waiting: no node matches class {} yet",
-                classes.list[*c].name()
-            ),
-            Message::NoPodNode {
-                class,
-                class_nodes,
-                guards,
-            } => write_no_pod_node(out, classes, class, class_nodes, guards),
-            Message::TooLarge { slots, largest } => {
-                out.push_str("waiting: needs ");
-                count(out, u64::from(*slots), "slot", "slots");
-                out.push_str("; largest matching node has ");
-                push_u64(out, u64::from(*largest));
-                Ok(())
-            }
-            Message::Behind {
-                role,
-                ahead,
-                head,
-                head_slots,
-                free,
-                nodes,
-            } => write_behind(out, role, ahead, head, head_slots, free, nodes),
+            Message::Waiting(waiting) => write_waiting(out, classes, waiting),
             Message::NoFit {
                 role,
                 ahead,
@@ -234,16 +191,6 @@ impl Message<'_> {
                 own,
                 guards,
             } => write_no_fit(out, role, ahead, slots, free, nodes, own, guards),
-            Message::PrimariesWaiting { primaries, class } => {
-                out.push_str("waiting: ");
-                count(out, u64::from(*primaries), "primary", "primaries");
-                write!(
-                    out,
-                    " of class {} {} queued; helpers are admitted only while none wait",
-                    classes.list[*class].name(),
-                    if *primaries == 1 { "is" } else { "are" }
-                )
-            }
             Message::KeptForPrimaries { nodes } => {
                 out.push_str("waiting: ");
                 count(out, *nodes as u64, "matching node", "matching nodes");
@@ -312,7 +259,7 @@ fn write_no_pod_node(
     classes: &Classes<'_>,
     class: &usize,
     class_nodes: &usize,
-    guards: &Guards<'_>,
+    guards: &Guards<&Taint>,
 ) -> fmt::Result {
     let name = classes.list[*class].name();
     let guarded = (guards.cordoned + guards.tainted) as usize;
@@ -343,7 +290,7 @@ fn write_no_fit(
     free: &u64,
     nodes: &usize,
     own: &Option<(usize, u64)>,
-    guards: &Guards<'_>,
+    guards: &Guards<&Taint>,
 ) -> fmt::Result {
     out.push_str("waiting: ");
     let (one, many) = role_noun(*role);
@@ -387,7 +334,7 @@ fn write_no_victims(
     free: &u64,
     young: &u32,
     own: &Option<(usize, u64)>,
-    guards: &Guards<'_>,
+    guards: &Guards<&Taint>,
 ) -> fmt::Result {
     out.push_str("waiting: needs ");
     count(out, u64::from(*slots), "slot", "slots");
@@ -474,7 +421,7 @@ fn own_nodes_phrase(out: &mut String, nodes: usize) {
 
 /// Appends, between `open` and `close`, how many nodes are cordoned and how
 /// many tainted (naming the first taint), when any are.
-fn push_guards(out: &mut String, guards: &Guards<'_>, open: &str, close: &str) {
+fn push_guards(out: &mut String, guards: &Guards<&Taint>, open: &str, close: &str) {
     if guards.cordoned == 0 && guards.tainted == 0 {
         return;
     }
@@ -529,137 +476,150 @@ fn push_head(out: &mut String, why: &str) {
     }
 }
 
-/// A message a waiting lease may carry whatever its own pod (the queue
-/// step's outcome for a parked lease), owned, so that the kept engine can
-/// remember which one a lease's persisted status already renders and need
-/// not render it again while nothing it names changes.
+/// Why a waiting lease waits, when the reason holds whatever its own pod
+/// asks beyond its slots: no node of the class, none open to the pod, none
+/// large enough, helpers held back, or a blocked StrictFIFO. These are the
+/// reasons a parked lease can carry.
+///
+/// `K` is how it names the head of a blocked queue and `T` how it holds a
+/// taint, so that one type is both a pass's message ([`Message::Waiting`],
+/// borrowing from the pass) and the one the kept engine remembers a
+/// lease's persisted status to render ([`Settled`], owned, outliving the
+/// pass). A `Settled` renders what a `Message::Waiting` renders exactly
+/// when their borrowed forms are equal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Settled {
+pub(crate) enum Waiting<K, T> {
+    /// No node matches the class (index into the pass's classes).
     NoClassNode(usize),
+    /// Nodes match the class but none passes the pod's own constraints;
+    /// `guards` says which of them are cordoned or tainted.
     NoPodNode {
         class: usize,
         class_nodes: usize,
-        cordoned: u32,
-        tainted: u32,
-        taint: Option<Taint>,
+        guards: Guards<T>,
     },
-    TooLarge {
-        slots: u32,
-        largest: u32,
-    },
-    PrimariesWaiting {
-        primaries: u32,
-        class: usize,
-    },
+    /// The request exceeds every matching node's allocatable.
+    TooLarge { slots: u32, largest: u32 },
+    /// Helpers wait while primaries of the class do.
+    HelpersHeldBack { primaries: u32, class: usize },
+    /// Behind a blocked head in StrictFIFO.
     Behind {
         role: Role,
         ahead: u32,
-        head: ObjectKey,
+        head: K,
         head_slots: u32,
         free: u64,
         nodes: usize,
     },
 }
 
-impl Settled {
-    /// The owned form of `message`, when it is one a parked lease carries.
-    pub fn of(message: &Message<'_>) -> Option<Self> {
-        Some(match *message {
-            Message::NoClassNode(c) => Settled::NoClassNode(c),
-            Message::NoPodNode {
+/// A waiting message a lease's persisted status already renders, which
+/// the kept engine remembers so as not to render it again while nothing it
+/// names changes.
+pub(crate) type Settled = Waiting<ObjectKey, Taint>;
+
+impl<K, T> Waiting<K, T> {
+    /// The same reason, naming the head as `key` and holding the taint as
+    /// `taint` make them of this one's.
+    fn map<'s, K2, T2>(
+        &'s self,
+        key: impl FnOnce(&'s K) -> K2,
+        taint: impl FnOnce(&'s T) -> T2,
+    ) -> Waiting<K2, T2> {
+        match self {
+            Waiting::NoClassNode(c) => Waiting::NoClassNode(*c),
+            Waiting::NoPodNode {
                 class,
                 class_nodes,
                 guards,
-            } => Settled::NoPodNode {
-                class,
-                class_nodes,
-                cordoned: guards.cordoned,
-                tainted: guards.tainted,
-                taint: guards.taint.cloned(),
+            } => Waiting::NoPodNode {
+                class: *class,
+                class_nodes: *class_nodes,
+                guards: guards.as_ref().map(taint),
             },
-            Message::TooLarge { slots, largest } => Settled::TooLarge { slots, largest },
-            Message::PrimariesWaiting { primaries, class } => {
-                Settled::PrimariesWaiting { primaries, class }
-            }
-            Message::Behind {
+            Waiting::TooLarge { slots, largest } => Waiting::TooLarge {
+                slots: *slots,
+                largest: *largest,
+            },
+            Waiting::HelpersHeldBack { primaries, class } => Waiting::HelpersHeldBack {
+                primaries: *primaries,
+                class: *class,
+            },
+            Waiting::Behind {
                 role,
                 ahead,
                 head,
                 head_slots,
                 free,
                 nodes,
-            } => Settled::Behind {
-                role,
-                ahead,
-                head: head.clone(),
-                head_slots,
-                free,
-                nodes,
+            } => Waiting::Behind {
+                role: *role,
+                ahead: *ahead,
+                head: key(head),
+                head_slots: *head_slots,
+                free: *free,
+                nodes: *nodes,
             },
-            _ => return None,
-        })
+        }
+    }
+}
+
+impl Settled {
+    /// What `message` renders, owned, when it is a [`Message::Waiting`].
+    pub fn of(message: &Message<'_>) -> Option<Self> {
+        let Message::Waiting(waiting) = message else {
+            return None;
+        };
+        Some(waiting.map(|&head| head.clone(), |&taint| taint.clone()))
     }
 
     /// True when `message` renders what this does.
     pub fn is(&self, message: &Message<'_>) -> bool {
-        match (self, message) {
-            (Settled::NoClassNode(a), Message::NoClassNode(b)) => a == b,
-            (
-                Settled::NoPodNode {
-                    class,
-                    class_nodes,
-                    cordoned,
-                    tainted,
-                    taint,
-                },
-                Message::NoPodNode {
-                    class: c,
-                    class_nodes: n,
-                    guards,
-                },
-            ) => {
-                class == c
-                    && class_nodes == n
-                    && *cordoned == guards.cordoned
-                    && *tainted == guards.tainted
-                    && taint.as_ref() == guards.taint
-            }
-            (
-                Settled::TooLarge { slots, largest },
-                Message::TooLarge {
-                    slots: s,
-                    largest: l,
-                },
-            ) => slots == s && largest == l,
-            (
-                Settled::PrimariesWaiting { primaries, class },
-                Message::PrimariesWaiting {
-                    primaries: p,
-                    class: c,
-                },
-            ) => primaries == p && class == c,
-            (
-                Settled::Behind {
-                    role,
-                    ahead,
-                    head,
-                    head_slots,
-                    free,
-                    nodes,
-                },
-                Message::Behind {
-                    role: r,
-                    ahead: a,
-                    head: h,
-                    head_slots: hs,
-                    free: f,
-                    nodes: n,
-                },
-            ) => {
-                role == r && ahead == a && head_slots == hs && free == f && nodes == n && head == *h
-            }
-            _ => false,
+        matches!(message, Message::Waiting(waiting) if self.map(|k| k, |t| t) == *waiting)
+    }
+}
+
+fn write_waiting(
+    out: &mut String,
+    classes: &Classes<'_>,
+    waiting: &Waiting<&ObjectKey, &Taint>,
+) -> fmt::Result {
+    match waiting {
+        Waiting::NoClassNode(c) => write!(
+            out,
+            "waiting: no node matches class {} yet",
+            classes.list[*c].name()
+        ),
+        Waiting::NoPodNode {
+            class,
+            class_nodes,
+            guards,
+        } => write_no_pod_node(out, classes, class, class_nodes, guards),
+        Waiting::TooLarge { slots, largest } => {
+            out.push_str("waiting: needs ");
+            count(out, u64::from(*slots), "slot", "slots");
+            out.push_str("; largest matching node has ");
+            push_u64(out, u64::from(*largest));
+            Ok(())
         }
+        Waiting::HelpersHeldBack { primaries, class } => {
+            out.push_str("waiting: ");
+            count(out, u64::from(*primaries), "primary", "primaries");
+            write!(
+                out,
+                " of class {} {} queued; helpers are admitted only while none wait",
+                classes.list[*class].name(),
+                if *primaries == 1 { "is" } else { "are" }
+            )
+        }
+        Waiting::Behind {
+            role,
+            ahead,
+            head,
+            head_slots,
+            free,
+            nodes,
+        } => write_behind(out, role, ahead, head, head_slots, free, nodes),
     }
 }
 

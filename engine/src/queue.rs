@@ -8,8 +8,8 @@ use gpupool_api::{LeasePhase, Ordering, Placement, Role};
 use super::capacity::Nodes;
 use super::classes::Guards;
 use super::fit;
-use super::message::{Message, Settled};
-use super::model::{Admission, ObjectKey, Plan};
+use super::message::{Message, Settled, Waiting};
+use super::model::{Admission, ObjectKey, Plan, Taint};
 use super::parked::{ClassFifos, Fifo, Lease};
 use super::pass::{ClassQueue, ParkedOutcome, Pass, Queued, SkippedRun, Ticket, Waiter};
 use super::status::QUEUE_HEAD;
@@ -696,7 +696,7 @@ impl<'a> Pass<'a> {
 
     /// What keeps ticket `t`'s pod off class `c`'s guarded nodes: cordons,
     /// and taints it does not tolerate.
-    fn guards_against(&self, c: usize, t: usize) -> Guards<'a> {
+    fn guards_against(&self, c: usize, t: usize) -> Guards<&'a Taint> {
         let class = &self.classes.list[c];
         let Some(pod) = self.tickets[t].pod.filter(|p| !p.tolerations.is_empty()) else {
             return class.guards(&self.nodes);
@@ -751,7 +751,7 @@ impl<'a> Pass<'a> {
         &self,
         (c, role, slots): (usize, Role, u32),
         (no_node, largest): (bool, u32),
-        guards: impl FnOnce() -> Guards<'a>,
+        guards: impl FnOnce() -> Guards<&'a Taint>,
         (ahead, held_back, head): (u32, Option<u32>, Option<usize>),
         class_free: &mut Option<u64>,
     ) -> Option<(Message<'a>, bool)> {
@@ -759,34 +759,37 @@ impl<'a> Pass<'a> {
         let class_nodes = class.nodes.len();
         Some(if class.nodes.is_empty() {
             // Impossible ones can never fit by waiting, so they hold no one up.
-            (Message::NoClassNode(c), false)
+            (Message::Waiting(Waiting::NoClassNode(c)), false)
         } else if no_node {
             let guards = guards();
-            let message = Message::NoPodNode {
+            let message = Message::Waiting(Waiting::NoPodNode {
                 class: c,
                 class_nodes,
                 guards,
-            };
+            });
             (message, false)
         } else if largest < slots {
-            (Message::TooLarge { slots, largest }, false)
+            (
+                Message::Waiting(Waiting::TooLarge { slots, largest }),
+                false,
+            )
         } else if let Some(primaries) = held_back {
-            let message = Message::PrimariesWaiting {
+            let message = Message::Waiting(Waiting::HelpersHeldBack {
                 primaries,
                 class: c,
-            };
+            });
             (message, true)
         } else if let Some(head) = head {
             let free =
                 *class_free.get_or_insert_with(|| self.nodes.free_on(class.res, &class.nodes));
-            let message = Message::Behind {
+            let message = Message::Waiting(Waiting::Behind {
                 role,
                 ahead,
                 head: self.tickets[head].key,
                 head_slots: self.tickets[head].slots,
                 free,
                 nodes: class_nodes,
-            };
+            });
             (message, true)
         } else {
             return None;
