@@ -1,6 +1,11 @@
 //! How gpupool reads a pod: which class and role it asks for, and how many
 //! slots it requests. The webhook, the operator, the device plugin and the
 //! simulator's scheduler all use these, so they never disagree.
+//!
+//! The rules read a pod through small traits ([`PodLabels`],
+//! [`PodContainers`], [`ContainerFields`]) that a whole `Pod` implements,
+//! and so does the operator's trimmed copy of one: each rule is written
+//! once for every form a pod is kept in.
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -39,43 +44,136 @@ pub enum PodError {
     },
 }
 
+/// What the rules here read of a pod's labels, whatever form the pod is
+/// kept in (a whole `Pod`, or a cache's trimmed copy): the rules are
+/// written once, against this, so every form is read alike.
+pub trait PodLabels {
+    /// The value of label `key`, if the pod has it.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl PodLabels for Pod {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+/// A quantity as its writer spelled it, however a form of the pod holds
+/// it (a `Quantity`, or a plain string).
+pub trait QuantityText {
+    /// The quantity as written (`2`, `1k`, `500m`).
+    fn text(&self) -> &str;
+}
+
+impl QuantityText for Quantity {
+    fn text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl QuantityText for str {
+    fn text(&self) -> &str {
+        self
+    }
+}
+
+/// What the slot rules read of one container, whatever form the pod is
+/// kept in: [`container_request`], [`container_slots`], [`is_sidecar`] and
+/// [`effective_request`] read a container only through this.
+pub trait ContainerFields {
+    /// How this form holds a quantity.
+    type Quantity: QuantityText + ?Sized;
+    /// The container's name, for errors about its request.
+    fn name(&self) -> &str;
+    /// What it requests of `resource`, if it names it in its requests.
+    fn request(&self, resource: &str) -> Option<&Self::Quantity>;
+    /// Its limit of `resource`, if it names it in its limits.
+    fn limit(&self, resource: &str) -> Option<&Self::Quantity>;
+    /// Its `restartPolicy` (only init containers carry one).
+    fn restart_policy(&self) -> Option<&str>;
+    /// The name of every resource it requests, then of every one it
+    /// limits (a name in both comes twice).
+    fn resource_names(&self) -> impl Iterator<Item = &str>;
+}
+
+impl ContainerFields for Container {
+    type Quantity = Quantity;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn request(&self, resource: &str) -> Option<&Quantity> {
+        self.resources.as_ref()?.requests.as_ref()?.get(resource)
+    }
+
+    fn limit(&self, resource: &str) -> Option<&Quantity> {
+        self.resources.as_ref()?.limits.as_ref()?.get(resource)
+    }
+
+    fn restart_policy(&self) -> Option<&str> {
+        self.restart_policy.as_deref()
+    }
+
+    fn resource_names(&self) -> impl Iterator<Item = &str> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.requests.iter().chain(r.limits.iter()))
+            .flat_map(|m| m.keys())
+            .map(String::as_str)
+    }
+}
+
+/// A pod's containers, as the slot rules read them, whatever form the pod
+/// is kept in.
+pub trait PodContainers {
+    /// How this form holds a container.
+    type Container: ContainerFields;
+    /// The app containers, in order.
+    fn containers(&self) -> impl Iterator<Item = &Self::Container>;
+    /// The init containers, in order.
+    fn init_containers(&self) -> impl Iterator<Item = &Self::Container>;
+}
+
+impl PodContainers for PodSpec {
+    type Container = Container;
+
+    fn containers(&self) -> impl Iterator<Item = &Container> {
+        self.containers.iter()
+    }
+
+    fn init_containers(&self) -> impl Iterator<Item = &Container> {
+        self.init_containers.iter().flatten()
+    }
+}
+
 /// The pod's role, from its `gpupool.io/role` label (absent = primary).
-pub fn role(pod: &Pod) -> Result<Role, PodError> {
-    match pod.metadata.labels.as_ref().and_then(|l| l.get(LABEL_ROLE)) {
-        None => Ok(Role::Primary),
-        Some(v) if v == "primary" => Ok(Role::Primary),
-        Some(v) if v == "helper" => Ok(Role::Helper),
-        Some(v) => Err(PodError::BadRole(v.clone())),
+pub fn role(pod: &impl PodLabels) -> Result<Role, PodError> {
+    match pod.label(LABEL_ROLE) {
+        None | Some("primary") => Ok(Role::Primary),
+        Some("helper") => Ok(Role::Helper),
+        Some(v) => Err(PodError::BadRole(v.to_owned())),
     }
 }
 
 /// The class the pod names with `gpupool.io/class`, if any.
-pub fn class_label(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_CLASS))
-        .map(String::as_str)
+pub fn class_label(pod: &impl PodLabels) -> Option<&str> {
+    pod.label(LABEL_CLASS)
 }
 
 /// True when any container or init container mentions `resource` in its
 /// requests or limits.
-pub fn mentions_resource(spec: &PodSpec, resource: &str) -> bool {
-    all_containers(spec).any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.requests
-                .as_ref()
-                .is_some_and(|m| m.contains_key(resource))
-                || r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
-        })
-    })
+pub fn mentions_resource(spec: &impl PodContainers, resource: &str) -> bool {
+    spec.containers()
+        .chain(spec.init_containers())
+        .any(|c| container_request(c, resource).is_some())
 }
 
 /// True for a restartable init container (`restartPolicy: Always`): a
 /// sidecar, which starts in its turn among the init containers and then
 /// runs beside the app containers for the pod's whole life.
-pub fn is_sidecar(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
+pub fn is_sidecar(c: &impl ContainerFields) -> bool {
+    c.restart_policy() == Some("Always")
 }
 
 /// A pod's effective request of one resource, by Kubernetes' rule (KEP-753,
@@ -89,19 +187,19 @@ pub fn is_sidecar(c: &Container) -> bool {
 /// container (see [`is_sidecar`]). Sums saturate at `u64::MAX` rather than
 /// wrap. The first error `amount` returns is returned, so a caller that
 /// parses quantities reports the first container it cannot read.
-pub fn effective_request<E>(
-    spec: &PodSpec,
-    mut amount: impl FnMut(&Container) -> Result<u64, E>,
+pub fn effective_request<S: PodContainers + ?Sized, E>(
+    spec: &S,
+    mut amount: impl FnMut(&S::Container) -> Result<u64, E>,
 ) -> Result<u64, E> {
     let mut long_running: u64 = 0;
-    for c in &spec.containers {
+    for c in spec.containers() {
         long_running = long_running.saturating_add(amount(c)?);
     }
     // Sidecars started so far: they keep running while a later regular
     // init container runs, so its turn needs both.
     let mut sidecars_before: u64 = 0;
     let mut init_peak: u64 = 0;
-    for c in spec.init_containers.iter().flatten() {
+    for c in spec.init_containers() {
         let n = amount(c)?;
         if is_sidecar(c) {
             sidecars_before = sidecars_before.saturating_add(n);
@@ -119,7 +217,7 @@ pub fn effective_request<E>(
 /// them for extended resources). Errors: [`PodError::FractionalSlots`]
 /// naming the first container whose quantity is not a whole number, and
 /// [`PodError::TooManySlots`] when the total exceeds `u32::MAX`.
-pub fn requested_slots(spec: &PodSpec, resource: &str) -> Result<u32, PodError> {
+pub fn requested_slots(spec: &impl PodContainers, resource: &str) -> Result<u32, PodError> {
     let slots = effective_request(spec, |c| container_slots(c, resource))?;
     u32::try_from(slots).map_err(|_| PodError::TooManySlots {
         resource: resource.to_owned(),
@@ -130,32 +228,28 @@ pub fn requested_slots(spec: &PodSpec, resource: &str) -> Result<u32, PodError> 
 /// The quantity one container requests of `resource`: its request, else its
 /// limit (the API server defaults a missing request to the limit); `None`
 /// when it names the resource in neither.
-pub fn container_request<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
-    let res = c.resources.as_ref()?;
-    res.requests
-        .as_ref()
-        .and_then(|m| m.get(resource))
-        .or_else(|| res.limits.as_ref().and_then(|m| m.get(resource)))
+pub fn container_request<'a, C: ContainerFields + ?Sized>(
+    c: &'a C,
+    resource: &str,
+) -> Option<&'a C::Quantity> {
+    c.request(resource).or_else(|| c.limit(resource))
 }
 
 /// Slots one container requests of `resource` (requests, else limits; 0
 /// when it names neither). Error: [`PodError::FractionalSlots`] when the
 /// quantity is not a whole, non-negative number.
-pub fn container_slots(c: &Container, resource: &str) -> Result<u64, PodError> {
+pub fn container_slots(
+    c: &(impl ContainerFields + ?Sized),
+    resource: &str,
+) -> Result<u64, PodError> {
     match container_request(c, resource) {
         None => Ok(0),
-        Some(q) => parse_whole(q).ok_or_else(|| PodError::FractionalSlots {
-            container: c.name.clone(),
+        Some(q) => whole(q.text()).ok_or_else(|| PodError::FractionalSlots {
+            container: c.name().to_owned(),
             resource: resource.to_owned(),
-            quantity: q.0.clone(),
+            quantity: q.text().to_owned(),
         }),
     }
-}
-
-fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
 }
 
 /// Parses a Kubernetes quantity that is a whole, non-negative number, in
@@ -164,7 +258,13 @@ fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
 /// anything fractional, negative, malformed or beyond `u64`: extended
 /// resources are whole numbers.
 pub fn parse_whole(q: &Quantity) -> Option<u64> {
-    scaled(q, 0, Rounding::Exact)
+    whole(&q.0)
+}
+
+/// [`parse_whole`] of a quantity as written, for the forms of a pod that
+/// keep quantities as plain strings.
+fn whole(text: &str) -> Option<u64> {
+    scaled(text, 0, Rounding::Exact)
 }
 
 /// Parses a non-negative Kubernetes quantity (every spelling
@@ -173,7 +273,7 @@ pub fn parse_whole(q: &Quantity) -> Option<u64> {
 /// This is how CPU is counted. `None` for a negative or malformed quantity
 /// or one beyond `u64` thousandths.
 pub fn parse_milli(q: &Quantity) -> Option<u64> {
-    scaled(q, 3, Rounding::Up)
+    scaled(&q.0, 3, Rounding::Up)
 }
 
 /// Parses a non-negative Kubernetes quantity (every spelling
@@ -182,7 +282,7 @@ pub fn parse_milli(q: &Quantity) -> Option<u64> {
 /// memory, storage and pods are counted. `None` for a negative or malformed
 /// quantity or one beyond `u64`.
 pub fn parse_ceil(q: &Quantity) -> Option<u64> {
-    scaled(q, 0, Rounding::Up)
+    scaled(&q.0, 0, Rounding::Up)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -194,8 +294,8 @@ enum Rounding {
 }
 
 /// The quantity times `10^scale`, as a whole number rounded as asked.
-fn scaled(q: &Quantity, scale: i32, rounding: Rounding) -> Option<u64> {
-    let s = q.0.trim();
+fn scaled(q: &str, scale: i32, rounding: Rounding) -> Option<u64> {
+    let s = q.trim();
     let s = s.strip_prefix('+').unwrap_or(s);
     let end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

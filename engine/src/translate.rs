@@ -14,9 +14,14 @@ use std::sync::{Arc, LazyLock};
 use gpupool_api::names::{
     ANNOTATION_ENQUEUED_AT, ANNOTATION_NODE_GPUS, ANNOTATION_NODE_SLOTS, SCHEDULING_GATE,
 };
+use gpupool_api::pod::{ContainerFields, PodContainers};
 use gpupool_api::{GpuLease, GpuLeaseClass, node_gpus, pod as api_pod};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{self as k8s, Node, Pod};
+use k8s_openapi::api::core::v1::{self as k8s, Node};
+
+mod source;
+
+pub use source::{PodScheduled, PodSource, PodSpecSource};
 
 use crate::{
     CachedLease, ClassInfo, LeaseInfo, NodeInfo, NodeSelectorRequirement, NodeSelectorTerm,
@@ -223,10 +228,9 @@ pub fn node_info(
 
 /// `reason: message` of a failed pod's status, or either alone; `None`
 /// when the kubelet said nothing.
-fn failure(status: Option<&k8s::PodStatus>) -> Option<String> {
-    let status = status?;
-    let reason = status.reason.as_deref().filter(|r| !r.is_empty());
-    let message = status.message.as_deref().filter(|m| !m.is_empty());
+fn failure(pod: &impl PodSource) -> Option<String> {
+    let reason = pod.status_reason().filter(|r| !r.is_empty());
+    let message = pod.status_message().filter(|m| !m.is_empty());
     match (reason, message) {
         (Some(r), Some(m)) => Some(format!("{r}: {m}")),
         (Some(one), None) | (None, Some(one)) => Some(one.to_owned()),
@@ -254,15 +258,18 @@ fn taint_effect(s: &str) -> Option<TaintEffect> {
 /// changes its resource. A request that cannot be read (a fraction, say)
 /// is left out; only one of `resources` (the classes' resources) is worth
 /// an [`Unread`], since no class counts any other.
+///
+/// Every form of a pod is read through [`PodSource`] (the webhook's whole
+/// `Pod`, the operator's cached copy), so each is translated by these
+/// same rules, without being rebuilt into another form first.
 pub fn pod_info(
-    pod: &Pod,
+    pod: &impl PodSource,
     resources: &BTreeSet<String>,
     now: Timestamp,
     unread: &mut dyn FnMut(Unread),
 ) -> Option<PodInfo> {
-    let spec = pod.spec.as_ref()?;
-    let meta = &pod.metadata;
-    let key = ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?);
+    let spec = pod.spec()?;
+    let key = ObjectKey::new(pod.namespace()?, pod.name()?);
     let mut requests = BTreeMap::new();
     for resource in extended_resources(spec) {
         match api_pod::requested_slots(spec, resource) {
@@ -285,11 +292,8 @@ pub fn pod_info(
         Err(api_pod::PodError::BadRole(v)) => RoleLabel::Invalid(v),
         Err(e) => RoleLabel::Invalid(e.to_string()),
     };
-    let enqueued_at = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_ENQUEUED_AT))
-        .and_then(|v| match gpupool_api::time::parse_stamp(v) {
+    let enqueued_at = pod.annotation(ANNOTATION_ENQUEUED_AT).and_then(|v| {
+        match gpupool_api::time::parse_stamp(v) {
             Ok(t) => Some(t),
             Err(e) => {
                 unread(Unread::EnqueueStamp {
@@ -298,72 +302,67 @@ pub fn pod_info(
                 });
                 None
             }
-        });
-    let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        }
+    });
+    let phase = match pod.phase() {
         Some("Running") => PodPhase::Running,
         Some("Succeeded") => PodPhase::Succeeded,
         Some("Failed") => PodPhase::Failed,
         Some("Unknown") => PodPhase::Unknown,
         _ => PodPhase::Pending,
     };
-    let failure = (phase == PodPhase::Failed)
-        .then(|| failure(pod.status.as_ref()))
-        .flatten();
+    let failure = (phase == PodPhase::Failed).then(|| failure(pod)).flatten();
     let gated = gate_index(pod).is_some();
     let other_gate = spec
-        .scheduling_gates
-        .iter()
-        .flatten()
-        .find(|g| g.name != SCHEDULING_GATE)
-        .map(|g| g.name.clone());
-    let node_name = spec.node_name.clone().filter(|n| !n.is_empty());
+        .scheduling_gates()
+        .find(|g| *g != SCHEDULING_GATE)
+        .map(str::to_owned);
+    let node_name = spec
+        .node_name()
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
     // A bound pod is placed, whatever a stale condition still says.
-    let unplaced = unplaced(pod.status.as_ref()).filter(|_| node_name.is_none());
-    let required_affinity = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|sel| {
-            sel.node_selector_terms
-                .iter()
-                .filter_map(|t| {
-                    Some(NodeSelectorTerm {
-                        match_expressions: requirements(t.match_expressions.as_deref())?,
-                        match_fields: requirements(t.match_fields.as_deref())?,
-                    })
-                })
-                .collect()
-        });
-    let tolerations = tolerations(spec.tolerations.as_deref());
+    let unplaced = unplaced(pod.pod_scheduled()).filter(|_| node_name.is_none());
     Some(PodInfo {
-        uid: meta.uid.clone().unwrap_or_default(),
+        uid: pod.uid().unwrap_or_default().to_owned(),
         class_label: api_pod::class_label(pod).map(str::to_owned),
         role,
         requests: requests.into(),
         enqueued_at,
-        created_at: meta.creation_timestamp.as_ref().map_or(now, |t| t.0),
+        created_at: pod.created_at().unwrap_or(now),
         phase,
         failure,
-        terminating: meta.deletion_timestamp.is_some(),
+        terminating: pod.deleting(),
         gated,
         other_gate,
         unplaced,
         node_name,
         node_selector: spec
-            .node_selector
-            .iter()
+            .node_selector()
+            .into_iter()
             .flatten()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
-        required_affinity,
-        tolerations,
+        required_affinity: spec.required_node_affinity().map(required_affinity),
+        tolerations: tolerations(spec.tolerations()),
         unmanaged: false,
         key,
     })
+}
+
+/// A required node affinity's terms in the engine's form; a term this
+/// version cannot evaluate is dropped (see [`requirements`]).
+fn required_affinity(selector: &k8s::NodeSelector) -> Vec<NodeSelectorTerm> {
+    selector
+        .node_selector_terms
+        .iter()
+        .filter_map(|t| {
+            Some(NodeSelectorTerm {
+                match_expressions: requirements(t.match_expressions.as_deref())?,
+                match_fields: requirements(t.match_fields.as_deref())?,
+            })
+        })
+        .collect()
 }
 
 /// A lease as the engine sees it, kept under `namespace/name`; `None` for
@@ -380,19 +379,10 @@ pub fn lease_info(lease: &GpuLease) -> Option<LeaseInfo> {
 
 /// The domain-qualified extended resources any container of `spec`
 /// (init containers included) requests or limits, each once, in name order.
-fn extended_resources(spec: &k8s::PodSpec) -> BTreeSet<&str> {
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
-        .filter_map(|c| c.resources.as_ref())
-        .flat_map(|r| {
-            r.requests
-                .iter()
-                .chain(r.limits.iter())
-                .flat_map(|m| m.keys())
-        })
-        .map(String::as_str)
+fn extended_resources(spec: &impl PodContainers) -> BTreeSet<&str> {
+    spec.init_containers()
+        .chain(spec.containers())
+        .flat_map(ContainerFields::resource_names)
         .filter(|name| is_extended_resource(name))
         .collect()
 }
@@ -401,31 +391,36 @@ fn extended_resources(spec: &k8s::PodSpec) -> BTreeSet<&str> {
 /// condition when that is `False` for reason `Unschedulable`. A condition
 /// without a transition time says nothing of how long, so it is taken as
 /// no word at all rather than as one from the start of time.
-fn unplaced(status: Option<&k8s::PodStatus>) -> Option<Unplaced> {
-    let condition = status?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == POD_SCHEDULED)?;
-    if condition.status != "False" || condition.reason.as_deref() != Some(REASON_UNSCHEDULABLE) {
+fn unplaced(condition: Option<PodScheduled<'_>>) -> Option<Unplaced> {
+    let condition = condition?;
+    if condition.status != "False" || condition.reason != Some(REASON_UNSCHEDULABLE) {
         return None;
     }
     Some(Unplaced {
-        since: condition.last_transition_time.as_ref()?.0,
-        message: condition.message.clone().filter(|m| !m.is_empty()),
+        since: condition.last_transition_time?,
+        message: condition
+            .message
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned),
     })
 }
 
 /// A pod's tolerations in the engine's form. No list and the API
 /// server's default list (which nearly every pod carries) are each kept
-/// once and shared, so 10,000 pods hold no copy of them.
+/// once and shared, so 10,000 pods hold no copy of them. A form that
+/// already shares [`DEFAULT_TOLERATIONS`] (the operator's cached pods do)
+/// is known by its address, without comparing the lists.
 fn tolerations(list: Option<&[k8s::Toleration]>) -> Arc<[Toleration]> {
     static NONE: LazyLock<Arc<[Toleration]>> = LazyLock::new(|| Arc::new([]));
     static DEFAULT: LazyLock<Arc<[Toleration]>> =
         LazyLock::new(|| engine_tolerations(&DEFAULT_TOLERATIONS));
     match list {
         None | Some([]) => NONE.clone(),
-        Some(list) if *list == DEFAULT_TOLERATIONS[..] => DEFAULT.clone(),
+        Some(list)
+            if std::ptr::eq(list, &DEFAULT_TOLERATIONS[..]) || *list == DEFAULT_TOLERATIONS[..] =>
+        {
+            DEFAULT.clone()
+        }
         Some(list) => engine_tolerations(list),
     }
 }
@@ -455,13 +450,10 @@ fn engine_tolerations(list: &[k8s::Toleration]) -> Arc<[Toleration]> {
 }
 
 /// Index of the admission gate in `spec.schedulingGates`, if the pod has it.
-pub fn gate_index(pod: &Pod) -> Option<usize> {
-    pod.spec
-        .as_ref()?
-        .scheduling_gates
-        .as_ref()?
-        .iter()
-        .position(|g| g.name == SCHEDULING_GATE)
+pub fn gate_index(pod: &impl PodSource) -> Option<usize> {
+    pod.spec()?
+        .scheduling_gates()
+        .position(|g| g == SCHEDULING_GATE)
 }
 
 /// Requirements of one term; `None` when one has an operator this version
@@ -495,6 +487,7 @@ fn requirements(
 mod tests {
     use super::*;
     use crate::SmallMap;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     fn resources() -> BTreeSet<String> {

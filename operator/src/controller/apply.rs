@@ -1145,7 +1145,7 @@ impl Writer {
                     }],
                 );
             }
-            let json = match patch::admission_patch(&pod.to_pod(), &a.node) {
+            let json = match patch::admission_patch(pod.as_ref(), &a.node) {
                 Ok(p) => p,
                 Err(e) => {
                     return (

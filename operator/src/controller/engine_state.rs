@@ -456,7 +456,7 @@ impl Kind for Pods<'_> {
     fn translate(&self, _: &ObjectKey, pod: &Arc<CachedPod>) -> Option<PodInfo> {
         // A pod without a creation time (no API server sends one) keeps
         // the time it was first seen.
-        let mut info = translate::pod_info(&pod.to_pod(), self.resources, self.now)?;
+        let mut info = translate::pod_info(pod.as_ref(), self.resources, self.now)?;
         info.unmanaged = self
             .unmanaged_namespaces
             .iter()
@@ -1299,7 +1299,7 @@ mod tests {
                 &state.pods,
                 &key,
                 view.map(|p| (p, overlay.is_evicted(&key))),
-                |p| translate::pod_info(&p.to_pod(), &state.resources, now).is_some(),
+                |p| translate::pod_info(p.as_ref(), &state.resources, now).is_some(),
             )?;
         }
         let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();

@@ -3,10 +3,10 @@
 
 use gpupool_api::names::{LABEL_HOSTNAME, SCHEDULING_GATE};
 use gpupool_api::{GpuLeaseClassStatus, GpuLeaseStatus};
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use crate::engine::CachedLease;
+use crate::engine::translate::{PodSource, PodSpecSource};
 use crate::index::translate::gate_index;
 
 /// The status fields the device plugin owns (the GPUs and the column that
@@ -32,11 +32,15 @@ pub enum AdmissionPatchError {
 /// one decided on (uid) and that the gate is where the cache saw it, remove
 /// the gate, and pin the pod with `nodeSelector kubernetes.io/hostname`. If
 /// anything changed meanwhile the `test`s make the API server refuse the
-/// whole patch, so a pod is never admitted on stale information.
-pub fn admission_patch(pod: &Pod, node: &str) -> Result<json_patch::Patch, AdmissionPatchError> {
+/// whole patch, so a pod is never admitted on stale information. Reads any
+/// form of a pod ([`PodSource`]): the controller's cached one.
+pub fn admission_patch(
+    pod: &impl PodSource,
+    node: &str,
+) -> Result<json_patch::Patch, AdmissionPatchError> {
     let index = gate_index(pod).ok_or(AdmissionPatchError::NoGate)?;
     let mut ops = Vec::with_capacity(4);
-    if let Some(uid) = &pod.metadata.uid {
+    if let Some(uid) = pod.uid() {
         ops.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
     }
     ops.push(json!({
@@ -45,22 +49,30 @@ pub fn admission_patch(pod: &Pod, node: &str) -> Result<json_patch::Patch, Admis
         "value": {"name": SCHEDULING_GATE},
     }));
     ops.push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{index}")}));
-    let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
-    match selector.and_then(|s| s.get(LABEL_HOSTNAME)) {
+    // Whether the pod has a selector at all, and its pin if it has one:
+    // a patch adds to an existing selector but must create a missing one.
+    let (has_selector, pinned) = match pod.spec().and_then(|s| s.node_selector()) {
+        None => (false, None),
+        Some(mut entries) => (
+            true,
+            entries.find_map(|(k, v)| (k == LABEL_HOSTNAME).then_some(v)),
+        ),
+    };
+    match pinned {
         Some(existing) if existing == node => {}
-        Some(existing) => return Err(AdmissionPatchError::PinnedElsewhere(existing.clone())),
-        None => match selector {
-            Some(_) => ops.push(json!({
-                "op": "add",
-                "path": format!("/spec/nodeSelector/{}", escape_pointer(LABEL_HOSTNAME)),
-                "value": node,
-            })),
-            None => ops.push(json!({
-                "op": "add",
-                "path": "/spec/nodeSelector",
-                "value": {LABEL_HOSTNAME: node},
-            })),
-        },
+        Some(existing) => {
+            return Err(AdmissionPatchError::PinnedElsewhere(existing.to_owned()));
+        }
+        None if has_selector => ops.push(json!({
+            "op": "add",
+            "path": format!("/spec/nodeSelector/{}", escape_pointer(LABEL_HOSTNAME)),
+            "value": node,
+        })),
+        None => ops.push(json!({
+            "op": "add",
+            "path": "/spec/nodeSelector",
+            "value": {LABEL_HOSTNAME: node},
+        })),
     }
     serde_json::from_value(Value::Array(ops))
         .map_err(|e| AdmissionPatchError::Encode(e.to_string()))
@@ -153,6 +165,7 @@ fn to_object<T: serde::Serialize>(v: &T) -> Map<String, Value> {
 mod tests {
     use super::*;
     use gpupool_api::{GpuLeaseSpec, LeaseGpu, LeasePhase, Role};
+    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn queued_lease() -> CachedLease {

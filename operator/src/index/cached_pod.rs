@@ -16,9 +16,11 @@
 //! metadata is read with [`kept_metadata`], so the managed fields, owner
 //! references and the labels and annotations not kept are never built.
 //!
-//! The rules still read a [`Pod`]: [`CachedPod::to_pod`] rebuilds one with
-//! exactly the kept fields, so the controller and the webhook (which
-//! reviews whole pods) translate pods with the same function.
+//! The rules read it as they read a whole [`Pod`]: it implements the
+//! engine's [`PodSource`] (and `gpupool_api::pod`'s traits for its labels
+//! and containers), the reads the one translation makes, so the controller
+//! and the webhook (which reviews whole pods) translate pods with the same
+//! function, and no whole `Pod` is rebuilt to be read.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -28,11 +30,11 @@ use gpupool_api::names::{
     ANNOTATION_ENQUEUED_AT, DEFAULT_RESOURCE_NAME, LABEL_CLASS, LABEL_HOSTNAME, LABEL_ROLE,
     SCHEDULING_GATE,
 };
+use gpupool_api::pod::{ContainerFields, PodContainers, PodLabels};
+use gpupool_engine::translate::{PodScheduled, PodSource, PodSpecSource};
 use gpupool_engine::{CachedMeta, SmallMap};
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodCondition, PodSchedulingGate, PodSpec, PodStatus,
-    ResourceRequirements, Toleration,
-};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Affinity, NodeSelector, Pod, PodSchedulingGate, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
@@ -93,10 +95,11 @@ fn kept_str(s: String) -> KeptStr {
     }
 }
 
-/// A pod trimmed to what admission reads. Guarantee: translating
-/// [`CachedPod::to_pod`] gives the same engine input as translating the
-/// whole pod it was read from. Deserializing one reads a [`WatchedPod`]
-/// and keeps what this type holds.
+/// A pod trimmed to what admission reads. Guarantee: translating it (the
+/// engine's `pod_info` reads it through [`PodSource`]) gives the same
+/// engine input as translating the whole pod it was read from, and so does
+/// every other rule that reads a [`PodSource`] (the admission patch).
+/// Deserializing one reads a [`WatchedPod`] and keeps what this type holds.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(from = "WatchedPod")]
 pub struct CachedPod {
@@ -207,23 +210,6 @@ impl CachedContainer {
 /// would otherwise be eight strings per container that no rule reads.
 fn may_be_class_resource(resource: &str) -> bool {
     resource.contains('/')
-}
-
-impl CachedResources {
-    fn to_requirements(&self) -> ResourceRequirements {
-        let map = |list: &[(KeptStr, KeptStr)]| {
-            (!list.is_empty()).then(|| {
-                list.iter()
-                    .map(|(k, q)| (k.to_string(), Quantity(q.to_string())))
-                    .collect::<BTreeMap<_, _>>()
-            })
-        };
-        ResourceRequirements {
-            requests: map(&self.requests),
-            limits: map(&self.limits),
-            ..ResourceRequirements::default()
-        }
-    }
 }
 
 /// A JSON map of strings (or null), kept short.
@@ -422,71 +408,153 @@ impl CachedPod {
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(|v| &**v)
     }
+}
 
-    /// A [`Pod`] holding exactly the kept fields, for the rules that read
-    /// pods.
-    pub fn to_pod(&self) -> Pod {
-        let container = |c: &CachedContainer| Container {
-            name: c.name.clone(),
-            resources: c.resources.as_ref().map(CachedResources::to_requirements),
-            restart_policy: c.restart_policy.as_deref().map(str::to_owned),
-            ..Container::default()
-        };
-        let map = |kept: &SmallMap<KeptStr, KeptStr>| {
-            (!kept.is_empty()).then(|| {
-                kept.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect()
-            })
-        };
-        Pod {
-            metadata: ObjectMeta {
-                labels: map(&self.labels),
-                annotations: map(&self.annotations),
-                ..self.metadata.to_object_meta()
-            },
-            spec: self.spec.as_ref().map(|s| PodSpec {
-                node_name: s.node_name.clone(),
-                node_selector: s.node_selector.as_ref().map(|m| {
-                    m.iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect()
-                }),
-                affinity: s.affinity.as_deref().cloned(),
-                tolerations: s.tolerations.as_deref().map(<[Toleration]>::to_vec),
-                scheduling_gates: s.scheduling_gates.as_ref().map(|names| {
-                    names
-                        .iter()
-                        .map(|name| PodSchedulingGate {
-                            name: name.to_string(),
-                        })
-                        .collect()
-                }),
-                containers: s.containers.iter().map(container).collect(),
-                init_containers: s
-                    .init_containers
-                    .as_ref()
-                    .map(|cs| cs.iter().map(container).collect()),
-                ..PodSpec::default()
-            }),
-            status: self.status.as_ref().map(|s| PodStatus {
-                phase: s.phase.as_deref().map(str::to_owned),
-                reason: s.reason.clone(),
-                message: s.message.clone(),
-                conditions: s.scheduled.as_deref().map(|c| {
-                    vec![PodCondition {
-                        type_: POD_SCHEDULED.to_owned(),
-                        status: c.status.to_string(),
-                        reason: c.reason.as_deref().map(str::to_owned),
-                        message: c.message.as_deref().map(str::to_owned),
-                        last_transition_time: c.last_transition_time.clone(),
-                        ..PodCondition::default()
-                    }]
-                }),
-                ..PodStatus::default()
-            }),
-        }
+/// The class and role labels, read as a whole pod's are.
+impl PodLabels for CachedPod {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(|v| &**v)
     }
+}
+
+/// What the translation reads, answered from the kept fields exactly as
+/// the whole pod would answer it: the guarantee [`CachedPod`] states, which
+/// the tests below check against the whole pod's translation.
+impl PodSource for CachedPod {
+    type Spec = CachedPodSpec;
+
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+
+    fn created_at(&self) -> Option<Timestamp> {
+        self.metadata.creation_timestamp.as_ref().map(|t| t.0)
+    }
+
+    fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        CachedPod::annotation(self, key)
+    }
+
+    fn spec(&self) -> Option<&CachedPodSpec> {
+        self.spec.as_ref()
+    }
+
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref()?.phase.as_deref()
+    }
+
+    fn status_reason(&self) -> Option<&str> {
+        self.status.as_ref()?.reason.as_deref()
+    }
+
+    fn status_message(&self) -> Option<&str> {
+        self.status.as_ref()?.message.as_deref()
+    }
+
+    fn pod_scheduled(&self) -> Option<PodScheduled<'_>> {
+        let condition = self.status.as_ref()?.scheduled.as_deref()?;
+        Some(PodScheduled {
+            status: &condition.status,
+            reason: condition.reason.as_deref(),
+            message: condition.message.as_deref(),
+            last_transition_time: condition.last_transition_time.as_ref().map(|t| t.0),
+        })
+    }
+}
+
+/// The kept containers. Those not kept ask for no resource a class can
+/// name, so they add nothing to any such resource's effective request.
+impl PodContainers for CachedPodSpec {
+    type Container = CachedContainer;
+
+    fn containers(&self) -> impl Iterator<Item = &CachedContainer> {
+        self.containers.iter()
+    }
+
+    fn init_containers(&self) -> impl Iterator<Item = &CachedContainer> {
+        self.init_containers.iter().flatten()
+    }
+}
+
+impl PodSpecSource for CachedPodSpec {
+    fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    fn node_selector(&self) -> Option<impl Iterator<Item = (&str, &str)>> {
+        let selector = self.node_selector.as_ref()?;
+        Some(selector.iter().map(|(k, v)| (&**k, &**v)))
+    }
+
+    fn required_node_affinity(&self) -> Option<&NodeSelector> {
+        self.affinity
+            .as_deref()?
+            .node_affinity
+            .as_ref()?
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+    }
+
+    fn tolerations(&self) -> Option<&[Toleration]> {
+        // The shared default list is handed out as itself, which the
+        // translation recognises by its address.
+        self.tolerations.as_deref()
+    }
+
+    fn scheduling_gates(&self) -> impl Iterator<Item = &str> {
+        self.scheduling_gates.iter().flatten().map(|g| &**g)
+    }
+}
+
+/// A kept container's quantities are plain strings, read by the same slot
+/// rules as a whole container's.
+impl ContainerFields for CachedContainer {
+    type Quantity = str;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn request(&self, resource: &str) -> Option<&str> {
+        let resources = self.resources.as_ref()?;
+        find_quantity(&resources.requests, resource)
+    }
+
+    fn limit(&self, resource: &str) -> Option<&str> {
+        let resources = self.resources.as_ref()?;
+        find_quantity(&resources.limits, resource)
+    }
+
+    fn restart_policy(&self) -> Option<&str> {
+        self.restart_policy.as_deref()
+    }
+
+    fn resource_names(&self) -> impl Iterator<Item = &str> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.requests.iter().chain(r.limits.iter()))
+            .map(|(name, _)| &**name)
+    }
+}
+
+/// The quantity of `resource` in a kept list (a handful of entries, so a
+/// scan beats a search).
+fn find_quantity<'a>(list: &'a [(KeptStr, KeptStr)], resource: &str) -> Option<&'a str> {
+    list.iter()
+        .find(|(name, _)| name == resource)
+        .map(|(_, q)| &**q)
 }
 
 #[cfg(test)]
@@ -494,11 +562,101 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::controller::patch::admission_patch;
     use crate::index::identity::Identity;
     use crate::index::translate;
+    use k8s_openapi::api::core::v1::{
+        Container, PodCondition, PodSpec, PodStatus, ResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::Resource;
     use serde_json::json;
+
+    /// A whole pod holding exactly the kept fields: what the tests below
+    /// serialize to see what is kept. Nothing outside them rebuilds one:
+    /// the rules read a cached pod as it is.
+    impl CachedPod {
+        fn to_pod(&self) -> Pod {
+            let container = |c: &CachedContainer| Container {
+                name: c.name.clone(),
+                resources: c.resources.as_ref().map(CachedResources::to_requirements),
+                restart_policy: c.restart_policy.as_deref().map(str::to_owned),
+                ..Container::default()
+            };
+            let map = |kept: &SmallMap<KeptStr, KeptStr>| {
+                (!kept.is_empty()).then(|| {
+                    kept.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                })
+            };
+            Pod {
+                metadata: ObjectMeta {
+                    labels: map(&self.labels),
+                    annotations: map(&self.annotations),
+                    ..self.metadata.to_object_meta()
+                },
+                spec: self.spec.as_ref().map(|s| PodSpec {
+                    node_name: s.node_name.clone(),
+                    node_selector: s.node_selector.as_ref().map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect()
+                    }),
+                    affinity: s.affinity.as_deref().cloned(),
+                    tolerations: s.tolerations.as_deref().map(<[Toleration]>::to_vec),
+                    scheduling_gates: s.scheduling_gates.as_ref().map(|names| {
+                        names
+                            .iter()
+                            .map(|name| PodSchedulingGate {
+                                name: name.to_string(),
+                            })
+                            .collect()
+                    }),
+                    containers: s.containers.iter().map(container).collect(),
+                    init_containers: s
+                        .init_containers
+                        .as_ref()
+                        .map(|cs| cs.iter().map(container).collect()),
+                    ..PodSpec::default()
+                }),
+                status: self.status.as_ref().map(|s| PodStatus {
+                    phase: s.phase.as_deref().map(str::to_owned),
+                    reason: s.reason.clone(),
+                    message: s.message.clone(),
+                    conditions: s.scheduled.as_deref().map(|c| {
+                        vec![PodCondition {
+                            type_: POD_SCHEDULED.to_owned(),
+                            status: c.status.to_string(),
+                            reason: c.reason.as_deref().map(str::to_owned),
+                            message: c.message.as_deref().map(str::to_owned),
+                            last_transition_time: c.last_transition_time.clone(),
+                            ..PodCondition::default()
+                        }]
+                    }),
+                    ..PodStatus::default()
+                }),
+            }
+        }
+    }
+
+    impl CachedResources {
+        fn to_requirements(&self) -> ResourceRequirements {
+            let map = |list: &[(KeptStr, KeptStr)]| {
+                (!list.is_empty()).then(|| {
+                    list.iter()
+                        .map(|(k, q)| (k.to_string(), Quantity(q.to_string())))
+                        .collect::<BTreeMap<_, _>>()
+                })
+            };
+            ResourceRequirements {
+                requests: map(&self.requests),
+                limits: map(&self.limits),
+                ..ResourceRequirements::default()
+            }
+        }
+    }
 
     fn whole_pod() -> serde_json::Value {
         json!({
@@ -556,22 +714,14 @@ mod tests {
             .expect("cached pod")
         };
         let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
-        let info = translate::pod_info(
-            &failed("Failed").to_pod(),
-            &resources,
-            jiff::Timestamp::UNIX_EPOCH,
-        )
-        .expect("pod info");
+        let info = translate::pod_info(&failed("Failed"), &resources, jiff::Timestamp::UNIX_EPOCH)
+            .expect("pod info");
         assert_eq!(
             info.failure.as_deref(),
             Some("UnexpectedAdmissionError: Allocate failed: Requested: 2, Available: 1")
         );
-        let info = translate::pod_info(
-            &failed("Running").to_pod(),
-            &resources,
-            jiff::Timestamp::UNIX_EPOCH,
-        )
-        .expect("pod info");
+        let info = translate::pod_info(&failed("Running"), &resources, jiff::Timestamp::UNIX_EPOCH)
+            .expect("pod info");
         assert_eq!(
             info.failure, None,
             "only a failed pod's words are kept for the lease"
@@ -643,14 +793,14 @@ mod tests {
         let resources = BTreeSet::from(["gpupool/slot".to_owned()]);
         let now = jiff::Timestamp::UNIX_EPOCH;
         let from_whole = translate::pod_info(&whole, &resources, now).expect("translates");
-        let from_cached =
-            translate::pod_info(&cached.to_pod(), &resources, now).expect("translates");
+        // The cached pod is read as it is: no whole pod is rebuilt.
+        let from_cached = translate::pod_info(&cached, &resources, now).expect("translates");
         assert_eq!(format!("{from_cached:?}"), format!("{from_whole:?}"));
         // 2 slots in the app container + 1 in the sidecar beat 3 in the
         // init container, which proves the restart policy was kept.
         assert_eq!(from_cached.requests["gpupool/slot"], 3);
         assert_eq!(
-            translate::gate_index(&cached.to_pod()),
+            translate::gate_index(&cached),
             translate::gate_index(&whole)
         );
         // Every gate is kept, not only gpupool's, and so is what the
@@ -709,8 +859,7 @@ mod tests {
             let whole: Pod = serde_json::from_value(json.clone()).expect("pod");
             let cached: CachedPod = serde_json::from_value(json).expect("cached pod");
             let from_whole = translate::pod_info(&whole, &resources, now).expect("translates");
-            let from_cached =
-                translate::pod_info(&cached.to_pod(), &resources, now).expect("translates");
+            let from_cached = translate::pod_info(&cached, &resources, now).expect("translates");
             assert_eq!(format!("{from_cached:?}"), format!("{from_whole:?}"));
             assert_eq!(from_cached.unplaced.is_some(), unplaced, "{condition}");
             let back = serde_json::to_value(cached.to_pod()).expect("serializes");
@@ -720,6 +869,128 @@ mod tests {
                 "only PodScheduled is kept"
             );
         }
+    }
+
+    /// Every read the translation and the admission patch make agrees
+    /// between the cached pod, read as it is, and the whole pod it was
+    /// read from, in each shape those reads tell apart: the proof that the
+    /// one rulebook, fed either form, decides alike.
+    #[test]
+    fn every_shape_reads_as_the_whole_pod_does() {
+        type Shape = fn(&mut serde_json::Value);
+        let shapes: [(&str, Shape); 17] = [
+            ("as sent", |_| {}),
+            ("default tolerations", |p| {
+                p["spec"]["tolerations"] = default_pair(300);
+            }),
+            ("no tolerations", |p| {
+                p["spec"]["tolerations"] = json!(null);
+            }),
+            ("no toleration", |p| p["spec"]["tolerations"] = json!([])),
+            ("odd tolerations", |p| {
+                p["spec"]["tolerations"] = json!([{"key": "a", "operator": "Near"},
+                    {"key": "", "effect": "Weird"}, {"value": "v", "effect": ""}]);
+            }),
+            ("failed, deleted, bound", |p| {
+                p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:05:00Z");
+                p["spec"]["nodeName"] = json!("node-1");
+                p["status"] = json!({"phase": "Failed", "reason": "Evicted", "message": ""});
+            }),
+            ("bad role, garbage stamp, no creation time", |p| {
+                p["metadata"]["labels"]["gpupool.io/role"] = json!("boss");
+                p["metadata"]["annotations"]["gpupool.io/enqueued-at"] = json!("yesterday");
+                p["metadata"]["creationTimestamp"] = json!(null);
+            }),
+            ("no labels or annotations", |p| {
+                p["metadata"]["labels"] = json!(null);
+                p["metadata"]["annotations"] = json!(null);
+            }),
+            ("fractional and zero requests", |p| {
+                p["spec"]["containers"][0]["resources"] = json!({
+                    "requests": {"gpupool/slot": "500m", "example.com/nic": "0", "cpu": "1"},
+                    "limits": {"gpupool/slot": "1", "example.com/other": "1500m"}});
+            }),
+            ("requests under limits", |p| {
+                p["spec"]["containers"][0]["resources"] = json!({
+                    "requests": {"gpupool/slot": "1"}, "limits": {"gpupool/slot": "4"}});
+                p["spec"]["initContainers"] = json!(null);
+            }),
+            ("an init container beats sidecars and apps", |p| {
+                p["spec"]["initContainers"][0]["resources"]["limits"]["gpupool/slot"] = json!("9");
+            }),
+            ("no spec", |p| p["spec"] = json!(null)),
+            ("no name", |p| p["metadata"]["name"] = json!(null)),
+            ("no node selector, only our gate", |p| {
+                p["spec"]["nodeSelector"] = json!(null);
+                p["spec"]["schedulingGates"] = json!([{"name": "gpupool.io/admission"}]);
+            }),
+            ("an empty node selector", |p| {
+                p["spec"]["nodeSelector"] = json!({})
+            }),
+            ("pinned elsewhere, no gate", |p| {
+                p["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!("node-2");
+                p["spec"]["schedulingGates"] = json!(null);
+            }),
+            ("an affinity term it cannot read", |p| {
+                p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                    ["nodeSelectorTerms"] = json!([
+                    {"matchExpressions": [{"key": "gpu", "operator": "Near", "values": ["x"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}]);
+            }),
+        ];
+        let resources = BTreeSet::from(["gpupool/slot".to_owned(), "example.com/nic".to_owned()]);
+        let now = "2026-02-01T00:00:00Z".parse().expect("t");
+        for (shape, change) in shapes {
+            let mut json = whole_pod();
+            change(&mut json);
+            let whole: Pod = serde_json::from_value(json.clone()).expect("pod");
+            let cached: CachedPod = serde_json::from_value(json).expect("cached pod");
+            let (mut unread_whole, mut unread_cached) = (Vec::new(), Vec::new());
+            let from_whole =
+                crate::engine::translate::pod_info(&whole, &resources, now, &mut |u| {
+                    unread_whole.push(u);
+                });
+            let from_cached =
+                crate::engine::translate::pod_info(&cached, &resources, now, &mut |u| {
+                    unread_cached.push(u);
+                });
+            assert_eq!(
+                format!("{from_cached:?}"),
+                format!("{from_whole:?}"),
+                "{shape}"
+            );
+            assert_eq!(unread_cached, unread_whole, "{shape}");
+            if let (Some(a), Some(b)) = (&from_cached, &from_whole) {
+                assert_eq!(
+                    Arc::ptr_eq(&a.tolerations, &b.tolerations),
+                    a.tolerations.is_empty() || *a.tolerations == *default_info_tolerations(),
+                    "{shape}: the shared lists stay shared"
+                );
+            }
+            assert_eq!(
+                translate::gate_index(&cached),
+                translate::gate_index(&whole),
+                "{shape}"
+            );
+            assert_eq!(
+                format!("{:?}", admission_patch(&cached, "node-1")),
+                format!("{:?}", admission_patch(&whole, "node-1")),
+                "{shape}"
+            );
+        }
+    }
+
+    /// The engine's form of the API server's default tolerations.
+    fn default_info_tolerations() -> Arc<[crate::engine::Toleration]> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "ml", "name": "p"},
+            "spec": {"tolerations": default_pair(300),
+                "containers": [{"name": "c", "resources": {"limits": {"gpupool/slot": "1"}}}]}
+        }))
+        .expect("pod");
+        let resources = BTreeSet::new();
+        let info = translate::pod_info(&pod, &resources, jiff::Timestamp::UNIX_EPOCH);
+        info.expect("translates").tolerations
     }
 
     /// A gated pod's condition, which every queued pod carries, costs no

@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
-use crate::engine::translate::{self as engine_translate, Unread};
+use crate::engine::translate::{self as engine_translate, PodSource, Unread};
 use crate::engine::{NodeInfo, PodInfo};
 
 pub use crate::engine::translate::{class_info, gate_index, resource_names};
@@ -39,7 +39,12 @@ pub fn node_info(node: &Node, resources: &BTreeSet<String>) -> Option<NodeInfo> 
     engine_translate::node_info(node, resources, &mut warn)
 }
 
-/// [`engine_translate::pod_info`], logging what cannot be read.
-pub fn pod_info(pod: &Pod, resources: &BTreeSet<String>, now: Timestamp) -> Option<PodInfo> {
+/// [`engine_translate::pod_info`] of any form of a pod (the webhook's
+/// whole `Pod`, a cached one), logging what cannot be read.
+pub fn pod_info(
+    pod: &impl PodSource,
+    resources: &BTreeSet<String>,
+    now: Timestamp,
+) -> Option<PodInfo> {
     engine_translate::pod_info(pod, resources, now, &mut warn)
 }
