@@ -47,7 +47,7 @@ use tokio::task::JoinSet;
 use super::PassInput;
 use super::error::{Error, api_status};
 use super::events::{EventSink, PodEvent};
-use super::overlay::Overlay;
+use super::own_writes::OwnWrites;
 use super::patch;
 use super::progress::{ProgressWriter, Wanted};
 use super::ungate::{Admitted, LeaseWrite, UngateOrder};
@@ -124,7 +124,7 @@ fn class_key(class: &str) -> ObjectKey {
 }
 
 /// What one write of a chain achieved (or, for an eviction, what the API
-/// server answered), as the overlay and the engine record it.
+/// server answered), as the own-writes records and the engine record it.
 enum WriteResult {
     Lease {
         lease: CachedLease,
@@ -177,7 +177,7 @@ impl WriteResult {
 /// achieved, and the errors that stopped it.
 type WriteChain = BoxFuture<'static, (Vec<WriteResult>, Vec<Error>)>;
 
-/// One chain's outcome and when it finished (the overlay dates its writes).
+/// One chain's outcome and when it finished (the own-writes records date its writes).
 struct ChainOutcome {
     at: Instant,
     results: Vec<WriteResult>,
@@ -215,7 +215,7 @@ async fn collect(chains: Vec<WriteChain>) -> Vec<ChainOutcome> {
 /// to evictions in `outcome`.
 fn record(
     outcomes: Vec<ChainOutcome>,
-    overlay: &mut Overlay,
+    own_writes: &mut OwnWrites,
     errors: &mut Vec<Error>,
     outcome: &mut ApplyOutcome,
 ) {
@@ -228,23 +228,25 @@ fn record(
         errors.extend(errs);
         for result in results {
             match result {
-                WriteResult::Lease { lease, created } => overlay.record_lease(lease, created, now),
-                WriteResult::Pod(pod) => overlay.record_pod(pod, now),
-                WriteResult::PodReread(Some(pod)) => overlay.record_pod(pod, now),
+                WriteResult::Lease { lease, created } => {
+                    own_writes.record_lease(lease, created, now)
+                }
+                WriteResult::Pod(pod) => own_writes.record_pod(pod, now),
+                WriteResult::PodReread(Some(pod)) => own_writes.record_pod(pod, now),
                 WriteResult::PodReread(None) => {}
                 WriteResult::Evicted { key, uid } => {
                     outcome.evictions.push((key.clone(), false));
-                    overlay.record_evicted(key, uid, now);
+                    own_writes.record_evicted(key, uid, now);
                 }
                 // Terminating, as an evicted pod is, until the watch shows
                 // it gone: the next pass neither asks again nor counts it.
-                WriteResult::GaveBack { key, uid } => overlay.record_evicted(key, uid, now),
+                WriteResult::GaveBack { key, uid } => own_writes.record_evicted(key, uid, now),
                 WriteResult::Blocked(key) => outcome.evictions.push((key, true)),
                 WriteResult::Unblocked(key) => outcome.evictions.push((key, false)),
                 WriteResult::LeaseDeleted { key, uid } => {
-                    overlay.record_lease_deleted(key, uid, now)
+                    own_writes.record_lease_deleted(key, uid, now)
                 }
-                WriteResult::Class(class) => overlay.record_class(class, now),
+                WriteResult::Class(class) => own_writes.record_class(class, now),
             }
         }
     }
@@ -306,13 +308,13 @@ impl Applier {
         keys: Vec<ObjectKey>,
         build: impl FnOnce(&Writer) -> WriteChain + Send + Sync + 'static,
         assumed: Option<Arc<CachedLease>>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         for key in &keys {
             *self.in_flight.entry(key.clone()).or_default() += 1;
         }
         if let (Some(lease), Some(key)) = (assumed, keys.first()) {
-            overlay.assume_lease(key.clone(), lease);
+            own_writes.assume_lease(key.clone(), lease);
         }
         self.waiting.push_back(Waiting {
             keys,
@@ -322,10 +324,10 @@ impl Applier {
     }
 
     /// Creates the lease `new` in the background. The write and the
-    /// overlay share one copy of it: a create that waits for a write slot
-    /// (thousands do in a burst of new pods) costs the lease it assumes and
-    /// no second copy of its spec and status.
-    fn spawn_create(&mut self, new: NewLease, overlay: &mut Overlay) {
+    /// own-writes records share one copy of it: a create that waits for a
+    /// write slot (thousands do in a burst of new pods) costs the lease it
+    /// assumes and no second copy of its spec and status.
+    fn spawn_create(&mut self, new: NewLease, own_writes: &mut OwnWrites) {
         let NewLease {
             key,
             pod_uid,
@@ -338,7 +340,7 @@ impl Applier {
             vec![key],
             move |w| w.create_chain(create, pod_uid, lease),
             Some(assumed),
-            overlay,
+            own_writes,
         );
     }
 
@@ -409,14 +411,14 @@ impl Applier {
     pub fn record_finished_write(
         &mut self,
         finished: FinishedWrite,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) -> ApplyOutcome {
         for key in &finished.keys {
             if let Some(n) = self.in_flight.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
                     self.in_flight.remove(key);
-                    overlay.forget_assumed(key);
+                    own_writes.forget_assumed(key);
                 }
             }
         }
@@ -426,7 +428,7 @@ impl Applier {
             return outcome;
         };
         let mut errors = Vec::new();
-        record(vec![chain], overlay, &mut errors, &mut outcome);
+        record(vec![chain], own_writes, &mut errors, &mut outcome);
         self.report(&errors);
         outcome.failed = !errors.is_empty();
         outcome
@@ -434,13 +436,13 @@ impl Applier {
 
     /// Stops every background write (leadership is lost: this replica must
     /// stop writing) and forgets what they assumed.
-    pub fn abandon(&mut self, overlay: &mut Overlay) {
+    pub fn abandon(&mut self, own_writes: &mut OwnWrites) {
         self.background.abort_all();
         self.background.detach_all();
         self.tasks.clear();
         self.waiting.clear();
         for key in self.in_flight.drain().map(|(k, _)| k) {
-            overlay.forget_assumed(&key);
+            own_writes.forget_assumed(&key);
         }
     }
 
@@ -456,7 +458,7 @@ impl Applier {
     }
 
     /// Applies `plan` (decided on `input`), recording successful writes in
-    /// `overlay`. Returns once the deletes, spec rewrites and admissions are
+    /// `own_writes`. Returns once the deletes, spec rewrites and admissions are
     /// done; the rest runs on in the background (see
     /// [`Applier::record_finished_write`]).
     /// Writes of objects whose earlier write is still in flight are left
@@ -465,7 +467,7 @@ impl Applier {
         &mut self,
         plan: Plan,
         input: &PassInput<'_>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) -> ApplyOutcome {
         let mut outcome = ApplyOutcome::default();
         let mut errors = Vec::new();
@@ -473,13 +475,13 @@ impl Applier {
         let cleared = self
             .delete_stale_and_fix_specs(&plan.delete_leases, plan.lease_specs, input)
             .await;
-        record(cleared, overlay, &mut errors, &mut outcome);
+        record(cleared, own_writes, &mut errors, &mut outcome);
 
         // Everything but the admissions goes to the background, one chain
         // per object.
         let mut statuses = plan.lease_statuses;
-        self.create_leases(plan.create_leases, &mut statuses, overlay);
-        let moved_on = self.take_over_progress(&statuses, input);
+        self.create_leases(plan.create_leases, &mut statuses, own_writes);
+        let moved_on = self.take_over_progress(&statuses, input, own_writes);
         self.offer_progress(plan.lease_progress, input);
         let admissions: BTreeMap<ObjectKey, Admission> = plan
             .admissions
@@ -489,21 +491,21 @@ impl Applier {
         let (admission_statuses, statuses) = statuses
             .into_iter()
             .partition(|(key, _)| admissions.contains_key(key));
-        self.write_statuses(statuses, &moved_on, input, overlay);
+        self.write_statuses(statuses, &moved_on, input, own_writes);
         let admissions = self.prepare_admissions(admissions, admission_statuses, &moved_on, input);
-        self.evict(plan.evictions, input, overlay);
-        self.give_back(plan.give_backs, input, overlay);
+        self.evict(plan.evictions, input, own_writes);
+        self.give_back(plan.give_backs, input, own_writes);
         self.write_classes(
             &plan.queue_depths,
             plan.class_writes,
             &plan.class_statuses,
-            overlay,
+            own_writes,
         );
 
         // The pass waits for its admissions only, so a freed slot is taken
         // without waiting for any unrelated write.
         let admitted = self.admit(admissions, input).await;
-        record(admitted, overlay, &mut errors, &mut outcome);
+        record(admitted, own_writes, &mut errors, &mut outcome);
 
         self.report(&errors);
         outcome.failed = !errors.is_empty();
@@ -541,12 +543,12 @@ impl Applier {
         &mut self,
         creates: Vec<NewLease>,
         statuses: &mut BTreeMap<ObjectKey, GpuLeaseStatus>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         for new in creates {
             statuses.remove(&new.key);
             if !self.busy(&new.key) {
-                self.spawn_create(new, overlay);
+                self.spawn_create(new, own_writes);
             }
         }
     }
@@ -559,12 +561,15 @@ impl Applier {
         &self,
         statuses: &BTreeMap<ObjectKey, GpuLeaseStatus>,
         input: &PassInput<'_>,
+        own_writes: &OwnWrites,
     ) -> HashMap<ObjectKey, Arc<CachedLease>> {
         let mut moved_on = HashMap::new();
+        let now = Instant::now();
         for key in statuses.keys() {
+            self.progress.forget(key);
             let moved = input
                 .lease(key)
-                .and_then(|lease| self.progress.take_over(key, lease));
+                .and_then(|lease| own_writes.take_over_progress(key, lease, now));
             if let Some(lease) = moved {
                 moved_on.insert(key.clone(), Arc::new(lease));
             }
@@ -598,26 +603,26 @@ impl Applier {
         statuses: BTreeMap<ObjectKey, GpuLeaseStatus>,
         moved_on: &HashMap<ObjectKey, Arc<CachedLease>>,
         input: &PassInput<'_>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         for (key, status) in statuses {
             if self.busy(&key) {
                 continue;
             }
             if let Some(lease) = status_to_write(input, moved_on, &key, &status) {
-                self.spawn_status(key, status, lease, overlay);
+                self.spawn_status(key, status, lease, own_writes);
             }
         }
     }
 
-    /// Writes `status` over `lease` in the background; until the answer
-    /// is recorded, the overlay assumes the lease with that status.
+    /// Writes `status` over `lease` in the background; until the answer is
+    /// recorded, the own-writes records assume the lease with that status.
     fn spawn_status(
         &mut self,
         key: ObjectKey,
         status: GpuLeaseStatus,
         lease: Arc<CachedLease>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         // The device plugin's GPUs stay as they are: the write leaves them
         // alone.
@@ -637,14 +642,19 @@ impl Applier {
             vec![key],
             move |w| w.status_chain(k, status, lease),
             Some(Arc::new(assumed)),
-            overlay,
+            own_writes,
         );
     }
 
     /// Starts the evictions in the background. A refused eviction waits
     /// out its retry time (the engine asked for a pass then) rather than
     /// being asked for again at once.
-    fn evict(&mut self, evictions: Vec<Eviction>, input: &PassInput<'_>, overlay: &mut Overlay) {
+    fn evict(
+        &mut self,
+        evictions: Vec<Eviction>,
+        input: &PassInput<'_>,
+        own_writes: &mut OwnWrites,
+    ) {
         let now = jiff::Timestamp::now();
         for e in evictions {
             if self.busy(&e.key) || e.not_before.is_some_and(|at| at > now) {
@@ -652,7 +662,12 @@ impl Applier {
             }
             let key = e.key.clone();
             let class = class_of(input, &e.key);
-            self.spawn(vec![key], move |w| w.evict_chain(e, class), None, overlay);
+            self.spawn(
+                vec![key],
+                move |w| w.evict_chain(e, class),
+                None,
+                own_writes,
+            );
         }
     }
 
@@ -664,7 +679,7 @@ impl Applier {
         &mut self,
         give_backs: Vec<GiveBack>,
         input: &PassInput<'_>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         for g in give_backs {
             if self.busy(&g.key) {
@@ -676,7 +691,7 @@ impl Applier {
                 vec![key],
                 move |w| w.give_back_chain(g, class),
                 None,
-                overlay,
+                own_writes,
             );
         }
     }
@@ -688,7 +703,7 @@ impl Applier {
         depths: &BTreeMap<String, QueueDepth>,
         writes: Vec<ClassWrite>,
         statuses: &BTreeMap<String, GpuLeaseClassStatus>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
     ) {
         for (class, depth) in depths {
             self.writer.record_queue_depth(class, *depth);
@@ -705,7 +720,7 @@ impl Applier {
                     vec![key],
                     move |wr| wr.class_chain(w, status),
                     None,
-                    overlay,
+                    own_writes,
                 );
             }
         }
@@ -952,8 +967,8 @@ impl Writer {
 
     /// Creates the lease `lease` describes for the pod `pod_uid`, then
     /// writes its status (a create cannot set it). `lease` is the one the
-    /// overlay assumes meanwhile; one assumed without a status is created
-    /// bare, and the next pass gives it its sequence.
+    /// own-writes records assume meanwhile; one assumed without a status is
+    /// created bare, and the next pass gives it its sequence.
     fn create_chain(&self, key: ObjectKey, pod_uid: String, lease: Arc<CachedLease>) -> WriteChain {
         // A create sends a whole lease, so it goes through the lease's own type.
         let posts: Api<GpuLease> = Api::namespaced(self.client.clone(), &key.namespace);
@@ -1433,7 +1448,7 @@ async fn evict(client: &Client, pod: &ObjectKey, body: &EvictionBody) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::super::overlay::lists::LeasePasses;
+    use super::super::own_writes::lists::LeasePasses;
     use super::super::test_api::{api_server, cached_lease, lease, queued_lease, written_behind};
     use super::*;
 
@@ -1448,12 +1463,16 @@ mod tests {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Metrics::register(&mut registry);
         let events = EventSink::spawn(client.clone(), "test".into(), metrics.clone());
-        let progress = ProgressWriter::spawn(client.clone(), 10, Default::default());
+        let progress =
+            ProgressWriter::spawn(client.clone(), 10, Default::default(), Default::default());
         Applier::new(client, metrics, events, progress)
     }
 
-    fn phase_in(overlay: &mut Overlay, cached: Vec<Arc<CachedLease>>) -> Vec<Option<LeasePhase>> {
-        let leases = LeasePasses::default().pass(overlay, &cached, &[], Instant::now());
+    fn phase_in(
+        own_writes: &mut OwnWrites,
+        cached: Vec<Arc<CachedLease>>,
+    ) -> Vec<Option<LeasePhase>> {
+        let leases = LeasePasses::default().pass(own_writes, &cached, &[], Instant::now());
         leases
             .iter()
             .map(|l| l.status.as_ref().map(|s| s.phase))
@@ -1463,7 +1482,7 @@ mod tests {
     #[tokio::test]
     async fn a_background_write_is_assumed_until_its_answer_is_recorded() {
         let mut applier = offline_applier();
-        let mut overlay = Overlay::default();
+        let mut own_writes = OwnWrites::default();
         let key = ObjectKey::new("ns", "a");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let answer = cached_lease("a", "12", LeasePhase::Released);
@@ -1482,29 +1501,29 @@ mod tests {
                 })
             },
             Some(Arc::new(cached_lease("a", "11", LeasePhase::Released))),
-            &mut overlay,
+            &mut own_writes,
         );
         assert!(applier.busy(&key));
         let cached = || vec![Arc::new(cached_lease("a", "11", LeasePhase::Admitted))];
         assert_eq!(
-            phase_in(&mut overlay, cached()),
+            phase_in(&mut own_writes, cached()),
             [Some(LeasePhase::Released)]
         );
         assert!(applier.try_finished_write().is_none(), "still in flight");
 
         let _ = tx.send(());
         let finished = applier.next_finished_write().await;
-        let outcome = applier.record_finished_write(finished, &mut overlay);
+        let outcome = applier.record_finished_write(finished, &mut own_writes);
         assert!(!outcome.failed);
         assert!(!applier.busy(&key));
         // The answer (resourceVersion 12) wins over the lagging cache.
         assert_eq!(
-            phase_in(&mut overlay, cached()),
+            phase_in(&mut own_writes, cached()),
             [Some(LeasePhase::Released)]
         );
         let caught_up = vec![Arc::new(cached_lease("a", "12", LeasePhase::Released))];
-        phase_in(&mut overlay, caught_up);
-        assert!(overlay.is_empty(), "nothing assumed or remembered");
+        phase_in(&mut own_writes, caught_up);
+        assert!(own_writes.is_empty(), "nothing assumed or remembered");
     }
 
     #[test]
@@ -1575,7 +1594,7 @@ mod tests {
     async fn a_create_shares_the_lease_it_assumes_and_writes_it_then_its_status() {
         let (_server, client) = api_server().await;
         let mut applier = applier_for(client.clone());
-        let mut overlay = Overlay::default();
+        let mut own_writes = OwnWrites::default();
         let key = ObjectKey::new("ns", "a");
         let spec = lease("a", "", LeasePhase::Queued).spec;
         let status = GpuLeaseStatus {
@@ -1592,14 +1611,14 @@ mod tests {
                 spec: spec.clone(),
                 status: status.clone(),
             },
-            &mut overlay,
+            &mut own_writes,
         );
 
-        let assumed = overlay.assumed_lease(&key).expect("assumed").clone();
+        let assumed = own_writes.assumed_lease(&key).expect("assumed").clone();
         assert_eq!(
             Arc::strong_count(&assumed),
             3,
-            "one copy, held by the overlay, the waiting write and this test"
+            "one copy, held by the own_writes, the waiting write and this test"
         );
         assert!(
             assumed
@@ -1612,9 +1631,13 @@ mod tests {
         assert_eq!(assumed.status.as_ref(), Some(&status));
 
         let finished = applier.next_finished_write().await;
-        assert!(!applier.record_finished_write(finished, &mut overlay).failed);
         assert!(
-            overlay.assumed_lease(&key).is_none(),
+            !applier
+                .record_finished_write(finished, &mut own_writes)
+                .failed
+        );
+        assert!(
+            own_writes.assumed_lease(&key).is_none(),
             "the answer replaces it"
         );
         assert_eq!(Arc::strong_count(&assumed), 1, "the write let go of it");
@@ -1658,28 +1681,32 @@ mod tests {
     #[tokio::test]
     async fn a_failed_or_panicked_background_write_releases_its_object() {
         let mut applier = offline_applier();
-        let mut overlay = Overlay::default();
+        let mut own_writes = OwnWrites::default();
         let (a, b) = (ObjectKey::new("ns", "a"), ObjectKey::new("ns", "b"));
         applier.spawn(
             vec![a.clone()],
             |_| Box::pin(async { (vec![], vec![Error::Timeout]) }),
             Some(Arc::new(cached_lease("a", "1", LeasePhase::Released))),
-            &mut overlay,
+            &mut own_writes,
         );
         applier.spawn(
             vec![b.clone()],
             |_| Box::pin(async { panic!("a bug in a write chain") }),
             None,
-            &mut overlay,
+            &mut own_writes,
         );
         for _ in 0..2 {
             let finished = applier.next_finished_write().await;
-            assert!(applier.record_finished_write(finished, &mut overlay).failed);
+            assert!(
+                applier
+                    .record_finished_write(finished, &mut own_writes)
+                    .failed
+            );
         }
         assert!(!applier.busy(&a) && !applier.busy(&b));
         let cached = vec![Arc::new(cached_lease("a", "1", LeasePhase::Admitted))];
         assert_eq!(
-            phase_in(&mut overlay, cached),
+            phase_in(&mut own_writes, cached),
             [Some(LeasePhase::Admitted)],
             "the failed write assumes nothing any more"
         );
@@ -1688,7 +1715,7 @@ mod tests {
     #[tokio::test]
     async fn losing_leadership_stops_background_writes_and_forgets_them() {
         let mut applier = offline_applier();
-        let mut overlay = Overlay::default();
+        let mut own_writes = OwnWrites::default();
         // Some spawned, one still waiting to be.
         let keys: Vec<ObjectKey> = (0..=CONCURRENCY + SPAWNED_AHEAD)
             .map(|i| ObjectKey::new("ns", format!("p{i}")))
@@ -1703,13 +1730,13 @@ mod tests {
                     Box::pin(std::future::pending())
                 },
                 Some(Arc::new(cached_lease(&key.name, "1", LeasePhase::Released))),
-                &mut overlay,
+                &mut own_writes,
             );
         }
         assert_eq!(applier.waiting.len(), 1);
-        applier.abandon(&mut overlay);
+        applier.abandon(&mut own_writes);
         assert!(keys.iter().all(|key| !applier.busy(key)));
-        assert!(overlay.is_empty());
+        assert!(own_writes.is_empty());
         assert!(applier.try_finished_write().is_none());
         assert!(applier.waiting.is_empty(), "the waiting write is dropped");
         tokio::task::yield_now().await;
@@ -1723,7 +1750,7 @@ mod tests {
     #[tokio::test]
     async fn background_writes_past_the_spawned_ones_wait_as_data_until_a_task_is_free() {
         let mut applier = offline_applier();
-        let mut overlay = Overlay::default();
+        let mut own_writes = OwnWrites::default();
         let spawned = CONCURRENCY + SPAWNED_AHEAD;
         let total = spawned + 10;
         let keys: Vec<ObjectKey> = (0..total)
@@ -1745,7 +1772,7 @@ mod tests {
                     })
                 },
                 Some(Arc::new(cached_lease(&key.name, "1", LeasePhase::Queued))),
-                &mut overlay,
+                &mut own_writes,
             );
         }
         assert_eq!(applier.background.len(), spawned);
@@ -1772,7 +1799,7 @@ mod tests {
         let mut recorded = 0;
         while recorded < total {
             let next = applier.next_finished_write().await;
-            assert!(!applier.record_finished_write(next, &mut overlay).failed);
+            assert!(!applier.record_finished_write(next, &mut own_writes).failed);
             recorded += 1;
         }
         assert!(applier.waiting.is_empty());
@@ -2000,9 +2027,15 @@ mod tests {
         fn read<'k>(
             &self,
             engine_state: &'k mut super::super::EngineState,
-            overlay: &mut Overlay,
+            own_writes: &mut OwnWrites,
         ) -> PassInput<'k> {
-            engine_state.sync(&self.caches, overlay, &[], Timestamp::now(), Instant::now())
+            engine_state.sync(
+                &self.caches,
+                own_writes,
+                &[],
+                Timestamp::now(),
+                Instant::now(),
+            )
         }
 
         async fn phase(&self, name: &str) -> Option<LeasePhase> {
@@ -2015,9 +2048,9 @@ mod tests {
     async fn pods_behind_a_refused_admission_stay_gated_even_when_their_leases_are_written() {
         let names = ["a", "b", "c", "d"];
         let fx = Admitting::new(&names).await;
-        let (mut engine_state, mut overlay) =
-            (super::super::EngineState::default(), Overlay::default());
-        let input = fx.read(&mut engine_state, &mut overlay);
+        let (mut engine_state, mut own_writes) =
+            (super::super::EngineState::default(), OwnWrites::default());
+        let input = fx.read(&mut engine_state, &mut own_writes);
         // After the pass read them, another writer takes lease b elsewhere.
         let seen_b = input
             .lease(&ObjectKey::new("ns", "b"))
@@ -2031,7 +2064,9 @@ mod tests {
 
         let mut applier = applier_for(fx.client.clone());
         let before = lease_status_writes(&fx.server);
-        let outcome = applier.apply(fx.plan.clone(), &input, &mut overlay).await;
+        let outcome = applier
+            .apply(fx.plan.clone(), &input, &mut own_writes)
+            .await;
         assert!(outcome.failed, "b's admission was refused");
         assert_eq!(
             lease_status_writes(&fx.server) - before,
@@ -2076,9 +2111,9 @@ mod tests {
     /// next `failures` requests with a 500.
     async fn admit_through_failures(failures: u32) -> (Admitting, ApplyOutcome) {
         let fx = Admitting::new(&["a"]).await;
-        let (mut engine_state, mut overlay) =
-            (super::super::EngineState::default(), Overlay::default());
-        let input = fx.read(&mut engine_state, &mut overlay);
+        let (mut engine_state, mut own_writes) =
+            (super::super::EngineState::default(), OwnWrites::default());
+        let input = fx.read(&mut engine_state, &mut own_writes);
         let mut applier = applier_for(fx.client.clone());
         fx.server
             .faults()
@@ -2087,7 +2122,9 @@ mod tests {
                 ..Default::default()
             })
             .expect("faults");
-        let outcome = applier.apply(fx.plan.clone(), &input, &mut overlay).await;
+        let outcome = applier
+            .apply(fx.plan.clone(), &input, &mut own_writes)
+            .await;
         assert_eq!(
             fx.server.faults().config().fail_next,
             0,
@@ -2330,8 +2367,8 @@ mod tests {
         let (classes_r, _classes) = crate::index::store::index();
         let (leases_r, _leases) = crate::index::store::index();
         let caches = crate::index::Caches::of_stores(pods_r, nodes_r, classes_r, leases_r);
-        let (mut engine_state, mut overlay) =
-            (super::super::EngineState::default(), Overlay::default());
+        let (mut engine_state, mut own_writes) =
+            (super::super::EngineState::default(), OwnWrites::default());
         let plan = Plan {
             give_backs: vec![give_back("a", &uid)],
             ..Plan::default()
@@ -2357,24 +2394,36 @@ mod tests {
                 ..Default::default()
             })
             .expect("faults");
-        let input = engine_state.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
-        let outcome = applier.apply(plan.clone(), &input, &mut overlay).await;
+        let input = engine_state.sync(
+            &caches,
+            &mut own_writes,
+            &[],
+            Timestamp::now(),
+            Instant::now(),
+        );
+        let outcome = applier.apply(plan.clone(), &input, &mut own_writes).await;
         assert!(!outcome.failed, "the delete runs in the background");
         let finished = applier.next_finished_write().await;
-        let outcome = applier.record_finished_write(finished, &mut overlay);
+        let outcome = applier.record_finished_write(finished, &mut own_writes);
         assert!(outcome.failed, "the failed delete is reported");
         assert_eq!(errors_counted(&applier), 1);
         assert_eq!(give_backs_of(&applier, NO_LEASE), 0);
-        assert!(!overlay.is_evicted(&key), "not taken as done");
+        assert!(!own_writes.is_evicted(&key), "not taken as done");
         assert!(pods.get_opt("a").await.expect("get").is_some());
 
-        let input = engine_state.sync(&caches, &mut overlay, &[], Timestamp::now(), Instant::now());
-        applier.apply(plan, &input, &mut overlay).await;
+        let input = engine_state.sync(
+            &caches,
+            &mut own_writes,
+            &[],
+            Timestamp::now(),
+            Instant::now(),
+        );
+        applier.apply(plan, &input, &mut own_writes).await;
         let finished = applier.next_finished_write().await;
-        let outcome = applier.record_finished_write(finished, &mut overlay);
+        let outcome = applier.record_finished_write(finished, &mut own_writes);
         assert!(!outcome.failed);
         assert!(
-            overlay.is_evicted(&key),
+            own_writes.is_evicted(&key),
             "terminating until the watch shows it gone"
         );
         assert!(pods.get_opt("a").await.expect("get").is_none());

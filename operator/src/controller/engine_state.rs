@@ -3,12 +3,12 @@
 //!
 //! Each watch records the keys its events touched
 //! ([`ChangeLog`](crate::index::changes::ChangeLog)); a pass looks at those
-//! keys, and at the keys the controller's own writes are laid over
-//! ([`Overlay`]), and at nothing else. For each key it asks the
-//! cache and the overlay what the pass sees, and hands the engine a new
-//! translation only when that is another object (a watch cache hands out
-//! the same `Arc` for an object until an event replaces it, and the overlay
-//! keeps the same `Arc` for a write it lays over the cache). So a pass
+//! keys, and at the keys the controller's records of its own writes name
+//! ([`OwnWrites`]), and at nothing else. For each key it asks the cache and
+//! those records what the pass sees, and hands the engine a new translation
+//! only when that is another object (a watch cache hands out the same `Arc`
+//! for an object until an event replaces it, and the records keep the same
+//! `Arc` for a write they lay over the cache). So a pass
 //! after one event looks at a handful of keys and translates one object,
 //! however many pods and leases are cached. After a re-list and at the
 //! first pass every key is looked at, by the same rule; when the classes'
@@ -18,8 +18,8 @@
 //! The walk over a kind's keys is written once (`EntrySync::sync_kind`);
 //! each of the four kinds keeps its own impl of the `Kind` trait because
 //! what is left in it is exactly what differs and cannot be said once: how
-//! the overlay is laid over the cache (not at all for nodes, with a held
-//! and a confirmed lease for leases, with an eviction flag for pods), what
+//! the own writes are laid over the cache (not at all for nodes, with a
+//! held lease for leases, with an eviction flag for pods), what
 //! its translation needs (the classes' resources, the unmanaged namespaces,
 //! the pass's time), and how the flag reaches the engine's entry. What the
 //! impls still share is the trait's outline; a macro or a table of closures
@@ -33,7 +33,7 @@ use gpupool_api::GpuLeaseClass;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use super::overlay::Overlay;
+use super::own_writes::OwnWrites;
 use crate::engine::{
     CachedLease, ClassInfo, Engine, Eviction, LeaseInfo, NodeInfo, ObjectKey, PodInfo,
 };
@@ -51,10 +51,6 @@ struct EntrySource<K> {
     obj: Arc<K>,
     /// The pass-dependent bit it was translated with (evicted, missing).
     flag: bool,
-    /// Leases only: the lease as confirmed when the entry was last brought
-    /// up to date, under a held or assumed one (see
-    /// [`LeaseView::confirmed`](super::overlay::LeaseView::confirmed)).
-    confirmed: Option<Arc<K>>,
 }
 
 /// What [`EntrySources::sync_entry`] asks the engine to do for a key.
@@ -83,8 +79,7 @@ impl<K> Default for EntrySources<K> {
 
 impl<K> EntrySources<K> {
     /// Brings the engine's entry for `key` in line with `view` (the object
-    /// a pass sees and its flag, or nothing), and remembers `confirmed`
-    /// (leases only) for the next pass: `translate` is called only
+    /// a pass sees and its flag, or nothing): `translate` is called only
     /// when the object or the flag differs from the entry's source, and
     /// `apply` gets an upsert when it translates, or a removal when the
     /// engine had an entry for `key` and no longer should.
@@ -96,7 +91,6 @@ impl<K> EntrySources<K> {
         &mut self,
         key: &ObjectKey,
         view: Option<(Arc<K>, bool)>,
-        confirmed: Option<Arc<K>>,
         translate: impl FnOnce(&Arc<K>) -> Option<V>,
         mut apply: impl FnMut(Change<V>),
     ) {
@@ -106,24 +100,16 @@ impl<K> EntrySources<K> {
             }
             return;
         };
-        if let Some(old) = self.by_key.get_mut(key)
+        if let Some(old) = self.by_key.get(key)
             && Arc::ptr_eq(&old.obj, &obj)
             && old.flag == flag
         {
-            old.confirmed = confirmed;
             return;
         }
         match translate(&obj) {
             Some(value) => {
                 apply(Change::Upsert(value, flag));
-                self.by_key.insert(
-                    key.clone(),
-                    EntrySource {
-                        obj,
-                        flag,
-                        confirmed,
-                    },
-                );
+                self.by_key.insert(key.clone(), EntrySource { obj, flag });
             }
             None => {
                 if self.by_key.remove(key).is_some() {
@@ -136,12 +122,6 @@ impl<K> EntrySources<K> {
     /// The object the engine's entry for `key` was translated from.
     pub fn get(&self, key: &ObjectKey) -> Option<&Arc<K>> {
         self.by_key.get(key).map(|f| &f.obj)
-    }
-
-    /// The lease confirmed for `key` when its entry was last brought up to
-    /// date (leases only).
-    fn last_confirmed(&self, key: &ObjectKey) -> Option<&Arc<K>> {
-        self.by_key.get(key)?.confirmed.as_ref()
     }
 
     /// Forgets everything, removing each entry from the engine through `remove`.
@@ -159,16 +139,14 @@ impl<K> EntrySources<K> {
 }
 
 /// The keys a pass looks at for one kind: those a watch changed (or every
-/// cached key and every key with an entry after a re-list), those the
-/// overlay holds something for now, and those it held when the last pass
-/// ended (`last`, which this empties: the overlay may have let go of them
-/// since).
+/// cached key and every key with an entry after a re-list), and those the
+/// own-writes records add (`own_write_keys`: those they name now, and
+/// those they named when the last pass ended).
 fn keys_to_look_at<K>(
     changes: Changes,
     store: &Index<K>,
     sources: &EntrySources<K>,
-    overlay_keys: impl Iterator<Item = ObjectKey>,
-    last: &mut Vec<ObjectKey>,
+    own_write_keys: impl FnOnce(&mut HashSet<ObjectKey>),
 ) -> HashSet<ObjectKey> {
     let mut keys = match changes {
         Changes::Keys(keys) => keys,
@@ -178,28 +156,13 @@ fn keys_to_look_at<K>(
             .chain(sources.by_key.keys().cloned())
             .collect(),
     };
-    keys.extend(overlay_keys);
-    keys.extend(last.drain(..));
+    own_write_keys(&mut keys);
     keys
 }
 
 /// What a pass sees of one key: the object the engine's entry is to come
-/// from, with its pass-dependent flag, and (leases only) the lease as
-/// confirmed (see [`EntrySources::sync_entry`]).
-struct Seen<K> {
-    view: Option<(Arc<K>, bool)>,
-    confirmed: Option<Arc<K>>,
-}
-
-impl<K> Seen<K> {
-    /// `obj` with `flag`, and nothing confirmed apart from it.
-    fn flagged(obj: Option<Arc<K>>, flag: bool) -> Self {
-        Self {
-            view: obj.map(|obj| (obj, flag)),
-            confirmed: None,
-        }
-    }
-}
+/// from, with its pass-dependent flag, or nothing.
+type Seen<K> = Option<(Arc<K>, bool)>;
 
 /// One kind of object as a pass hands it to the engine: where its objects
 /// are cached, what a pass sees of a key, and how an object becomes (or
@@ -213,8 +176,9 @@ trait Kind {
     /// The watch cache of this kind.
     fn cache(&self) -> &Index<Self::Object>;
 
-    /// The keys of this kind the overlay holds something for.
-    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey>;
+    /// Adds to `keys` the keys of this kind the own-writes records ask a
+    /// pass to look at.
+    fn own_write_keys(own_writes: &mut OwnWrites, keys: &mut HashSet<ObjectKey>);
 
     /// What the pass sees of `key`, given where the engine's entries came
     /// from (`sources`).
@@ -222,7 +186,7 @@ trait Kind {
         &self,
         key: &ObjectKey,
         sources: &EntrySources<Self::Object>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         at: Instant,
     ) -> Seen<Self::Object>;
 
@@ -235,17 +199,17 @@ trait Kind {
 }
 
 /// What a pass brings every kind's entries up to date with: the engine,
-/// the overlay laid over the caches, and the pass's instant.
+/// the own writes laid over the caches, and the pass's instant.
 struct EntrySync<'e, 'o> {
     engine: &'e mut Engine,
-    overlay: &'o mut Overlay,
+    own_writes: &'o mut OwnWrites,
     at: Instant,
 }
 
 impl EntrySync<'_, '_> {
     /// Brings the engine's entries of one kind in line with what the pass
     /// sees, looking only at the keys [`keys_to_look_at`] names for
-    /// `changes` and `last`.
+    /// `changes`.
     ///
     /// Guarantee: afterwards, for each of those keys, the engine keeps the
     /// translation of the object the pass sees, or nothing (see
@@ -255,16 +219,16 @@ impl EntrySync<'_, '_> {
         kind: &T,
         changes: Changes,
         sources: &mut EntrySources<T::Object>,
-        last: &mut Vec<ObjectKey>,
     ) {
-        let overlay_keys = T::overlay_keys(self.overlay).cloned();
-        let keys = keys_to_look_at(changes, kind.cache(), sources, overlay_keys, last);
+        let own_writes = &mut *self.own_writes;
+        let keys = keys_to_look_at(changes, kind.cache(), sources, |keys| {
+            T::own_write_keys(own_writes, keys)
+        });
         for key in &keys {
-            let Seen { view, confirmed } = kind.see(key, sources, self.overlay, self.at);
+            let view = kind.see(key, sources, self.own_writes, self.at);
             sources.sync_entry(
                 key,
                 view,
-                confirmed,
                 |obj| kind.translate(key, obj),
                 |change| T::apply(self.engine, key, change),
             );
@@ -285,21 +249,19 @@ impl Kind for Classes<'_> {
         self.cache
     }
 
-    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
-        overlay.class_keys()
+    fn own_write_keys(own_writes: &mut OwnWrites, keys: &mut HashSet<ObjectKey>) {
+        own_writes.class_keys_to_look_at(keys);
     }
 
     fn see(
         &self,
         key: &ObjectKey,
         _: &EntrySources<GpuLeaseClass>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         at: Instant,
     ) -> Seen<GpuLeaseClass> {
-        Seen::flagged(
-            overlay.class_with_own_writes(key, self.cache.get(key), at),
-            false,
-        )
+        let class = own_writes.class_with_own_writes(key, self.cache.get(key), at);
+        class.map(|class| (class, false))
     }
 
     fn translate(&self, _: &ObjectKey, class: &Arc<GpuLeaseClass>) -> Option<ClassInfo> {
@@ -329,18 +291,16 @@ impl Kind for Nodes<'_> {
         self.cache
     }
 
-    fn overlay_keys(_: &Overlay) -> impl Iterator<Item = &ObjectKey> {
-        std::iter::empty()
-    }
+    fn own_write_keys(_: &mut OwnWrites, _: &mut HashSet<ObjectKey>) {}
 
     fn see(
         &self,
         key: &ObjectKey,
         _: &EntrySources<Node>,
-        _: &mut Overlay,
+        _: &mut OwnWrites,
         _: Instant,
     ) -> Seen<Node> {
-        Seen::flagged(self.cache.get(key), false)
+        self.cache.get(key).map(|node| (node, false))
     }
 
     fn translate(&self, _: &ObjectKey, node: &Arc<Node>) -> Option<NodeInfo> {
@@ -357,7 +317,7 @@ impl Kind for Nodes<'_> {
 
 /// Leases, with the controller's writes laid over them, held a while after
 /// they vanish while their pods are still cached (see
-/// [`Overlay::lease_with_own_writes`]); flagged when missing (to be made
+/// [`OwnWrites::lease_with_own_writes`]); flagged when missing (to be made
 /// again).
 struct Leases<'c> {
     cache: &'c Index<CachedLease>,
@@ -372,15 +332,15 @@ impl Kind for Leases<'_> {
         self.cache
     }
 
-    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
-        overlay.lease_keys()
+    fn own_write_keys(own_writes: &mut OwnWrites, keys: &mut HashSet<ObjectKey>) {
+        own_writes.lease_keys_to_look_at(keys);
     }
 
     fn see(
         &self,
         key: &ObjectKey,
         sources: &EntrySources<CachedLease>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         at: Instant,
     ) -> Seen<CachedLease> {
         // A lease is named like its pod, in its pod's namespace.
@@ -389,18 +349,15 @@ impl Kind for Leases<'_> {
                 .get(key)
                 .is_some_and(|p| p.metadata.uid.as_deref() == Some(lease.spec.pod_uid.as_str()))
         };
-        let view = overlay.lease_with_own_writes(
+        let lease = own_writes.lease_with_own_writes(
             key,
             self.cache.get(key),
-            sources.last_confirmed(key),
+            sources.get(key),
             pod_cached,
             at,
         );
-        let missing = overlay.is_missing(key, at);
-        Seen {
-            view: view.effective.map(|lease| (lease, missing)),
-            confirmed: view.confirmed,
-        }
+        let missing = own_writes.is_missing(key, at);
+        lease.map(|lease| (lease, missing))
     }
 
     fn translate(&self, key: &ObjectKey, lease: &Arc<CachedLease>) -> Option<LeaseInfo> {
@@ -437,20 +394,21 @@ impl Kind for Pods<'_> {
         self.cache
     }
 
-    fn overlay_keys(overlay: &Overlay) -> impl Iterator<Item = &ObjectKey> {
-        overlay.pod_keys()
+    fn own_write_keys(own_writes: &mut OwnWrites, keys: &mut HashSet<ObjectKey>) {
+        own_writes.pod_keys_to_look_at(keys);
     }
 
     fn see(
         &self,
         key: &ObjectKey,
         _: &EntrySources<CachedPod>,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         at: Instant,
     ) -> Seen<CachedPod> {
-        let pod = overlay.pod_with_own_writes(key, self.cache.get(key), at);
+        let pod = own_writes.pod_with_own_writes(key, self.cache.get(key), at);
         // Asked after laying the pod, which forgets an eviction the pod shows.
-        Seen::flagged(pod, overlay.is_evicted(key))
+        let evicted = own_writes.is_evicted(key);
+        pod.map(|pod| (pod, evicted))
     }
 
     fn translate(&self, _: &ObjectKey, pod: &Arc<CachedPod>) -> Option<PodInfo> {
@@ -476,14 +434,6 @@ impl Kind for Pods<'_> {
     }
 }
 
-/// The overlay keys of each kind when the last pass ended.
-#[derive(Default)]
-struct OverlayKeys {
-    classes: Vec<ObjectKey>,
-    pods: Vec<ObjectKey>,
-    leases: Vec<ObjectKey>,
-}
-
 /// The admission engine and, for each of its entries, the object it was
 /// translated from: what the decision loop keeps from pass to pass.
 /// [`EngineState::sync`] brings it up to date with what changed.
@@ -497,7 +447,6 @@ pub struct EngineState {
     nodes: EntrySources<Node>,
     pods: EntrySources<CachedPod>,
     leases: EntrySources<CachedLease>,
-    last_overlay_keys: OverlayKeys,
 }
 
 /// One decision pass's inputs: the engine brought up to date, and the raw
@@ -511,12 +460,12 @@ pub struct PassInput<'k> {
 }
 
 impl PassInput<'_> {
-    /// The pod (cache + overlay) the engine's pod `key` comes from.
+    /// The pod (cache + own writes) the engine's pod `key` comes from.
     pub fn pod(&self, key: &ObjectKey) -> Option<&Arc<CachedPod>> {
         self.pods.get(key)
     }
 
-    /// The lease (cache + overlay, or held after it vanished) the engine's
+    /// The lease (cache + own writes, or held after it vanished) the engine's
     /// lease `key` comes from.
     pub fn lease(&self, key: &ObjectKey) -> Option<&Arc<CachedLease>> {
         self.leases.get(key)
@@ -530,7 +479,7 @@ impl EngineState {
     pub fn sync(
         &mut self,
         caches: &Caches,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         unmanaged_namespaces: &[String],
         now: Timestamp,
         at: Instant,
@@ -542,20 +491,19 @@ impl EngineState {
             nodes,
             pods,
             leases,
-            last_overlay_keys: last,
         } = self;
         engine.set_now(now);
         let changes = &caches.changes;
         let mut entry_sync = EntrySync {
             engine,
-            overlay,
+            own_writes,
             at,
         };
 
         let kind = Classes {
             cache: &caches.classes,
         };
-        entry_sync.sync_kind(&kind, changes.classes.take(), classes, &mut last.classes);
+        entry_sync.sync_kind(&kind, changes.classes.take(), classes);
 
         let mut node_changes = changes.nodes.take();
         let wanted: BTreeSet<String> = entry_sync
@@ -578,14 +526,13 @@ impl EngineState {
             cache: &caches.nodes,
             resources,
         };
-        // The overlay holds no node: no key is left over from the last pass.
-        entry_sync.sync_kind(&kind, node_changes, nodes, &mut Vec::new());
+        entry_sync.sync_kind(&kind, node_changes, nodes);
 
         let kind = Leases {
             cache: &caches.leases,
             pods: &caches.pods,
         };
-        entry_sync.sync_kind(&kind, changes.leases.take(), leases, &mut last.leases);
+        entry_sync.sync_kind(&kind, changes.leases.take(), leases);
 
         let kind = Pods {
             cache: &caches.pods,
@@ -593,14 +540,12 @@ impl EngineState {
             unmanaged_namespaces,
             now,
         };
-        entry_sync.sync_kind(&kind, changes.pods.take(), pods, &mut last.pods);
+        entry_sync.sync_kind(&kind, changes.pods.take(), pods);
 
         let EntrySync {
-            engine, overlay, ..
+            engine, own_writes, ..
         } = entry_sync;
-        last.classes.extend(overlay.class_keys().cloned());
-        last.leases.extend(overlay.lease_keys().cloned());
-        last.pods.extend(overlay.pod_keys().cloned());
+        own_writes.end_pass();
         PassInput {
             engine,
             pods,
@@ -676,7 +621,6 @@ mod tests {
         sources.sync_entry(
             &k,
             view.map(|(o, f)| (o.clone(), f)),
-            None,
             |v| {
                 translated.set(true);
                 (**v > 0).then_some(**v)
@@ -732,37 +676,6 @@ mod tests {
         assert!(!sync_entry(&mut sources, &mut entries, "a", None));
         assert!(!sync_entry(&mut sources, &mut entries, "n", None));
         assert!(entries.is_empty() && sources.len() == 0);
-    }
-
-    #[test]
-    fn the_confirmed_lease_is_remembered_even_when_nothing_is_translated() {
-        let mut sources: EntrySources<Obj> = EntrySources::default();
-        let key = ObjectKey::new("ns", "a");
-        let (effective, confirmed, newer) = (Arc::new(1), Arc::new(2), Arc::new(3));
-        let mut sync_with_confirmed = |confirmed: &Arc<Obj>| {
-            let translated = Cell::new(false);
-            sources.sync_entry(
-                &key,
-                Some((effective.clone(), false)),
-                Some(confirmed.clone()),
-                |v| {
-                    translated.set(true);
-                    Some(**v)
-                },
-                |_| {},
-            );
-            translated.get()
-        };
-        assert!(sync_with_confirmed(&confirmed));
-        // An assumed write still laid over a lease the watch replaced.
-        assert!(
-            !sync_with_confirmed(&newer),
-            "the effective object is the same"
-        );
-        assert!(Arc::ptr_eq(
-            sources.last_confirmed(&key).expect("confirmed"),
-            &newer
-        ));
     }
 
     #[test]
@@ -931,7 +844,7 @@ mod tests {
             name: usize,
             phase: usize,
         },
-        /// The write behind an assumed lease finished: the overlay forgets it.
+        /// The write behind an assumed lease finished: the own_writes forgets it.
         WriteFinished {
             name: usize,
         },
@@ -1045,14 +958,15 @@ mod tests {
     }
 
     /// Runs `steps` against two engine states on the same caches: one looks
-    /// only at what the change logs and the overlay name, the other at
+    /// only at what the change logs and the own_writes name, the other at
     /// every key, every pass. Returns the first pass at which they differ.
     fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         let mut cluster = Cluster::new();
         let mut everything = cluster.caches.clone();
         everything.changes = CacheChanges::default();
         let (mut changed_only, mut full) = (EngineState::default(), EngineState::default());
-        let (mut changed_only_overlay, mut full_overlay) = (Overlay::default(), Overlay::default());
+        let (mut changed_only_own_writes, mut full_own_writes) =
+            (OwnWrites::default(), OwnWrites::default());
         let t0 = Instant::now();
         let mut elapsed = Duration::ZERO;
         let key = |name: usize| ObjectKey::new("ns", NAMES[name]);
@@ -1171,22 +1085,22 @@ mod tests {
                 } => {
                     let rv = lease_rv(&cluster, name, ahead);
                     let lease = lease_object(NAMES[name], uid, pod_uid, &rv, PHASES[phase]);
-                    changed_only_overlay.record_lease(lease.clone(), created, at);
-                    full_overlay.record_lease(lease, created, at);
+                    changed_only_own_writes.record_lease(lease.clone(), created, at);
+                    full_own_writes.record_lease(lease, created, at);
                 }
                 Step::DeletedLease { name, uid } => {
                     let uid = format!("lease-{uid}");
-                    changed_only_overlay.record_lease_deleted(key(name), uid.clone(), at);
-                    full_overlay.record_lease_deleted(key(name), uid, at);
+                    changed_only_own_writes.record_lease_deleted(key(name), uid.clone(), at);
+                    full_own_writes.record_lease_deleted(key(name), uid, at);
                 }
                 Step::Assumed { name, phase } => {
                     let lease = Arc::new(lease_object(NAMES[name], 0, 0, "", PHASES[phase]));
-                    changed_only_overlay.assume_lease(key(name), lease.clone());
-                    full_overlay.assume_lease(key(name), lease);
+                    changed_only_own_writes.assume_lease(key(name), lease.clone());
+                    full_own_writes.assume_lease(key(name), lease);
                 }
                 Step::WriteFinished { name } => {
-                    changed_only_overlay.forget_assumed(&key(name));
-                    full_overlay.forget_assumed(&key(name));
+                    changed_only_own_writes.forget_assumed(&key(name));
+                    full_own_writes.forget_assumed(&key(name));
                 }
                 Step::WrotePod { name, uid, ahead } => {
                     let cached_rv = cluster
@@ -1198,17 +1112,17 @@ mod tests {
                         .unwrap_or(100);
                     let rv = (cached_rv + i64::from(ahead)).to_string();
                     let pod = pod_object(NAMES[name], uid, &rv, false, false, 1);
-                    changed_only_overlay.record_pod(pod.clone(), at);
-                    full_overlay.record_pod(pod, at);
+                    changed_only_own_writes.record_pod(pod.clone(), at);
+                    full_own_writes.record_pod(pod, at);
                 }
                 Step::Evicted { name, uid } => {
                     let uid = format!("pod-{uid}");
-                    changed_only_overlay.record_evicted(key(name), uid.clone(), at);
-                    full_overlay.record_evicted(key(name), uid, at);
+                    changed_only_own_writes.record_evicted(key(name), uid.clone(), at);
+                    full_own_writes.record_evicted(key(name), uid, at);
                 }
                 Step::ForgotPod { name } => {
-                    changed_only_overlay.forget_pod(&key(name));
-                    full_overlay.forget_pod(&key(name));
+                    changed_only_own_writes.forget_pod(&key(name));
+                    full_own_writes.forget_pod(&key(name));
                 }
                 Step::Wait { seconds } => elapsed += Duration::from_secs(seconds.into()),
                 Step::Pass => {
@@ -1224,18 +1138,19 @@ mod tests {
                     }
                     let a = described(&mut changed_only.sync(
                         &cluster.caches,
-                        &mut changed_only_overlay,
+                        &mut changed_only_own_writes,
                         &[],
                         now,
                         at,
                     ));
-                    let b = described(&mut full.sync(&everything, &mut full_overlay, &[], now, at));
+                    let b =
+                        described(&mut full.sync(&everything, &mut full_own_writes, &[], now, at));
                     prop_assert_eq!(a, b, "pass after step {}", n);
-                    prop_assert_eq!(changed_only_overlay.len(), full_overlay.len());
+                    prop_assert_eq!(changed_only_own_writes.len(), full_own_writes.len());
                     entries_match_what_a_pass_sees(
                         &changed_only,
                         &cluster.caches,
-                        &mut changed_only_overlay,
+                        &mut changed_only_own_writes,
                         now,
                         at,
                     )
@@ -1246,15 +1161,15 @@ mod tests {
         Ok(())
     }
 
-    /// The sources of `state`'s entries are, key by key, what the cache and the overlay
-    /// show now (asked again at the same instant, which changes nothing:
-    /// a pass already applied the overlay's time limits): every cached,
-    /// overlaid key, and every key with an entry, not only those a pass
-    /// looked at.
+    /// The sources of `state`'s entries are, key by key, what the cache and
+    /// the own-writes records show now (asked again at the same instant,
+    /// which changes nothing: a pass already applied the records' time
+    /// limits): every cached key, every key the records name, and every key
+    /// with an entry, not only those a pass looked at.
     fn entries_match_what_a_pass_sees(
         state: &EngineState,
         caches: &Caches,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         now: Timestamp,
         at: Instant,
     ) -> Result<(), String> {
@@ -1292,17 +1207,17 @@ mod tests {
                 )),
             }
         }
-        let pod_keys: Vec<ObjectKey> = overlay.pod_keys().cloned().collect();
+        let pod_keys: Vec<ObjectKey> = own_writes.pod_keys().cloned().collect();
         for key in all_keys(&caches.pods.state(), &state.pods, pod_keys) {
-            let view = overlay.pod_with_own_writes(&key, caches.pods.get(&key), at);
+            let view = own_writes.pod_with_own_writes(&key, caches.pods.get(&key), at);
             check(
                 &state.pods,
                 &key,
-                view.map(|p| (p, overlay.is_evicted(&key))),
+                view.map(|p| (p, own_writes.is_evicted(&key))),
                 |p| translate::pod_info(p.as_ref(), &state.resources, now).is_some(),
             )?;
         }
-        let lease_keys: Vec<ObjectKey> = overlay.lease_keys().cloned().collect();
+        let lease_keys: Vec<ObjectKey> = own_writes.lease_keys().cloned().collect();
         for key in all_keys(&caches.leases.state(), &state.leases, lease_keys) {
             let pod_cached = |l: &CachedLease| {
                 caches
@@ -1310,27 +1225,22 @@ mod tests {
                     .get(&key)
                     .is_some_and(|p| p.metadata.uid.as_deref() == Some(l.spec.pod_uid.as_str()))
             };
-            let view = overlay.lease_with_own_writes(
+            let seen = own_writes.lease_with_own_writes(
                 &key,
                 caches.leases.get(&key),
-                state.leases.last_confirmed(&key),
+                state.leases.get(&key),
                 pod_cached,
                 at,
             );
-            let missing = overlay.is_missing(&key, at);
+            let missing = own_writes.is_missing(&key, at);
             // The engine holds the very lease the pass sees, not a copy.
             let engine_holds = state.engine.lease(&key).map(|l| &l.lease);
-            if let Some(effective) = &view.effective
+            if let Some(effective) = &seen
                 && !engine_holds.is_some_and(|held| Arc::ptr_eq(held, effective))
             {
                 return Err(format!("{key:?}: the engine holds another lease"));
             }
-            check(
-                &state.leases,
-                &key,
-                view.effective.map(|l| (l, missing)),
-                |_| true,
-            )?;
+            check(&state.leases, &key, seen.map(|l| (l, missing)), |_| true)?;
         }
         for key in all_keys(&caches.nodes.state(), &state.nodes, Vec::new()) {
             check(
@@ -1363,12 +1273,12 @@ mod tests {
     fn settle(
         cluster: &mut Cluster,
         state: &mut EngineState,
-        overlay: &mut Overlay,
+        own_writes: &mut OwnWrites,
         now: Timestamp,
     ) {
         for _ in 0..5 {
             let plan = state
-                .sync(&cluster.caches, overlay, &[], now, Instant::now())
+                .sync(&cluster.caches, own_writes, &[], now, Instant::now())
                 .engine
                 .decide();
             assert!(
@@ -1414,7 +1324,7 @@ mod tests {
     #[test]
     fn deleting_the_default_class_rejects_its_queue_and_recreating_it_restores_the_order() {
         let mut cluster = Cluster::new();
-        let (mut engine_state, mut overlay) = (EngineState::default(), Overlay::default());
+        let (mut engine_state, mut own_writes) = (EngineState::default(), OwnWrites::default());
         let now = Timestamp::from_second(1_800_000_000).expect("timestamp");
         let class = class_object("gpupool/slot", "1");
         let classes = cluster.caches.changes.classes.clone();
@@ -1497,7 +1407,7 @@ mod tests {
                 last = seq;
             }
         };
-        settle(&mut cluster, &mut engine_state, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut own_writes, now);
         assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
         queued_in_order(&cluster, &stamps[1..3]);
         let first_sequences: Vec<Option<u64>> = stamps[1..3]
@@ -1510,9 +1420,9 @@ mod tests {
             &classes,
             watcher::Event::Delete(class),
         );
-        settle(&mut cluster, &mut engine_state, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut own_writes, now);
         pod_object(&mut cluster, 4, stamps[3]);
-        settle(&mut cluster, &mut engine_state, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut own_writes, now);
         let (phase, seq, _, _) = lease(&cluster, "a");
         assert_eq!(
             (phase, seq),
@@ -1553,7 +1463,7 @@ mod tests {
             &classes,
             watcher::Event::Apply(class_object("gpupool/slot", &rv)),
         );
-        settle(&mut cluster, &mut engine_state, &mut overlay, now);
+        settle(&mut cluster, &mut engine_state, &mut own_writes, now);
         assert_eq!(lease(&cluster, "a").0, LeasePhase::Bound);
         queued_in_order(&cluster, &stamps[1..]);
     }
@@ -1566,7 +1476,7 @@ mod tests {
     #[test]
     fn an_unplaceable_pod_is_given_back_once_and_its_slot_goes_to_the_next() {
         let mut cluster = Cluster::new();
-        let (mut engine_state, mut overlay) = (EngineState::default(), Overlay::default());
+        let (mut engine_state, mut own_writes) = (EngineState::default(), OwnWrites::default());
         let now: Timestamp = "2026-01-01T00:10:00Z".parse().expect("timestamp");
         let classes = cluster.caches.changes.classes.clone();
         Cluster::event(
@@ -1615,7 +1525,7 @@ mod tests {
         let a = ObjectKey::new("ns", "a");
 
         let plan = engine_state
-            .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
+            .sync(&cluster.caches, &mut own_writes, &[], now, Instant::now())
             .engine
             .decide();
         assert_eq!(
@@ -1637,9 +1547,9 @@ mod tests {
         assert!(plan.admissions.is_empty(), "a still holds the slot");
 
         // The delete went through; the watch has not shown it yet.
-        overlay.record_evicted(a.clone(), "pod-1".into(), Instant::now());
+        own_writes.record_evicted(a.clone(), "pod-1".into(), Instant::now());
         let plan = engine_state
-            .sync(&cluster.caches, &mut overlay, &[], now, Instant::now())
+            .sync(&cluster.caches, &mut own_writes, &[], now, Instant::now())
             .engine
             .decide();
         assert!(plan.give_backs.is_empty(), "asked once: {plan:?}");

@@ -3,7 +3,7 @@
 //! One pass at a time decides every class (DESIGN §5.9): it snapshots the
 //! watch caches ([`crate::index`]) with the controller's own writes that
 //! they do not show yet, answered or in flight, laid over them
-//! ([`overlay`]), asks the engine for a plan, and applies it. A pass waits
+//! ([`own_writes`]), asks the engine for a plan, and applies it. A pass waits
 //! for its admissions only; its other writes run in the background, and
 //! each answer wakes the loop like a watch event. Changes that arrive
 //! during a pass are coalesced into one following pass. Only the leader
@@ -13,7 +13,7 @@ pub mod apply;
 pub mod engine_state;
 pub mod error;
 pub mod events;
-pub mod overlay;
+pub mod own_writes;
 pub mod patch;
 pub mod progress;
 #[cfg(test)]
@@ -90,13 +90,14 @@ pub async fn run(
     // replica's webhook serves would only make them fail.
     health.webhook_serves().await;
     let sink = events::EventSink::spawn(client.clone(), config.instance.clone(), metrics.clone());
+    let mut own_writes = own_writes::OwnWrites::default();
     let progress = progress::ProgressWriter::spawn(
         client.clone(),
         config.status_writes_per_second,
         config.progress_metrics.clone(),
+        own_writes.progress_records(),
     );
     let mut applier = Applier::new(client, metrics.clone(), sink, progress);
-    let mut overlay = overlay::Overlay::default();
     let mut engine_state = EngineState::default();
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -122,19 +123,23 @@ pub async fn run(
                 // the objects it was for may be decided again.
                 finished = applier.next_finished_write() => {
                     background_failed =
-                        record_finished_write(&mut applier, finished, &mut engine_state, &mut overlay);
+                        record_finished_write(&mut applier, finished, &mut engine_state, &mut own_writes);
                 }
                 () = changed.notified() => {}
                 () = tokio::time::sleep_until(wake.into()) => {}
             }
             while let Some(finished) = applier.try_finished_write() {
-                background_failed |=
-                    record_finished_write(&mut applier, finished, &mut engine_state, &mut overlay);
+                background_failed |= record_finished_write(
+                    &mut applier,
+                    finished,
+                    &mut engine_state,
+                    &mut own_writes,
+                );
             }
             let outcome = tokio::select! {
                 biased;
                 () = leadership_lost(&mut leader) => None,
-                o = pass(&caches, &mut engine_state, &mut overlay, &mut applier, &metrics, &config) => Some(o),
+                o = pass(&caches, &mut engine_state, &mut own_writes, &mut applier, &metrics, &config) => Some(o),
             };
             let Some(outcome) = outcome else {
                 tracing::warn!("lost leadership during a pass; stopped writing");
@@ -156,7 +161,7 @@ pub async fn run(
         }
         // A replica that does not lead writes nothing, not even what it
         // started while it led.
-        applier.abandon(&mut overlay);
+        applier.abandon(&mut own_writes);
         metrics.leader.set(0);
         health.set_leading(false);
     }
@@ -178,9 +183,9 @@ fn record_finished_write(
     applier: &mut Applier,
     finished: apply::FinishedWrite,
     engine_state: &mut EngineState,
-    overlay: &mut overlay::Overlay,
+    own_writes: &mut own_writes::OwnWrites,
 ) -> bool {
-    let outcome = applier.record_finished_write(finished, overlay);
+    let outcome = applier.record_finished_write(finished, own_writes);
     engine_state.record_eviction_answers(&outcome.evictions);
     outcome.failed
 }
@@ -196,7 +201,7 @@ pub struct PassOutcome {
 async fn pass(
     caches: &Caches,
     engine_state: &mut EngineState,
-    overlay: &mut overlay::Overlay,
+    own_writes: &mut own_writes::OwnWrites,
     applier: &mut Applier,
     metrics: &Metrics,
     config: &LoopConfig,
@@ -208,7 +213,13 @@ async fn pass(
     // offered by a later pass, with what it wants then. Passes that follow
     // each other closely thus build a few statuses each, not a second's.
     engine_state.set_progress_limit(applier.progress_room());
-    let input = engine_state.sync(caches, overlay, &config.unmanaged_namespaces, now, started);
+    let input = engine_state.sync(
+        caches,
+        own_writes,
+        &config.unmanaged_namespaces,
+        now,
+        started,
+    );
     let plan = input.engine.decide();
     tracing::debug!(
         pods = input.engine.pod_count(),
@@ -239,10 +250,10 @@ async fn pass(
         .progress_truncated
         .then(|| started + PROGRESS_BATCH_PERIOD);
     let evictions = plan.evictions.clone();
-    let outcome = applier.apply(plan, &input, overlay).await;
+    let outcome = applier.apply(plan, &input, own_writes).await;
     engine_state.forget_unwanted_evictions(&evictions);
     engine_state.record_eviction_answers(&outcome.evictions);
-    let recreation = overlay.next_recreation(Instant::now());
+    let recreation = own_writes.next_recreation(Instant::now());
     metrics
         .pass_duration
         .observe(started.elapsed().as_secs_f64());

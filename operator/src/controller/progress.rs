@@ -19,12 +19,14 @@
 //! The writer's own writes reach the watch caches a little later than the
 //! writer learns of them, so the passes in between decide on the lease as it
 //! was before. Such a status is written over the lease as the writer left
-//! it ([`OwnWrites`]), or not at all when it says the same: otherwise each
-//! would be refused as a conflict, or rewrite what was just written, and
-//! spend a write of the budget for nothing.
+//! it, or not at all when it says the same: otherwise each would be refused
+//! as a conflict, or rewrite what was just written, and spend a write of the
+//! budget for nothing. What the writer left is recorded with the
+//! controller's other own writes ([`ProgressRecords`], in
+//! [`super::own_writes`]).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpupool_api::GpuLeaseStatus;
@@ -37,8 +39,11 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::apply::patch_params;
+use super::own_writes::{Base, SharedProgressRecords};
+#[cfg(doc)]
+use super::own_writes::{OwnWrites, ProgressRecords};
 use super::patch;
-use crate::engine::{CachedLease, CachedMeta, ObjectKey};
+use crate::engine::{CachedLease, ObjectKey};
 use crate::index::watched::WatchedLease;
 
 /// Writes at most this many at once, so a slow API server cannot pile up
@@ -146,159 +151,6 @@ impl<T> ProgressQueue<T> {
 /// lock is held, so a pass offering its batch never waits long for it.
 const SKIPS_PER_LOCK: usize = 64;
 
-/// How long a record of the writer's own write is kept: long enough for the
-/// watch to deliver it (then the passes decide on it and the record is
-/// dropped), short enough that records of leases never offered again (their
-/// pod deleted while it waited) cannot pile up.
-const OWN_WRITE_TTL: Duration = Duration::from_secs(10);
-
-/// At most this many leases have a record; a write beyond them is made but
-/// not recorded (a later stale status for that lease is refused as a
-/// conflict, as it would be without records).
-const OWN_WRITE_RECORDS: usize = 4096;
-
-/// At most this many resourceVersions lead to one record: a lease whose
-/// watch lags behind more of the writer's writes than this is written as
-/// decided, and refused if it is stale.
-const OWN_WRITE_CHAIN: usize = 8;
-
-/// The writer's own writes the watch caches may not have delivered yet.
-/// Pure: time is passed in.
-///
-/// Guarantee: [`OwnWrites::base`] answers for a lease only when every
-/// change from the resourceVersion a status was decided on to the one it
-/// returns was a write of this writer (position and message only), so a
-/// status decided on the older lease may be written over the newer one.
-/// Any other writer's change moves the lease past the returned
-/// resourceVersion, and the write carrying it is refused as before.
-#[derive(Debug, Default)]
-pub struct OwnWrites {
-    by_key: HashMap<ObjectKey, OwnWrite>,
-    /// When each record was made, oldest first; a key appears once per
-    /// record made, and only the entry matching the record's time expires it.
-    made: VecDeque<(Instant, ObjectKey)>,
-}
-
-/// One lease as the writer's latest write left it. Only position and
-/// message are kept: they are all the writer changes, so the lease's status
-/// is the one a status was decided on with these two replaced.
-#[derive(Debug)]
-struct OwnWrite {
-    /// The resourceVersions from which only this writer's writes lead here.
-    behind: Vec<String>,
-    position: Option<u32>,
-    message: Option<String>,
-    /// The resourceVersion the latest write returned.
-    resource_version: String,
-    at: Instant,
-}
-
-/// What a status decided on an older version is written over: the
-/// position and message the writer's own writes left, at their
-/// resourceVersion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Base<'a> {
-    /// Position the lease now has.
-    pub position: Option<u32>,
-    /// Message the lease now has.
-    pub message: Option<&'a str>,
-    /// The lease's resourceVersion.
-    pub resource_version: &'a str,
-}
-
-impl OwnWrites {
-    /// Records that a status decided on `decided_on` was written, and the
-    /// API server returned `status` at `resource_version`. `written_over`
-    /// is the resourceVersion the write's precondition named.
-    pub fn record(
-        &mut self,
-        key: ObjectKey,
-        decided_on: &str,
-        written_over: &str,
-        status: GpuLeaseStatus,
-        resource_version: String,
-        now: Instant,
-    ) {
-        self.expire(now);
-        let mut behind = match self.by_key.remove(&key) {
-            Some(old) if old.resource_version == written_over => old.behind,
-            _ if self.by_key.len() >= OWN_WRITE_RECORDS => return,
-            _ => Vec::new(),
-        };
-        for rv in [decided_on, written_over] {
-            if !behind.iter().any(|b| b == rv) {
-                behind.push(rv.to_owned());
-            }
-        }
-        if behind.len() > OWN_WRITE_CHAIN {
-            behind.drain(..behind.len() - OWN_WRITE_CHAIN);
-        }
-        self.made.push_back((now, key.clone()));
-        self.by_key.insert(
-            key,
-            OwnWrite {
-                behind,
-                position: status.position,
-                message: status.message,
-                resource_version,
-                at: now,
-            },
-        );
-    }
-
-    /// The status and resourceVersion to write a status decided on
-    /// `decided_on` over, when the writer's own writes moved the lease on
-    /// since. A record the caches have caught up with, or that the lease
-    /// has left behind, is dropped.
-    pub fn base(&mut self, key: &ObjectKey, decided_on: &str, now: Instant) -> Option<Base<'_>> {
-        self.expire(now);
-        let fresh = self
-            .by_key
-            .get(key)
-            .is_some_and(|w| w.behind.iter().any(|rv| rv == decided_on));
-        if !fresh {
-            self.by_key.remove(key);
-            return None;
-        }
-        let w = self.by_key.get(key)?;
-        Some(Base {
-            position: w.position,
-            message: w.message.as_deref(),
-            resource_version: w.resource_version.as_str(),
-        })
-    }
-
-    /// Forgets what is known of `key` (another writer is writing it, or the
-    /// writer's last write was refused).
-    pub fn forget(&mut self, key: &ObjectKey) {
-        self.by_key.remove(key);
-    }
-
-    /// Leases with a record.
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
-    /// True when no record is kept.
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
-    fn expire(&mut self, now: Instant) {
-        while let Some((at, _)) = self.made.front() {
-            if now.saturating_duration_since(*at) < OWN_WRITE_TTL {
-                break;
-            }
-            let Some((at, key)) = self.made.pop_front() else {
-                break;
-            };
-            if self.by_key.get(&key).is_some_and(|w| w.at == at) {
-                self.by_key.remove(&key);
-            }
-        }
-    }
-}
-
 /// The writer's metrics: `gpupool_operator_progress_pending` (writes
 /// waiting) and `gpupool_operator_progress_writes_total{result}` (written,
 /// conflict, gone, failed).
@@ -369,36 +221,13 @@ impl Wanted {
     }
 }
 
-impl Base<'_> {
-    /// `decided_on` (the status a pass read) as the writer's own writes
-    /// since left it.
-    fn status_over(&self, decided_on: Option<&GpuLeaseStatus>) -> Option<GpuLeaseStatus> {
-        decided_on.map(|status| GpuLeaseStatus {
-            position: self.position,
-            message: self.message.map(str::to_owned),
-            ..status.clone()
-        })
-    }
-}
-
-/// `lease` as the writer's own writes since left it (`base`).
-fn moved_on(lease: &CachedLease, base: Base<'_>) -> CachedLease {
-    CachedLease {
-        metadata: CachedMeta {
-            resource_version: Some(base.resource_version.into()),
-            ..lease.metadata.clone()
-        },
-        spec: lease.spec.clone(),
-        status: base.status_over(lease.status.as_ref()),
-    }
-}
-
-/// The writer's state, shared by the task that takes writes and the tasks
-/// that make them.
+/// The writer's queue, shared by the task that takes writes and the
+/// decision loop that offers them, and the records of what its writes left
+/// (locked after the queue, never before it).
 #[derive(Debug)]
 struct Shared {
     queue: ProgressQueue<Wanted>,
-    own: OwnWrites,
+    records: SharedProgressRecords,
 }
 
 /// One write taken from the queue, ready to send.
@@ -410,26 +239,6 @@ struct Write {
 }
 
 impl Shared {
-    /// Forgets what waits for `key` and what is known of it, since its
-    /// status is about to be written in full; returns `lease` (the version
-    /// that status was decided on) moved on to what this writer's own
-    /// writes left, when they are all that changed it since.
-    fn take_over(
-        &mut self,
-        key: &ObjectKey,
-        lease: &CachedLease,
-        now: Instant,
-    ) -> Option<CachedLease> {
-        self.queue.forget(key);
-        let decided_on = lease.metadata.resource_version.as_deref()?;
-        let rebased = self
-            .own
-            .base(key, decided_on, now)
-            .map(|base| moved_on(lease, base));
-        self.own.forget(key);
-        rebased
-    }
-
     /// The next write the budget allows at `now`, skipping (without
     /// spending the budget) statuses the lease already has, or `Err` with
     /// when to look again.
@@ -439,7 +248,8 @@ impl Shared {
                 return Err(self.queue.next_at(now));
             };
             let decided_on = wanted.decided_on().unwrap_or_default().to_owned();
-            let base = self.own.base(&key, &decided_on, now);
+            let mut records = self.records.lock();
+            let base = records.base(&key, &decided_on, now);
             let written_over = base
                 .map_or(decided_on.as_str(), |b| b.resource_version)
                 .to_owned();
@@ -469,12 +279,18 @@ pub struct ProgressWriter {
 
 impl ProgressWriter {
     /// Starts the writing task, spending at most `per_second` writes per
-    /// second through `client`. The task ends when every handle is dropped.
-    pub fn spawn(client: kube::Client, per_second: u32, metrics: ProgressMetrics) -> Self {
+    /// second through `client` and keeping what its writes left in
+    /// `records`. The task ends when every handle is dropped.
+    pub fn spawn(
+        client: kube::Client,
+        per_second: u32,
+        metrics: ProgressMetrics,
+        records: SharedProgressRecords,
+    ) -> Self {
         let writer = Self {
             shared: Arc::new(Mutex::new(Shared {
                 queue: ProgressQueue::new(per_second),
-                own: OwnWrites::default(),
+                records: records.clone(),
             })),
             wake: Arc::new(Notify::new()),
         };
@@ -515,9 +331,9 @@ impl ProgressWriter {
                 };
                 let api: Api<WatchedLease> = Api::namespaced(client.clone(), &write.key.namespace);
                 let metrics = metrics.clone();
-                let weak = weak.clone();
+                let records = records.clone();
                 tokio::spawn(async move {
-                    let result = send(&api, write, &weak).await;
+                    let result = send(&api, write, &records).await;
                     metrics.writes.get_or_create(&ResultLabel { result }).inc();
                     drop(permit);
                 });
@@ -537,17 +353,20 @@ impl ProgressWriter {
         lock(&self.shared).queue.room(Instant::now())
     }
 
-    /// Hands `key`'s status over to a full write decided on `lease`: forgets
-    /// what waits for it, and returns the lease as this writer's own writes
-    /// left it when they are all that changed it since `lease` (so the full
-    /// write goes over that version instead of meeting a conflict).
-    pub fn take_over(&self, key: &ObjectKey, lease: &CachedLease) -> Option<CachedLease> {
-        lock(&self.shared).take_over(key, lease, Instant::now())
+    /// Forgets what waits for `key`: its status is about to be written in
+    /// full (see [`OwnWrites::take_over_progress`] for the lease that write
+    /// goes over).
+    pub fn forget(&self, key: &ObjectKey) {
+        lock(&self.shared).queue.forget(key);
     }
 }
 
 /// Sends one write and records what it left; returns the result label.
-async fn send(api: &Api<WatchedLease>, write: Write, shared: &Weak<Mutex<Shared>>) -> &'static str {
+async fn send(
+    api: &Api<WatchedLease>,
+    write: Write,
+    records: &SharedProgressRecords,
+) -> &'static str {
     let outcome = api
         .patch_status(&write.key.name, &patch_params(), &Patch::Merge(&write.body))
         .await;
@@ -555,19 +374,17 @@ async fn send(api: &Api<WatchedLease>, write: Write, shared: &Weak<Mutex<Shared>
         tracing::debug!(lease = %write.key, %error, "progress write not written; the next pass offers it again");
     }
     let (result, written) = what_was_written(outcome);
-    if let Some(shared) = shared.upgrade() {
-        let mut s = lock(&shared);
-        match written {
-            Some((status, rv)) => s.own.record(
-                write.key,
-                &write.decided_on,
-                &write.written_over,
-                status,
-                rv,
-                Instant::now(),
-            ),
-            None => s.own.forget(&write.key),
-        }
+    let mut records = records.lock();
+    match written {
+        Some((status, rv)) => records.record(
+            write.key,
+            &write.decided_on,
+            &write.written_over,
+            status,
+            rv,
+            Instant::now(),
+        ),
+        None => records.forget(&write.key),
     }
     result
 }
@@ -586,14 +403,10 @@ fn what_was_written(
     }
 }
 
-fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding the lock leaves the queue and the records still
-    // consistent enough to keep writing from: every method leaves its maps
-    // in step.
-    match shared.lock() {
-        Ok(q) => q,
-        Err(poisoned) => poisoned.into_inner(),
-    }
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    // A panic while holding the lock leaves the queue still consistent
+    // enough to keep writing from: every method leaves its maps in step.
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -720,95 +533,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_status_decided_before_the_writers_own_writes_is_written_over_them() {
-        let mut own = OwnWrites::default();
-        let t0 = Instant::now();
-        // Decided on rv 1, written over rv 1, answered as rv 2; then decided
-        // on rv 1 again (the watch still lags), written over rv 2: rv 3.
-        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
-        assert_eq!(
-            own.base(&key("a"), "1", t0)
-                .map(|b| (b.position, b.resource_version.to_owned())),
-            Some((Some(2), "2".to_owned()))
-        );
-        own.record(key("a"), "1", "2", status_at(1), "3".into(), t0);
-        for decided_on in ["1", "2"] {
-            assert_eq!(
-                own.base(&key("a"), decided_on, t0)
-                    .map(|b| b.resource_version.to_owned()),
-                Some("3".to_owned()),
-                "decided on rv {decided_on}"
-            );
-        }
-        // The caches caught up: the status is written as decided, and the
-        // record is no longer needed.
-        assert!(own.base(&key("a"), "3", t0).is_none());
-        assert!(own.is_empty());
-    }
-
-    #[test]
-    fn a_record_is_dropped_when_the_lease_moved_past_it_or_it_grew_old() {
-        let mut own = OwnWrites::default();
-        let t0 = Instant::now();
-        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
-        // Decided on a version the writer did not write from (another
-        // writer's): no base, and the record goes.
-        assert!(own.base(&key("a"), "5", t0).is_none());
-        assert!(own.is_empty());
-
-        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
-        own.record(key("b"), "1", "1", status_at(3), "2".into(), t0);
-        own.forget(&key("a"));
-        assert!(own.base(&key("a"), "1", t0).is_none(), "forgotten");
-        assert_eq!(own.len(), 1);
-        let late = t0 + OWN_WRITE_TTL;
-        assert!(own.base(&key("b"), "1", late).is_none(), "expired");
-        assert!(own.is_empty());
-
-        // A write that did not build on the record starts a new chain.
-        own.record(key("c"), "1", "1", status_at(2), "2".into(), t0);
-        own.record(key("c"), "4", "4", status_at(1), "5".into(), t0);
-        assert!(own.base(&key("c"), "1", t0).is_none());
-        own.record(key("c"), "4", "4", status_at(1), "5".into(), t0);
-        assert!(own.base(&key("c"), "4", t0).is_some());
-    }
-
-    #[test]
-    fn a_record_renewed_after_its_first_write_outlives_that_write() {
-        let mut own = OwnWrites::default();
-        let t0 = Instant::now();
-        own.record(key("a"), "1", "1", status_at(2), "2".into(), t0);
-        let t1 = t0 + OWN_WRITE_TTL / 2;
-        own.record(key("a"), "1", "2", status_at(1), "3".into(), t1);
-        assert!(
-            own.base(&key("a"), "1", t0 + OWN_WRITE_TTL).is_some(),
-            "the first write's expiry does not drop the renewed record"
-        );
-        assert!(own.base(&key("a"), "1", t1 + OWN_WRITE_TTL).is_none());
-    }
-
-    #[test]
-    fn the_chain_behind_a_record_is_bounded() {
-        let mut own = OwnWrites::default();
-        let t0 = Instant::now();
-        for rv in 1..=20u32 {
-            own.record(
-                key("a"),
-                "1",
-                &rv.to_string(),
-                status_at(1),
-                (rv + 1).to_string(),
-                t0,
-            );
-        }
-        assert!(own.base(&key("a"), "20", t0).is_some());
-        assert!(
-            own.base(&key("a"), "2", t0).is_none(),
-            "older versions than the chain keeps are written as decided"
-        );
-    }
-
     fn lease_at(rv: &str, status: GpuLeaseStatus) -> Arc<CachedLease> {
         let mut lease = CachedLease::new(
             "ns",
@@ -831,12 +555,13 @@ mod tests {
         let t0 = Instant::now();
         let mut shared = Shared {
             queue: ProgressQueue::new(1),
-            own: OwnWrites::default(),
+            records: SharedProgressRecords::default(),
         };
         let stale = lease_at("1", status_at(3));
         // The writer moved `a` to 2 (rv 2); a pass that read rv 1 wants 2.
         shared
-            .own
+            .records
+            .lock()
             .record(key("a"), "1", "1", status_at(2), "2".into(), t0);
         let wanted = |position| Wanted {
             lease: stale.clone(),
@@ -888,6 +613,7 @@ mod tests {
         api: Api<GpuLease>,
         seen: Arc<CachedLease>,
         writer: ProgressWriter,
+        records: SharedProgressRecords,
         metrics: ProgressMetrics,
     }
 
@@ -898,12 +624,14 @@ mod tests {
             let api: Api<GpuLease> = Api::namespaced(client.clone(), "ns");
             let seen = Arc::new(queued_lease(&api, "a", 3).await);
             let metrics = ProgressMetrics::default();
-            let writer = ProgressWriter::spawn(client, 100, metrics.clone());
+            let records = SharedProgressRecords::default();
+            let writer = ProgressWriter::spawn(client, 100, metrics.clone(), records.clone());
             Self {
                 _server: server,
                 api,
                 seen,
                 writer,
+                records,
                 metrics,
             }
         }
@@ -964,7 +692,7 @@ mod tests {
     async fn a_write_for_a_lease_that_is_gone_is_dropped_with_what_was_known_of_it() {
         let f = Fixture::start().await;
         f.offer_moved(2, 1).await;
-        assert_eq!(lock(&f.writer.shared).own.len(), 1);
+        assert_eq!(f.records.lock().len(), 1);
 
         f.api
             .delete("a", &Default::default())
@@ -972,7 +700,7 @@ mod tests {
             .expect("lease deleted");
         f.offer_moved(1, 2).await;
         assert_eq!(written(&f.metrics, "gone"), 1);
-        assert!(lock(&f.writer.shared).own.is_empty());
+        assert!(f.records.lock().is_empty());
         assert_eq!(
             lock(&f.writer.shared).queue.len(),
             0,
@@ -981,47 +709,11 @@ mod tests {
     }
 
     #[test]
-    fn a_full_status_write_takes_the_lease_over_as_the_writer_left_it() {
-        let t0 = Instant::now();
-        let mut shared = Shared {
-            queue: ProgressQueue::new(10),
-            own: OwnWrites::default(),
-        };
-        let seen = lease_at("1", status_at(3));
-        shared
-            .own
-            .record(key("a"), "1", "1", status_at(2), "2".into(), t0);
-        shared.queue.offer(
-            key("a"),
-            1,
-            Wanted {
-                lease: seen.clone(),
-                status: status_at(1),
-            },
-        );
-        let moved = shared.take_over(&key("a"), &seen, t0).expect("moved on");
-        assert_eq!(moved.metadata.resource_version.as_deref(), Some("2"));
-        assert_eq!(moved.status, Some(status_at(2)));
-        assert!(
-            shared.queue.is_empty() && shared.own.is_empty(),
-            "all forgotten"
-        );
-
-        // Without a record, or decided on a version the writer did not
-        // write from: nothing to move on to.
-        assert!(shared.take_over(&key("a"), &seen, t0).is_none());
-        shared
-            .own
-            .record(key("b"), "7", "7", status_at(2), "8".into(), t0);
-        assert!(shared.take_over(&key("b"), &seen, t0).is_none());
-        assert!(shared.own.is_empty());
-    }
-    #[test]
     fn statuses_that_need_no_write_are_passed_over_a_few_at_a_time() {
         let t0 = Instant::now();
         let mut shared = Shared {
             queue: ProgressQueue::new(1),
-            own: OwnWrites::default(),
+            records: SharedProgressRecords::default(),
         };
         let seen = lease_at("1", status_at(3));
         let unchanged = SKIPS_PER_LOCK + 1;
@@ -1082,27 +774,5 @@ mod tests {
         assert_eq!(what_was_written(Err(api_error(409))), ("conflict", None));
         assert_eq!(what_was_written(Err(api_error(404))), ("gone", None));
         assert_eq!(what_was_written(Err(api_error(500))), ("failed", None));
-    }
-
-    #[test]
-    fn records_are_bounded_whatever_the_number_of_leases_written() {
-        let mut own = OwnWrites::default();
-        let t0 = Instant::now();
-        for i in 0..=OWN_WRITE_RECORDS {
-            own.record(
-                key(&format!("l{i}")),
-                "1",
-                "1",
-                status_at(1),
-                "2".into(),
-                t0,
-            );
-        }
-        assert_eq!(own.len(), OWN_WRITE_RECORDS);
-        let last = key(&format!("l{OWN_WRITE_RECORDS}"));
-        assert!(own.base(&last, "1", t0).is_none(), "not recorded");
-        // A lease already recorded still has its chain extended.
-        own.record(key("l0"), "1", "2", status_at(1), "3".into(), t0);
-        assert!(own.base(&key("l0"), "2", t0).is_some());
     }
 }

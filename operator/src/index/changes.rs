@@ -2,7 +2,7 @@
 //!
 //! A pass brings the engine up to date by looking only at the keys a watch
 //! event touched (and at the keys of the controller's own writes, see
-//! [`crate::controller::overlay`]), so its cost follows what changed, not
+//! [`crate::controller::own_writes`]), so its cost follows what changed, not
 //! how many pods and leases the caches hold. A watch that lists again (a restart, or a
 //! resourceVersion too old) may have missed deletions, so it asks for one
 //! full look instead.

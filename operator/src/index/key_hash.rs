@@ -1,4 +1,4 @@
-//! The maps the operator keys by object: the overlay's writes, the
+//! The maps the operator keys by object: the records of its own writes, the
 //! sources of the engine's entries and the watches' change logs.
 //!
 //! foldhash is seeded at random per process, so a tenant who picks pod

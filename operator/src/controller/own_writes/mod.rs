@@ -1,21 +1,37 @@
-//! What the controller wrote and its watch caches may not show yet.
+//! Everything the controller remembers of its own writes, in one place.
 //!
-//! Watches lag writes. A pass that decided on a cache still showing a pod as
-//! gated, or a lease as Queued, after the previous pass admitted it, could
-//! admit the same slot twice. So every successful write is remembered here
-//! and laid over the cache, key by key, until the cache shows that object
-//! at a resourceVersion at least as new (or the object was replaced or
-//! deleted).
+//! Watches lag writes. A pass that decided on a cache still showing a pod
+//! as gated, or a lease as Queued, after the previous pass admitted it,
+//! could admit the same slot twice; a status decided on a lease version the
+//! controller has itself moved on would be refused as a conflict. So the
+//! controller keeps, here and nowhere else, what it wrote and the caches may
+//! not show yet:
 //!
-//! A pass asks about every key the overlay holds something for (its
-//! `*_keys` methods), every pass: that is when what the overlay holds is
-//! compared with the cache and its time limits are applied. A
-//! `*_with_own_writes` call that forgets what it held for a key answers as
-//! it would have without it, so a key the overlay let go of needs looking
-//! at only once more, in the next pass, for what happened to it between
-//! the two.
+//! | record | made when | read by | forgotten when |
+//! |---|---|---|---|
+//! | written leases, pods, classes | the API server answers a write | every pass, laid over the cache | the cache shows that object at a resourceVersion at least as new, or another object of the name |
+//! | deleted leases, evicted pods | the API server answers a delete or an eviction | every pass: the lease hidden, the pod counted terminating | the cache shows it gone or terminating, or a time limit |
+//! | assumed leases | a lease write starts in the background | the passes while it runs, laid over the rest | its answer is recorded, or leadership is lost |
+//! | the confirmed lease under an assumed or held one | a pass lays either over a lease | the next pass, to tell a lease that vanished from one the controller never saw | the pass sees the lease as confirmed again |
+//! | progress records ([`progress`]) | the progress writer's write is answered | the progress writer, and a full status write taking a lease over from it | the caches catch up, or a time limit |
+//!
+//! A lease that vanished from its cache while its pod is still cached is
+//! held here too (see [`OwnWrites::lease_with_own_writes`]), although no
+//! write of the controller's removed it: whether it vanished is told from
+//! the lease the last pass confirmed, which only this module knows under an
+//! assumed write.
+//!
+//! A pass asks about every key the records name (its `*_keys_to_look_at`
+//! methods), every pass, and about every key they named when the last pass
+//! ended ([`OwnWrites::end_pass`]): that is when what is held is compared
+//! with the cache and its time limits are applied. A `*_with_own_writes`
+//! call that forgets what it held for a key answers as it would have
+//! without it, so a key let go of needs looking at only once more, in the
+//! next pass, for what happened to it between the two.
 
-use std::sync::Arc;
+pub mod progress;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpupool_api::GpuLeaseClass;
@@ -23,10 +39,11 @@ use gpupool_api::GpuLeaseClass;
 use crate::engine::{CachedLease, ObjectKey};
 use crate::index::cached_pod::CachedPod;
 use crate::index::identity::{Identity, parts_of};
-use crate::index::key_hash::HashMap;
+use crate::index::key_hash::{HashMap, HashSet};
+pub use progress::{Base, ProgressRecords};
 
 /// How long a lease the controller created may be missing from the cache
-/// before the overlay forgets it (it was deleted before the watch showed it).
+/// before the records forget it (it was deleted before the watch showed it).
 const CREATED_TTL: Duration = Duration::from_secs(30);
 /// How long a deletion or eviction is remembered while the cache does not
 /// show it.
@@ -51,9 +68,32 @@ struct Gone {
     at: Instant,
 }
 
-/// The controller's own recent writes, laid over the watch caches.
+/// The progress writer's records ([`ProgressRecords`]), shared by the
+/// decision loop's [`OwnWrites`] and the writer's tasks; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct SharedProgressRecords(Arc<Mutex<ProgressRecords>>);
+
+impl SharedProgressRecords {
+    /// The records, for one short step. A panic while they were held
+    /// leaves them consistent enough to go on from: every method leaves
+    /// its maps in step.
+    pub fn lock(&self) -> MutexGuard<'_, ProgressRecords> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The keys of each kind the records named when the last pass ended.
 #[derive(Debug, Default)]
-pub struct Overlay {
+struct NamedAtLastPass {
+    classes: Vec<ObjectKey>,
+    pods: Vec<ObjectKey>,
+    leases: Vec<ObjectKey>,
+}
+
+/// The controller's own recent writes, laid over the watch caches, and the
+/// progress writer's records of its own (see the module documentation).
+#[derive(Debug, Default)]
+pub struct OwnWrites {
     leases: HashMap<ObjectKey, Written<CachedLease>>,
     deleted_leases: HashMap<ObjectKey, Gone>,
     pods: HashMap<ObjectKey, Written<CachedPod>>,
@@ -62,6 +102,11 @@ pub struct Overlay {
     /// Leases as writes still in flight will leave them.
     assumed: HashMap<ObjectKey, Arc<CachedLease>>,
     vanished: HashMap<ObjectKey, (Arc<CachedLease>, Instant)>,
+    /// For each lease the last pass saw other than as confirmed (assumed or
+    /// held), the lease as confirmed then (`None`: none was).
+    confirmed_under: HashMap<ObjectKey, Option<Arc<CachedLease>>>,
+    named_at_last_pass: NamedAtLastPass,
+    progress: SharedProgressRecords,
 }
 
 /// True when `cached` is at least as new as `written`. resourceVersions are
@@ -120,19 +165,7 @@ fn with_recorded_write<K: Identity>(
     }
 }
 
-/// What a pass sees of one lease key.
-#[derive(Debug, Default)]
-pub struct LeaseView {
-    /// The lease as far as confirmed facts go: the cache's, with the
-    /// controller's writes the API server has answered laid over it and
-    /// the deletions it has answered taken out.
-    pub confirmed: Option<Arc<CachedLease>>,
-    /// What the pass decides on: `confirmed`, or the lease held after it
-    /// vanished, with a write still in flight laid over either.
-    pub effective: Option<Arc<CachedLease>>,
-}
-
-impl Overlay {
+impl OwnWrites {
     /// Remembers a lease as the API server returned it after a create or
     /// status write, in the form the lease cache keeps: a burst of lease
     /// creates holds thousands of these until the watch catches up.
@@ -177,10 +210,17 @@ impl Overlay {
     }
 
     /// Lays `lease` over the caches as a write still in flight will leave
-    /// it, until [`Overlay::forget_assumed`]: the passes that run meanwhile
+    /// it, until [`OwnWrites::forget_assumed`]: the passes that run meanwhile
     /// count its sequence, phase and node as written.
     pub fn assume_lease(&mut self, key: ObjectKey, lease: Arc<CachedLease>) {
         self.assumed.insert(key, lease);
+    }
+
+    /// How many leases the records hold the confirmed lease under an
+    /// assumed or held one for.
+    #[cfg(test)]
+    fn confirmed_under_count(&self) -> usize {
+        self.confirmed_under.len()
     }
 
     /// The lease assumed for `key`, if any.
@@ -231,7 +271,7 @@ impl Overlay {
 
     /// What a pass sees of the pod `key`: `cached` with the controller's
     /// newer write laid over it. Also forgets the pod's eviction once the
-    /// pod shows it (it is terminating or gone), so [`Overlay::is_evicted`]
+    /// pod shows it (it is terminating or gone), so [`OwnWrites::is_evicted`]
     /// answers for this pass.
     pub fn pod_with_own_writes(
         &mut self,
@@ -252,28 +292,29 @@ impl Overlay {
     }
 
     /// What a pass sees of the lease `key`, given what the cache holds for
-    /// it and the lease the previous pass saw as confirmed
-    /// (`last_confirmed`).
+    /// it and the lease the last pass that looked at `key` decided on
+    /// (`last_seen`).
     ///
     /// A lease the controller deleted stays hidden until the cache drops it.
-    /// A lease the cache showed last pass and no longer shows, while its
-    /// pod (`pod_cached`: the pod cache holds the pod named like the lease,
-    /// with the lease's pod UID) is still cached, is held: the garbage
-    /// collector deletes a lease after its pod, and the lease watch may
-    /// report it first, so a departing pod is never taken for a new one
-    /// without a lease. It is held until the pod leaves the cache, the
-    /// cache shows the lease again, or `VANISHED_TTL` (a minute) passes; a
-    /// lease deleted while its pod lives is recreated from it (see
-    /// [`Overlay::is_missing`]), keeping its sequence. A write in flight is
-    /// laid over whatever is left.
+    /// A lease confirmed last pass (shown by the cache, or answered to a
+    /// write) and confirmed no longer, while its pod (`pod_cached`: the pod
+    /// cache holds the pod named like the lease, with the lease's pod UID)
+    /// is still cached, is held: the garbage collector deletes a lease
+    /// after its pod, and the lease watch may report it first, so a
+    /// departing pod is never taken for a new one without a lease. It is
+    /// held until the pod leaves the cache, the cache shows the lease
+    /// again, or `VANISHED_TTL` (a minute) passes; a lease deleted while
+    /// its pod lives is recreated from it (see [`OwnWrites::is_missing`]),
+    /// keeping its sequence. A write in flight is laid over whatever is
+    /// left.
     pub fn lease_with_own_writes(
         &mut self,
         key: &ObjectKey,
         cached: Option<Arc<CachedLease>>,
-        last_confirmed: Option<&Arc<CachedLease>>,
+        last_seen: Option<&Arc<CachedLease>>,
         pod_cached: impl Fn(&CachedLease) -> bool,
         now: Instant,
-    ) -> LeaseView {
+    ) -> Option<Arc<CachedLease>> {
         let cached = match self.deleted_leases.get(key) {
             None => cached,
             Some(gone) => {
@@ -288,6 +329,12 @@ impl Overlay {
             }
         };
         let confirmed = with_recorded_write(&mut self.leases, key, cached, now);
+        // What the last pass saw is what it confirmed, unless it saw an
+        // assumed or held lease over it.
+        let last_confirmed = match self.confirmed_under.get(key) {
+            Some(under) => under.as_ref(),
+            None => last_seen,
+        };
         match self.vanished.get(key) {
             Some((lease, at)) => {
                 if confirmed.is_some()
@@ -303,7 +350,8 @@ impl Overlay {
                     && !self.deleted_leases.contains_key(key)
                     && pod_cached(last)
                 {
-                    self.vanished.insert(key.clone(), (last.clone(), now));
+                    let held = (last.clone(), now);
+                    self.vanished.insert(key.clone(), held);
                 }
             }
         }
@@ -313,29 +361,88 @@ impl Overlay {
             .or_else(|| self.vanished.get(key).map(|(l, _)| l))
             .or(confirmed.as_ref())
             .cloned();
-        LeaseView {
-            confirmed,
-            effective,
+        let seen_as_confirmed = match (&effective, &confirmed) {
+            (Some(e), Some(c)) => Arc::ptr_eq(e, c),
+            (e, c) => e.is_none() && c.is_none(),
+        };
+        if seen_as_confirmed {
+            self.confirmed_under.remove(key);
+        } else {
+            self.confirmed_under.insert(key.clone(), confirmed);
         }
+        effective
     }
 
-    /// Every class key the overlay holds something for.
-    pub fn class_keys(&self) -> impl Iterator<Item = &ObjectKey> {
-        self.classes.keys()
+    /// Adds to `keys` every class key the records name, or named when the
+    /// last pass ended (which this forgets).
+    pub fn class_keys_to_look_at(&mut self, keys: &mut HashSet<ObjectKey>) {
+        keys.extend(self.named_at_last_pass.classes.drain(..));
+        keys.extend(self.classes.keys().cloned());
     }
 
-    /// Every pod key the overlay holds something for.
+    /// Adds to `keys` every pod key the records name, or named when the
+    /// last pass ended (which this forgets).
+    pub fn pod_keys_to_look_at(&mut self, keys: &mut HashSet<ObjectKey>) {
+        keys.extend(self.named_at_last_pass.pods.drain(..));
+        keys.extend(self.pod_keys().cloned());
+    }
+
+    /// Adds to `keys` every lease key the records name, or named when the
+    /// last pass ended (which this forgets).
+    pub fn lease_keys_to_look_at(&mut self, keys: &mut HashSet<ObjectKey>) {
+        keys.extend(self.named_at_last_pass.leases.drain(..));
+        keys.extend(self.lease_keys().cloned());
+    }
+
+    /// Notes the keys the records name as a pass ends: the next pass looks
+    /// at them even if the records let go of them meanwhile.
+    pub fn end_pass(&mut self) {
+        let mut named = std::mem::take(&mut self.named_at_last_pass);
+        named.classes.extend(self.classes.keys().cloned());
+        named.pods.extend(self.pod_keys().cloned());
+        named.leases.extend(self.lease_keys().cloned());
+        self.named_at_last_pass = named;
+    }
+
+    /// Every pod key the records name now.
     pub fn pod_keys(&self) -> impl Iterator<Item = &ObjectKey> {
         self.pods.keys().chain(self.evicted.keys())
     }
 
-    /// Every lease key the overlay holds something for.
+    /// Every lease key the records name now.
     pub fn lease_keys(&self) -> impl Iterator<Item = &ObjectKey> {
         self.leases
             .keys()
             .chain(self.deleted_leases.keys())
             .chain(self.assumed.keys())
             .chain(self.vanished.keys())
+    }
+
+    /// The progress writer's records, for the writer to keep and consult.
+    pub fn progress_records(&self) -> SharedProgressRecords {
+        self.progress.clone()
+    }
+
+    /// Hands `key`'s status from the progress writer's records to a full
+    /// write decided on `lease`: forgets the record, and returns `lease` as
+    /// the writer's own writes left it when they are all that changed it
+    /// since (so the full write goes over that version instead of meeting
+    /// a conflict).
+    pub fn take_over_progress(
+        &self,
+        key: &ObjectKey,
+        lease: &CachedLease,
+        now: Instant,
+    ) -> Option<CachedLease> {
+        let mut records = self.progress.lock();
+        let moved_on = lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|decided_on| records.base(key, decided_on, now))
+            .map(|base| base.lease_over(lease));
+        records.forget(key);
+        moved_on
     }
 
     /// True when the lease `key` is held because it vanished at least
@@ -360,7 +467,7 @@ impl Overlay {
         self.evicted.contains_key(key)
     }
 
-    /// Number of remembered writes (for tests and logs).
+    /// Number of records laid over the caches (for tests and logs).
     pub fn len(&self) -> usize {
         self.leases.len()
             + self.classes.len()
@@ -377,7 +484,7 @@ impl Overlay {
     }
 }
 
-/// The overlay laid over whole lists, as passes that look at every key
+/// The records laid over whole lists, as passes that look at every key
 /// do: what tests read.
 #[cfg(test)]
 pub(crate) mod lists {
@@ -385,13 +492,19 @@ pub(crate) mod lists {
 
     use super::*;
 
+    /// The keys a pass over `cached` looks at: every cached key, every key
+    /// the records name (see [`OwnWrites::end_pass`]) and `more`.
     fn keys<'a, K: Identity + 'a>(
         cached: &'a [Arc<K>],
+        named: impl FnOnce(&mut HashSet<ObjectKey>),
         more: impl Iterator<Item = &'a ObjectKey>,
     ) -> BTreeSet<ObjectKey> {
+        let mut named_keys = HashSet::default();
+        named(&mut named_keys);
         cached
             .iter()
             .filter_map(|o| key_of(o.as_ref()))
+            .chain(named_keys)
             .chain(more.cloned())
             .collect()
     }
@@ -403,10 +516,11 @@ pub(crate) mod lists {
             .cloned()
     }
 
-    /// Passes over lease lists; remembers what each saw as confirmed.
+    /// Passes over lease lists; remembers what each decided on, as the
+    /// engine's entries do.
     #[derive(Default)]
     pub struct LeasePasses {
-        confirmed: HashMap<ObjectKey, Arc<CachedLease>>,
+        seen: HashMap<ObjectKey, Arc<CachedLease>>,
     }
 
     impl LeasePasses {
@@ -414,51 +528,56 @@ pub(crate) mod lists {
         /// are the UIDs of the cached pods.
         pub fn pass(
             &mut self,
-            o: &mut Overlay,
+            o: &mut OwnWrites,
             cached: &[Arc<CachedLease>],
             pod_uids: &[&str],
             now: Instant,
         ) -> Vec<Arc<CachedLease>> {
             let mut out = Vec::new();
-            let looked_at = keys(cached, o.lease_keys().chain(self.confirmed.keys()));
+            let looked_at = keys(cached, |k| o.lease_keys_to_look_at(k), self.seen.keys());
             for key in looked_at {
-                let view = o.lease_with_own_writes(
+                let seen = o.lease_with_own_writes(
                     &key,
                     find(cached, &key),
-                    self.confirmed.get(&key),
+                    self.seen.get(&key),
                     |l| pod_uids.contains(&l.spec.pod_uid.as_str()),
                     now,
                 );
-                match view.confirmed {
-                    Some(confirmed) => drop(self.confirmed.insert(key, confirmed)),
-                    None => drop(self.confirmed.remove(&key)),
+                match &seen {
+                    Some(lease) => drop(self.seen.insert(key, lease.clone())),
+                    None => drop(self.seen.remove(&key)),
                 }
-                out.extend(view.effective);
+                out.extend(seen);
             }
+            o.end_pass();
             out
         }
     }
 
     /// One pass over a pod list, in key order.
-    pub fn pods(o: &mut Overlay, cached: &[Arc<CachedPod>], now: Instant) -> Vec<Arc<CachedPod>> {
-        let looked_at = keys(cached, o.pod_keys().collect::<Vec<_>>().into_iter());
-        looked_at
+    pub fn pods(o: &mut OwnWrites, cached: &[Arc<CachedPod>], now: Instant) -> Vec<Arc<CachedPod>> {
+        let looked_at = keys(cached, |k| o.pod_keys_to_look_at(k), std::iter::empty());
+        let seen = looked_at
             .iter()
             .filter_map(|key| o.pod_with_own_writes(key, find(cached, key), now))
-            .collect()
+            .collect();
+        o.end_pass();
+        seen
     }
 
     /// One pass over a class list, in key order.
     pub fn classes(
-        o: &mut Overlay,
+        o: &mut OwnWrites,
         cached: &[Arc<GpuLeaseClass>],
         now: Instant,
     ) -> Vec<Arc<GpuLeaseClass>> {
-        let looked_at = keys(cached, o.class_keys().collect::<Vec<_>>().into_iter());
-        looked_at
+        let looked_at = keys(cached, |k| o.class_keys_to_look_at(k), std::iter::empty());
+        let seen = looked_at
             .iter()
             .filter_map(|key| o.class_with_own_writes(key, find(cached, key), now))
-            .collect()
+            .collect();
+        o.end_pass();
+        seen
     }
 }
 
@@ -511,7 +630,7 @@ mod tests {
     #[test]
     fn written_status_wins_until_the_cache_catches_up() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         o.record_lease(lease("a", "u", "11", "Admitted"), false, t0);
         let stale = leases([lease("a", "u", "10", "Queued")]);
         let merged = passes.pass(&mut o, &stale, &[], t0);
@@ -528,7 +647,7 @@ mod tests {
     #[test]
     fn a_write_to_an_object_earlier_passes_saw_unchanged_is_laid_over_it() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         let cached: Vec<Arc<CachedLease>> = ["a", "b", "c"]
             .into_iter()
             .map(|n| Arc::new(lease(n, n, "10", "Queued")))
@@ -571,9 +690,11 @@ mod tests {
                 .collect()
         };
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let mut o = OwnWrites::default();
         o.record_class((*class("8", 4)).clone(), t0);
-        assert_eq!(o.class_keys().count(), 1, "a pass looks at it");
+        let mut named = HashSet::default();
+        o.class_keys_to_look_at(&mut named);
+        assert_eq!(named.len(), 1, "a pass looks at it");
         assert_eq!(capacity(&lists::classes(&mut o, &[class("7", 2)], t0)), [4]);
         assert_eq!(capacity(&lists::classes(&mut o, &[class("9", 6)], t0)), [6]);
         assert!(o.is_empty(), "caught up: forgotten");
@@ -586,7 +707,7 @@ mod tests {
     #[test]
     fn assumed_leases_replace_or_join_the_list_until_forgotten() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         let cached = leases([
             lease("a", "u", "1", "Admitted"),
             lease("b", "v", "1", "Queued"),
@@ -620,7 +741,7 @@ mod tests {
     #[test]
     fn created_leases_appear_before_the_watch_shows_them_then_expire() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         o.record_lease(lease("new", "u", "5", "Queued"), true, t0);
         assert_eq!(passes.pass(&mut o, &[], &[], t0).len(), 1);
         // A status write after the create keeps it a created lease.
@@ -634,7 +755,7 @@ mod tests {
     #[test]
     fn a_written_lease_gone_from_the_cache_is_gone() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         o.record_lease(lease("a", "u", "11", "Released"), false, t0);
         assert!(passes.pass(&mut o, &[], &[], t0).is_empty());
         assert!(o.is_empty());
@@ -643,7 +764,7 @@ mod tests {
     #[test]
     fn replaced_objects_are_not_masked() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         o.record_lease(lease("a", "old", "50", "Admitted"), false, t0);
         let merged = passes.pass(&mut o, &leases([lease("a", "new", "3", "Queued")]), &[], t0);
         assert_eq!(phases(&merged), vec![("a".into(), "Some(Queued)".into())]);
@@ -653,7 +774,7 @@ mod tests {
     #[test]
     fn deleted_leases_are_hidden_until_the_cache_drops_them() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         o.record_lease_deleted(ObjectKey::new("ns", "a"), "u".into(), t0);
         let cached = leases([
             lease("a", "u", "1", "Queued"),
@@ -684,7 +805,7 @@ mod tests {
     #[test]
     fn a_lease_gone_before_its_pod_is_held_until_the_pod_goes() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         let a = leases([lease("a", "u", "1", "Preempting")]);
         assert_eq!(passes.pass(&mut o, &a, &["p"], t0).len(), 1);
         // The lease watch drops it; the pod (uid "p") is still cached.
@@ -711,7 +832,7 @@ mod tests {
     #[test]
     fn an_unchanged_or_replaced_lease_is_never_held() {
         let t0 = Instant::now();
-        let (mut o, mut passes) = (Overlay::default(), LeasePasses::default());
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
         let first = leases([lease("a", "u", "1", "Queued")]);
         passes.pass(&mut o, &first, &["p"], t0);
         passes.pass(&mut o, &first, &["p"], t0);
@@ -758,6 +879,114 @@ mod tests {
         assert!(o.is_empty(), "nothing held");
     }
 
+    /// The lease the watch replaced under an assumed write is the one held
+    /// when it then vanishes: not the assumed one, nor the version the
+    /// last pass before the write saw.
+    #[test]
+    fn a_lease_replaced_under_an_assumed_write_is_held_as_replaced() {
+        let t0 = Instant::now();
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
+        let key = ObjectKey::new("ns", "a");
+        passes.pass(
+            &mut o,
+            &leases([lease("a", "u", "1", "Queued")]),
+            &["p"],
+            t0,
+        );
+        o.assume_lease(key.clone(), Arc::new(lease("a", "u", "1", "Admitted")));
+        let replaced = leases([lease("a", "u", "2", "Preempting")]);
+        let seen = passes.pass(&mut o, &replaced, &["p"], t0);
+        assert_eq!(phases(&seen), vec![("a".into(), "Some(Admitted)".into())]);
+        assert_eq!(o.confirmed_under_count(), 1, "the confirmed lease under it");
+        o.forget_assumed(&key);
+        let held = passes.pass(&mut o, &[], &["p"], t0);
+        assert_eq!(phases(&held), vec![("a".into(), "Some(Preempting)".into())]);
+        assert_eq!(
+            held[0].metadata.resource_version.as_deref(),
+            Some("2"),
+            "the version the watch showed last"
+        );
+        // The pod leaves: nothing is held, and nothing is kept for `a`.
+        assert!(passes.pass(&mut o, &[], &[], t0).is_empty());
+        assert!(o.is_empty());
+        assert_eq!(o.confirmed_under_count(), 0);
+    }
+
+    /// A lease created by an assumed write that never reached the API
+    /// server was never confirmed: it is not held as vanished.
+    #[test]
+    fn an_assumed_create_that_never_landed_is_not_held() {
+        let t0 = Instant::now();
+        let (mut o, mut passes) = (OwnWrites::default(), LeasePasses::default());
+        let key = ObjectKey::new("ns", "new");
+        o.assume_lease(key.clone(), Arc::new(lease("new", "", "", "Queued")));
+        assert_eq!(passes.pass(&mut o, &[], &["p"], t0).len(), 1);
+        o.forget_assumed(&key);
+        assert!(passes.pass(&mut o, &[], &["p"], t0).is_empty());
+        assert!(o.is_empty());
+        assert_eq!(o.confirmed_under_count(), 0);
+    }
+
+    /// A key the records let go of between two passes is looked at by the
+    /// next pass, and by no pass after it unless they name it again.
+    #[test]
+    fn a_key_let_go_of_is_looked_at_once_more() {
+        let mut o = OwnWrites::default();
+        let key = ObjectKey::new("ns", "a");
+        o.assume_lease(key.clone(), Arc::new(lease("a", "u", "1", "Admitted")));
+        let looked_at = |o: &mut OwnWrites| {
+            let mut keys = HashSet::default();
+            o.lease_keys_to_look_at(&mut keys);
+            keys
+        };
+        assert!(looked_at(&mut o).contains(&key));
+        o.end_pass();
+        o.forget_assumed(&key);
+        assert!(
+            looked_at(&mut o).contains(&key),
+            "named when the pass ended"
+        );
+        o.end_pass();
+        assert!(looked_at(&mut o).is_empty());
+    }
+
+    fn queued_at(rv: &str, position: u32) -> CachedLease {
+        serde_json::from_value::<gpupool_api::GpuLease>(json!({
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "GpuLease",
+            "metadata": {"namespace": "ns", "name": "a", "uid": "u", "resourceVersion": rv},
+            "spec": {"className": "default", "podName": "a", "podUID": "p", "slots": 1},
+            "status": {"phase": "Queued", "sequence": 7, "position": position}
+        }))
+        .expect("lease")
+        .into()
+    }
+
+    #[test]
+    fn a_full_status_write_takes_the_lease_over_as_the_progress_writer_left_it() {
+        let t0 = Instant::now();
+        let o = OwnWrites::default();
+        let key = ObjectKey::new("ns", "a");
+        let seen = queued_at("1", 3);
+        let moved_to = queued_at("2", 2).status.expect("status");
+        let records = o.progress_records();
+        records
+            .lock()
+            .record(key.clone(), "1", "1", moved_to.clone(), "2".into(), t0);
+        let moved = o.take_over_progress(&key, &seen, t0).expect("moved on");
+        assert_eq!(moved.metadata.resource_version.as_deref(), Some("2"));
+        assert_eq!(moved.status, Some(moved_to.clone()));
+        assert!(records.lock().is_empty(), "the record is handed over");
+
+        // Without a record, or decided on a version the writer did not
+        // write from: nothing to move on to, and nothing kept.
+        assert!(o.take_over_progress(&key, &seen, t0).is_none());
+        records
+            .lock()
+            .record(key.clone(), "7", "7", moved_to, "8".into(), t0);
+        assert!(o.take_over_progress(&key, &seen, t0).is_none());
+        assert!(records.lock().is_empty());
+    }
+
     fn pod(rv: &str, gated: bool, deleting: bool) -> Arc<CachedPod> {
         let mut v = json!({
             "metadata": {"namespace": "ns", "name": "p", "uid": "u", "resourceVersion": rv},
@@ -775,7 +1004,7 @@ mod tests {
     #[test]
     fn admitted_pods_and_evictions() {
         let t0 = Instant::now();
-        let mut o = Overlay::default();
+        let mut o = OwnWrites::default();
         o.record_pod((*pod("8", false, false)).clone(), t0);
         let merged = lists::pods(&mut o, &[pod("7", true, false)], t0);
         assert!(
@@ -791,7 +1020,9 @@ mod tests {
 
         let key = ObjectKey::new("ns", "p");
         o.record_evicted(key.clone(), "u".into(), t0);
-        assert_eq!(o.pod_keys().count(), 1, "a pass looks at it");
+        let mut named = HashSet::default();
+        o.pod_keys_to_look_at(&mut named);
+        assert_eq!(named.len(), 1, "a pass looks at it");
         lists::pods(&mut o, &[pod("9", false, false)], t0);
         assert!(o.is_evicted(&key));
         lists::pods(&mut o, &[pod("10", false, true)], t0);
@@ -825,7 +1056,7 @@ mod tests {
             "spec": {"containers": []}
         }))
         .expect("cached pod");
-        let mut o = Overlay::default();
+        let mut o = OwnWrites::default();
         o.record_pod(written, Instant::now());
         let merged = lists::pods(&mut o, &[Arc::new(cached)], Instant::now());
         assert_eq!(merged.len(), 1);
