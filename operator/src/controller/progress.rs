@@ -411,6 +411,7 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::own_writes::progress::tests::status_at;
     use super::*;
     use gpupool_api::GpuLease;
     use serde_json::json;
@@ -523,14 +524,6 @@ mod tests {
             Some("b".into())
         );
         assert!(q.is_empty());
-    }
-    fn status_at(position: u32) -> GpuLeaseStatus {
-        GpuLeaseStatus {
-            phase: gpupool_api::LeasePhase::Queued,
-            sequence: Some(7),
-            position: Some(position),
-            ..GpuLeaseStatus::default()
-        }
     }
 
     fn lease_at(rv: &str, status: GpuLeaseStatus) -> Arc<CachedLease> {
@@ -741,6 +734,7 @@ mod tests {
         assert_eq!(write.key, key("moved"));
         assert!(shared.queue.is_empty());
     }
+
     #[test]
     fn only_an_answer_with_status_and_version_is_recorded_as_written() {
         let api_error = |code| {

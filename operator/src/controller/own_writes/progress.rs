@@ -196,14 +196,15 @@ impl Base<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn key(name: &str) -> ObjectKey {
         ObjectKey::new("ns", name)
     }
 
-    fn status_at(position: u32) -> GpuLeaseStatus {
+    /// A Queued status at `position`.
+    pub(crate) fn status_at(position: u32) -> GpuLeaseStatus {
         GpuLeaseStatus {
             phase: gpupool_api::LeasePhase::Queued,
             sequence: Some(7),
