@@ -329,12 +329,6 @@ impl OwnWrites {
             }
         };
         let confirmed = with_recorded_write(&mut self.leases, key, cached, now);
-        // What the last pass saw is what it confirmed, unless it saw an
-        // assumed or held lease over it.
-        let last_confirmed = match self.confirmed_under.get(key) {
-            Some(under) => under.as_ref(),
-            None => last_seen,
-        };
         match self.vanished.get(key) {
             Some((lease, at)) => {
                 if confirmed.is_some()
@@ -346,7 +340,7 @@ impl OwnWrites {
             }
             None => {
                 if confirmed.is_none()
-                    && let Some(last) = last_confirmed
+                    && let Some(last) = self.last_confirmed(key, last_seen)
                     && !self.deleted_leases.contains_key(key)
                     && pod_cached(last)
                 {
@@ -366,11 +360,28 @@ impl OwnWrites {
             (e, c) => e.is_none() && c.is_none(),
         };
         if seen_as_confirmed {
-            self.confirmed_under.remove(key);
+            // Nearly always empty: most passes hold nothing over a lease.
+            if !self.confirmed_under.is_empty() {
+                self.confirmed_under.remove(key);
+            }
         } else {
             self.confirmed_under.insert(key.clone(), confirmed);
         }
         effective
+    }
+
+    /// The lease the last pass that looked at `key` confirmed, given the
+    /// one it decided on (`last_seen`): that one, unless it was assumed or
+    /// held over the confirmed one.
+    fn last_confirmed<'a>(
+        &'a self,
+        key: &ObjectKey,
+        last_seen: Option<&'a Arc<CachedLease>>,
+    ) -> Option<&'a Arc<CachedLease>> {
+        match self.confirmed_under.get(key) {
+            Some(under) => under.as_ref(),
+            None => last_seen,
+        }
     }
 
     /// Adds to `keys` every class key the records name, or named when the
