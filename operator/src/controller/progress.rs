@@ -148,7 +148,8 @@ impl<T> ProgressQueue<T> {
 }
 
 /// At most this many statuses that need no write are passed over while the
-/// lock is held, so a pass offering its batch never waits long for it.
+/// queue and the records are locked, so a pass offering its batch, or
+/// taking a lease over from the records, never waits long for them.
 const SKIPS_PER_LOCK: usize = 64;
 
 /// The writer's metrics: `gpupool_operator_progress_pending` (writes
@@ -243,12 +244,12 @@ impl Shared {
     /// spending the budget) statuses the lease already has, or `Err` with
     /// when to look again.
     fn next(&mut self, now: Instant) -> Result<Write, Option<Instant>> {
+        let mut records = self.records.lock();
         for _ in 0..SKIPS_PER_LOCK {
             let Some((key, wanted)) = self.queue.take(now) else {
                 return Err(self.queue.next_at(now));
             };
             let decided_on = wanted.decided_on().unwrap_or_default().to_owned();
-            let mut records = self.records.lock();
             let base = records.base(&key, &decided_on, now);
             let written_over = base
                 .map_or(decided_on.as_str(), |b| b.resource_version)
